@@ -1,0 +1,43 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is installed first, and only when the environment has none: a GPU box keeps its own
+# CUDA build. PyPI's torch==2.13.0 is a CUDA build on Linux; CPU-only machines may set
+# TORCH_SPEC to a CPU wheel or index.
+TORCH_SPEC ?= torch==2.13.0
+RUN ?= runs/toy
+
+.PHONY: install demo test test-all check clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/mtx toy --output $(RUN)/toy-test --split test
+	$(BIN)/mtx prepare --config configs/toy.yaml --set run_dir=$(RUN)
+	$(BIN)/mtx train --config configs/toy.yaml --set run_dir=$(RUN)
+	$(BIN)/mtx translate --checkpoint $(RUN)/checkpoints/best.pt < $(RUN)/toy-test.en > $(RUN)/toy-test.hyp.de
+	head -n 3 $(RUN)/toy-test.en $(RUN)/toy-test.hyp.de
+	$(BIN)/mtx evaluate --hyp $(RUN)/toy-test.hyp.de --ref $(RUN)/toy-test.de
+
+test: install
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-all: install
+	$(BIN)/python -m pytest -q
+
+check: install
+	$(BIN)/ruff format --check mtx tests scripts
+	$(BIN)/ruff check mtx tests scripts
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,253 @@
+"""Typed configuration: a tree of dataclasses, loaded from YAML, overridden by `--set key=value`.
+
+Every field has a checked type and a comment; an unknown key is an error naming the closest
+valid key; `Config.validate()` rejects impossible combinations before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mtx.errors import MtxError
+
+
+@dataclass
+class DataConfig:
+    src_lang: str = "en"  # source language code; local files are PREFIX.{src_lang}
+    tgt_lang: str = "de"  # target language code; local files are PREFIX.{tgt_lang}
+    # Each split is a local prefix P (files P.{src_lang}, P.{tgt_lang}), a hub dataset
+    # "hf:NAME[:CONFIG[:SPLIT]]", or the embedded synthetic corpus "toy:SPLIT".
+    train: str = "toy:train"
+    valid: str = "toy:valid"
+    test: str = "toy:test"
+    vocab_size: int = 8000  # joint SentencePiece BPE vocabulary size (a soft limit)
+    max_len: int = 250  # drop training pairs with more subword tokens than this on either side
+    max_ratio: float = 3.0  # drop training pairs whose token-length ratio exceeds this
+    dedup: bool = False  # drop exact duplicate training pairs
+    spm_sample: int = 2_000_000  # sentences sampled to train SentencePiece (0 = all)
+    character_coverage: float = 1.0  # SentencePiece character coverage
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 512  # model width
+    d_ff: int = 2048  # inner width of the position-wise feed-forward network
+    n_heads: int = 8  # attention heads; d_k = d_v = d_model / n_heads
+    encoder_layers: int = 6  # encoder stack depth
+    decoder_layers: int = 6  # decoder stack depth
+    dropout: float = 0.1  # on sublayer outputs and on embedding + position sums (the paper's)
+    attention_dropout: float = 0.0  # on attention weights (not in the paper)
+    max_positions: int = 1024  # length of the sinusoidal position table
+    layer_norm_eps: float = 1e-5  # LayerNorm epsilon
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # token budget of a batch (max length x sentences, per side)
+    update_freq: int = 1  # batches accumulated into one update
+    lr_scale: float = 1.0  # factor on the paper's learning-rate formula
+    warmup_steps: int = 4000  # linear warm-up steps of the inverse-sqrt schedule
+    max_steps: int = 100_000  # stop after this many updates
+    max_minutes: float = 0.0  # stop after this many minutes of training (0 = no limit)
+    label_smoothing: float = 0.1  # epsilon of label-smoothed cross-entropy
+    adam_beta1: float = 0.9  # Adam beta1
+    adam_beta2: float = 0.98  # Adam beta2
+    adam_eps: float = 1e-9  # Adam epsilon
+    clip_norm: float = 0.0  # clip the gradient norm to this (0 = off, as in the paper)
+    seed: int = 1  # seeds initialisation, dropout and batch order
+    valid_every: int = 1000  # validate and checkpoint every this many updates
+    log_every: int = 100  # write a metrics line every this many updates
+    device: str = "auto"  # "auto" (CUDA if present), "cpu", "cuda", "cuda:N"
+    precision: str = "auto"  # "auto" (bf16 autocast on capable GPUs), "fp32", "bf16"
+    threads: int = 0  # CPU threads for torch (0 = torch's default)
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 4  # beam size (1 = greedy)
+    alpha: float = 0.6  # length penalty ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.0  # max output length = a * source length + b
+    max_len_b: int = 50  # see max_len_a
+    batch_tokens: int = 4096  # source-token budget of a translation batch
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/default"  # prepared data, checkpoints and metrics go here
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> Config:
+        """Reject impossible settings with a message naming the key."""
+        m, t, d = self.model, self.train, self.data
+        if m.d_model % m.n_heads:
+            raise MtxError(
+                f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"
+            )
+        positive = {
+            "model.d_model": m.d_model,
+            "model.d_ff": m.d_ff,
+            "model.n_heads": m.n_heads,
+            "model.encoder_layers": m.encoder_layers,
+            "model.decoder_layers": m.decoder_layers,
+            "model.max_positions": m.max_positions,
+            "data.vocab_size": d.vocab_size,
+            "data.max_len": d.max_len,
+            "train.max_tokens": t.max_tokens,
+            "train.update_freq": t.update_freq,
+            "train.max_steps": t.max_steps,
+            "train.valid_every": t.valid_every,
+            "train.log_every": t.log_every,
+            "decode.beam": self.decode.beam,
+            "decode.batch_tokens": self.decode.batch_tokens,
+        }
+        for key, value in positive.items():
+            if value <= 0:
+                raise MtxError(f"{key} must be positive, got {value}")
+        for key, value in {
+            "model.dropout": m.dropout,
+            "model.attention_dropout": m.attention_dropout,
+            "train.label_smoothing": t.label_smoothing,
+        }.items():
+            if not 0.0 <= value < 1.0:
+                raise MtxError(f"{key} must be in [0, 1), got {value}")
+        if t.warmup_steps < 1:
+            raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
+        if t.precision not in ("auto", "fp32", "bf16"):
+            raise MtxError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
+        if t.max_tokens < d.max_len + 1:
+            raise MtxError(
+                f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
+                f"({d.max_len}) tokens plus EOS"
+            )
+        if d.src_lang == d.tgt_lang:
+            raise MtxError("data.src_lang and data.tgt_lang must differ")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
+    """Check `value` against the field type `tp`; `raw` is the --set text, if any."""
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if raw is not None:  # `--set run_dir=123` means the string "123"
+            return raw
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-9 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    raise MtxError(f"config key {key} expects {_type_name(tp)}, got {value!r}")
+
+
+def _unknown(key: str, valid: list[str]) -> MtxError:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return MtxError(f"unknown config key {key}{hint}")
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree, e.g. `model.d_model`."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys += all_keys(tp, f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise _unknown(key, all_keys())
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise MtxError(f"config key {key} must be a mapping, got {value!r}")
+            _apply(getattr(obj, name), value, key + ".")
+        else:
+            setattr(obj, name, _coerce(key, value, tp, None))
+
+
+def set_key(cfg: Config, key: str, raw: str) -> None:
+    """Apply one `--set key=value` override (value parsed as YAML, checked against the field)."""
+    *path, name = key.split(".")
+    obj: Any = cfg
+    for part in path:
+        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+            raise _unknown(key, all_keys())
+        obj = getattr(obj, part)
+    hints = typing.get_type_hints(type(obj)) if dataclasses.is_dataclass(obj) else {}
+    if name not in hints or dataclasses.is_dataclass(hints[name]):
+        raise _unknown(key, all_keys())
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        value = raw
+    setattr(obj, name, _coerce(key, value, hints[name], raw))
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    cfg = Config()
+    _apply(cfg, values)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (or the defaults when `path` is None), apply overrides, validate."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise MtxError(f"config file not found: {p}")
+        try:
+            values = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise MtxError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(values, dict):
+            raise MtxError(f"{p}: the top level must be a mapping of config keys")
+    cfg = from_dict(values)
+    apply_overrides(cfg, overrides)
+    return cfg.validate()
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | None) -> Config:
+    for item in overrides or []:
+        if "=" not in item:
+            raise MtxError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        set_key(cfg, key.strip(), raw)
+    return cfg

@@ -1,0 +1,104 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+
+Shape legend: B batch, S source length, T target length, d = d_model, V vocabulary size.
+
+- One embedding matrix is shared by the source, the target and the pre-softmax projection
+  (section 3.4); embeddings are multiplied by sqrt(d_model).
+- Sinusoidal positions are added, then dropout (section 5.4).
+- Post-norm encoder and decoder stacks (layers.py); the decoder is causally masked.
+
+Token ids: sources are `tokens + [EOS]`; decoder inputs `[BOS] + tokens`; targets `tokens + [EOS]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from mtx.config import ModelConfig
+from mtx.model.layers import DecoderLayer, EncoderLayer
+from mtx.model.positions import sinusoidal_table
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
+        self.register_buffer(
+            "positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False
+        )
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform matrices, zero biases; embeddings N(0, d^-0.5) so that the
+        sqrt(d)-scaled embeddings start at unit variance."""
+        for name, p in self.named_parameters():
+            if name == "embed.weight":
+                nn.init.normal_(p, mean=0.0, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    p[PAD_ID].zero_()
+            elif p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+
+    def embed_tokens(self, ids: Tensor, start: int = 0) -> Tensor:
+        """(B, n) ids at positions start.. -> (B, n, d) scaled embeddings + positions, dropped out."""
+        n = ids.size(1)
+        if start + n > self.cfg.max_positions:
+            raise ValueError(
+                f"sequence of {start + n} tokens exceeds model.max_positions "
+                f"({self.cfg.max_positions})"
+            )
+        x = self.embed(ids) * math.sqrt(self.cfg.d_model)
+        return self.dropout(x + self.positions[start : start + n].to(x.dtype))
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S) source ids -> memory (B, S, d) and src_mask (B, 1, S), True on real tokens."""
+        src_mask = (src != PAD_ID).unsqueeze(1)  # (B, 1, S)
+        x = self.embed_tokens(src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return x, src_mask
+
+    def decode(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: Cache | None = None
+    ) -> Tensor:
+        """(B, T) decoder inputs -> logits (B, T, V).
+
+        With `cache` (from `new_cache()`), `tgt_in` holds only the positions not yet decoded,
+        and the cache is extended in place: incremental decoding gives the same logits as
+        decoding the whole prefix at once.
+        """
+        start = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
+        x = self.embed_tokens(tgt_in, start)  # (B, T, d)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, memory, src_mask, None if cache is None else cache[i])
+        return x @ self.embed.weight.t()  # (B, T, V): the shared pre-softmax projection
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+    def new_cache(self) -> Cache:
+        return [{} for _ in self.decoder_layers]
+
+
+def reorder_cache(cache: Cache, index: Tensor) -> Cache:
+    """Select rows `index` of every cached tensor (beam reordering, dropping finished rows)."""
+    return [{k: v.index_select(0, index) for k, v in layer.items()} for layer in cache]
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,136 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import tiny_model_config
+from mtx.model.layers import DecoderLayer, EncoderLayer
+from mtx.model.positions import sinusoidal_table
+from mtx.model.transformer import BOS_ID, PAD_ID, Transformer, count_parameters
+
+
+def _copy_attn(ref: nn.MultiheadAttention, ours) -> None:
+    ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+    ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    ref.out_proj.weight.copy_(ours.out_proj.weight)
+    ref.out_proj.bias.copy_(ours.out_proj.bias)
+
+
+def _copy_ffn_norms(ref, ours, norms) -> None:
+    ref.linear1.load_state_dict(ours.ffn.fc1.state_dict())
+    ref.linear2.load_state_dict(ours.ffn.fc2.state_dict())
+    for ref_norm, our_norm in norms:
+        ref_norm.load_state_dict(our_norm.state_dict())
+
+
+def test_encoder_layer_equals_torch_post_norm():
+    torch.manual_seed(0)
+    cfg = tiny_model_config()
+    ours = EncoderLayer(cfg).eval()
+    ref = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=False).eval()
+    with torch.no_grad():
+        _copy_attn(ref.self_attn, ours.self_attn)
+        _copy_ffn_norms(ref, ours, [(ref.norm1, ours.self_attn_norm), (ref.norm2, ours.ffn_norm)])
+    x = torch.randn(2, 6, 32)
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    got = ours(x, keep.unsqueeze(1))
+    want = ref(x, src_key_padding_mask=~keep)
+    torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_layer_equals_torch_post_norm():
+    torch.manual_seed(0)
+    cfg = tiny_model_config()
+    ours = DecoderLayer(cfg).eval()
+    ref = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=False).eval()
+    with torch.no_grad():
+        _copy_attn(ref.self_attn, ours.self_attn)
+        _copy_attn(ref.multihead_attn, ours.cross_attn)
+        _copy_ffn_norms(
+            ref,
+            ours,
+            [(ref.norm1, ours.self_attn_norm), (ref.norm2, ours.cross_attn_norm), (ref.norm3, ours.ffn_norm)],
+        )
+    x, mem = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    keep = torch.tensor([[True] * 7, [True] * 3 + [False] * 4])
+    got = ours(x, mem, keep.unsqueeze(1))
+    want = ref(x, mem, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5), tgt_is_causal=True,
+               memory_key_padding_mask=~keep)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_positional_table_matches_the_formula():
+    d, table = 16, sinusoidal_table(50, 16)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def _model(**kw) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(tiny_model_config(**kw), vocab_size=50).eval()
+
+
+def test_future_target_tokens_never_change_earlier_outputs():
+    model = _model()
+    src = torch.randint(4, 50, (2, 6))
+    tgt = torch.randint(4, 50, (2, 8))
+    out = model(src, tgt)
+    changed = tgt.clone()
+    changed[:, 5:] = torch.randint(4, 50, (2, 3))
+    out2 = model(src, changed)
+    torch.testing.assert_close(out2[:, :5], out[:, :5], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out2[:, 5:], out[:, 5:])
+
+
+def test_padding_never_changes_unpadded_outputs():
+    model = _model()
+    src, tgt = torch.randint(4, 50, (1, 5)), torch.randint(4, 50, (1, 4))
+    alone = model(src, tgt)
+    src_padded = torch.cat([src, torch.full((1, 3), PAD_ID)], 1)
+    tgt_padded = torch.cat([tgt, torch.full((1, 2), PAD_ID)], 1)
+    other_src, other_tgt = torch.randint(4, 50, (1, 8)), torch.randint(4, 50, (1, 6))
+    batch = model(torch.cat([src_padded, other_src]), torch.cat([tgt_padded, other_tgt]))
+    torch.testing.assert_close(batch[0, :4], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_cached_decoding_equals_full_prefix():
+    model = _model()
+    src = torch.randint(4, 50, (3, 7))
+    src[2, 4:] = PAD_ID
+    tgt = torch.cat([torch.full((3, 1), BOS_ID), torch.randint(4, 50, (3, 6))], 1)
+    memory, src_mask = model.encode(src)
+    full = model.decode(tgt, memory, src_mask)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, i : i + 1], memory, src_mask, cache) for i in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    # a chunk of several new positions at once, after a cached prefix
+    cache = model.new_cache()
+    first = model.decode(tgt[:, :3], memory, src_mask, cache)
+    rest = model.decode(tgt[:, 3:], memory, src_mask, cache)
+    torch.testing.assert_close(torch.cat([first, rest], 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_embeddings_are_shared_and_scaled():
+    model = _model()
+    assert model.embed.weight.data_ptr() == model.embed.weight.data_ptr()
+    names = [n for n, _ in model.named_parameters()]
+    assert sum("embed" in n for n in names) == 1  # source, target and output share one matrix
+    ids = torch.tensor([[5, 6]])
+    x = model.embed_tokens(ids)
+    want = model.embed.weight[ids] * math.sqrt(32) + sinusoidal_table(2, 32)
+    torch.testing.assert_close(x, want)
+
+
+def test_parameter_count_formula():
+    cfg = tiny_model_config()
+    model = Transformer(cfg, vocab_size=50)
+    d, f = cfg.d_model, cfg.d_ff
+    attn = 4 * (d * d + d)
+    ffn = d * f + f + f * d + d
+    norm = 2 * d
+    want = 50 * d + 2 * (attn + ffn + 2 * norm) + 2 * (2 * attn + ffn + 3 * norm)
+    assert count_parameters(model) == want
