@@ -1,0 +1,3 @@
+from mtx.cli import main
+
+main()

@@ -1,0 +1,220 @@
+"""The `mtx` command line. Each command parses its options, loads the config and calls one function.
+
+Errors in the user's input end the command with one line on stderr and exit code 2; `mtx
+--debug COMMAND` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mtx.errors import MtxError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train Transformer translation models end to end.")
+_debug = False
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: key=value (repeatable).")]
+CkptOpt = Annotated[Optional[Path], typer.Option("--checkpoint", help="A checkpoint (embeds its config and vocabulary).")]
+
+
+def fail(message: str) -> None:
+    typer.echo(f"mtx: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def run(fn, *args, **kwargs):
+    """Call fn, turning MtxError into a one-line message and exit code 2."""
+    try:
+        return fn(*args, **kwargs)
+    except MtxError as e:
+        if _debug:
+            raise
+        fail(str(e))
+
+
+def log(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.callback()
+def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False) -> None:
+    global _debug
+    _debug = debug
+
+
+def _config(config: Path | None, overrides: list[str] | None):
+    from mtx.config import load_config
+
+    if config is None:
+        fail("--config is required")
+    return run(load_config, config, overrides)
+
+
+def _checkpoint_path(checkpoint: Path | None, config: Path | None, overrides: list[str] | None) -> Path:
+    """The checkpoint given, or RUN/checkpoints/best.pt of the config's run."""
+    if checkpoint is not None:
+        return checkpoint
+    if config is None:
+        fail("give --checkpoint, or --config to use RUN/checkpoints/best.pt")
+    return Path(_config(config, overrides).run_dir) / "checkpoints" / "best.pt"
+
+
+@app.command()
+def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
+    """Load, clean, learn SentencePiece BPE and encode the data into RUN/prepared."""
+    from mtx.data.prepare import prepare as do_prepare
+
+    cfg = _config(config, set)
+    run(do_prepare, cfg, log=log)
+
+
+@app.command()
+def train(config: ConfigOpt = None, set: SetOpt = None,
+          resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints/last.pt.")] = False) -> None:
+    """Train on the prepared data; checkpoints and metrics.jsonl go to RUN."""
+    from mtx.train.trainer import train as do_train
+
+    cfg = _config(config, set)
+    run(do_train, cfg, resume=resume, log=log)
+
+
+def read_lines(stream) -> Iterator[str]:
+    """Lines of a binary stream, split on "\\n" only, decoded as UTF-8 (invalid bytes replaced)."""
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
+
+
+def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device):
+    from mtx.decode.translator import Translator
+
+    overrides = list(set or [])
+    if beam is not None:
+        overrides.append(f"decode.beam={beam}")
+    if alpha is not None:
+        overrides.append(f"decode.alpha={alpha}")
+    if batch_tokens is not None:
+        overrides.append(f"decode.batch_tokens={batch_tokens}")
+    path = _checkpoint_path(checkpoint, config, None)
+    return run(Translator.from_checkpoint, path, overrides, device)
+
+
+BeamOpt = Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy); default from the checkpoint's config.")]
+AlphaOpt = Annotated[Optional[float], typer.Option(help="Length penalty alpha.")]
+BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch.")]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+
+
+@app.command()
+def translate(checkpoint: CkptOpt = None, config: ConfigOpt = None, set: SetOpt = None,
+              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_tokens: BatchOpt = None,
+              device: DeviceOpt = "auto",
+              chunk_lines: Annotated[int, typer.Option(help="Lines translated per chunk of the stream.")] = 512) -> None:
+    """Translate stdin to stdout, one line per line, in order."""
+    translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device)
+    out = sys.stdout
+    for line in translator.translate_stream(read_lines(sys.stdin.buffer), chunk_lines):
+        out.write(line + "\n")
+        out.flush()
+
+
+def _read_text(path: Path) -> list[str]:
+    from mtx.data.sources import read_lines as read_file_lines
+
+    if not path.is_file():
+        raise MtxError(f"file not found: {path}")
+    return list(read_file_lines(path))
+
+
+@app.command()
+def evaluate(checkpoint: CkptOpt = None, config: ConfigOpt = None, set: SetOpt = None,
+             src: Annotated[Optional[Path], typer.Option(help="Source file to translate.")] = None,
+             ref: Annotated[Optional[Path], typer.Option(help="Reference translations.")] = None,
+             hyp: Annotated[Optional[Path], typer.Option(help="Translations to score (no model needed).")] = None,
+             split: Annotated[Optional[str], typer.Option(help="valid or test split of the run's prepared data.")] = None,
+             output: Annotated[Optional[Path], typer.Option(help="Also write the translations here.")] = None,
+             beam: BeamOpt = None, alpha: AlphaOpt = None, batch_tokens: BatchOpt = None,
+             device: DeviceOpt = "auto",
+             json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
+    """Score translations with sacreBLEU (BLEU, chrF), translating first if given a model."""
+    from mtx.evaluate import score
+
+    if hyp is not None:
+        if ref is None:
+            fail("--hyp needs --ref")
+        hyps, refs = run(_read_text, hyp), run(_read_text, ref)
+    else:
+        translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device)
+        if split is not None:
+            sources, refs = run(_split_text, translator.cfg, split)
+        elif src is not None and ref is not None:
+            sources, refs = run(_read_text, src), run(_read_text, ref)
+        else:
+            fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
+        hyps = translator.translate(sources)
+        if output is not None:
+            output.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    result = run(score, hyps, refs)
+    if json_out:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(result["bleu_detail"])
+        typer.echo(f"chrF2 = {result['chrf']:.2f}")
+        typer.echo(f"signature: {result['signature']}")
+
+
+def _split_text(cfg, split: str) -> tuple[list[str], list[str]]:
+    from mtx.data.prepare import load_prepared
+
+    if split not in ("train", "valid", "test"):
+        raise MtxError(f"--split must be train, valid or test, got {split!r}")
+    ds = load_prepared(cfg, split).select_columns(["src", "tgt"])
+    return ds["src"], ds["tgt"]
+
+
+@app.command()
+def info(target: Annotated[str, typer.Argument(help="A YAML config or a checkpoint.")],
+         set: SetOpt = None,
+         length: Annotated[int, typer.Option(help="Tokens per side for the FLOPs figures.")] = 32,
+         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
+    """Architecture, parameter count and FLOPs per token."""
+    from mtx.info import describe
+
+    facts = run(describe, target, set, length)
+    if json_out:
+        typer.echo(json.dumps(facts))
+        return
+    typer.echo(f"{facts['source']}: {facts['architecture']}")
+    typer.echo(f"parameters: {facts['parameters']:,} ({facts['parameters'] / 1e6:.1f}M), "
+               f"vocabulary {facts['vocab_size']:,}")
+    typer.echo(f"training FLOPs per token (src = tgt = {length} tokens): "
+               f"{facts['flops_per_token'] / 1e6:.1f}M")
+    if facts["step"] is not None:
+        typer.echo(f"trained steps: {facts['step']}")
+
+
+@app.command()
+def toy(output: Annotated[Path, typer.Option(help="Prefix P: writes P.en and P.de.")],
+        split: Annotated[str, typer.Option(help="train, valid or test.")] = "test") -> None:
+    """Write a split of the embedded synthetic corpus to plain-text files."""
+    from mtx.data import toy as toy_corpus
+
+    if split not in toy_corpus.SPLITS:
+        fail(f"--split must be one of {', '.join(toy_corpus.SPLITS)}, got {split!r}")
+    toy_corpus.write_split(split, output)
+    log(f"wrote {output}.en and {output}.de ({toy_corpus.SPLIT_SIZES[split]} pairs)")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Where parallel text comes from: local files, the Hugging Face hub, or the toy corpus.
+
+A split is named by a spec string:
+- `PREFIX`                    local UTF-8 files PREFIX.{src_lang} and PREFIX.{tgt_lang}, line-aligned
+- `hf:NAME[:CONFIG[:SPLIT]]`  a hub dataset through `datasets.load_dataset`, e.g. `hf:wmt/wmt14:de-en`
+- `toy:SPLIT`                 the embedded synthetic corpus (mtx/data/toy.py)
+
+Every loader returns a `datasets.Dataset` with string columns `src` and `tgt`, stored as Arrow
+on disk, so corpora larger than memory stream through. Local files are read in binary and
+split on "\n" only, so a stray U+2028 or "\r" inside a line never breaks the line alignment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+
+from mtx.data import toy
+from mtx.errors import MtxError
+
+FEATURES = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
+
+
+def describe(spec: str, src_lang: str, tgt_lang: str) -> str:
+    if spec.startswith(("hf:", "toy:")):
+        return spec
+    return f"{spec}.{src_lang} / {spec}.{tgt_lang}"
+
+
+def local_files(prefix: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    src, tgt = Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}")
+    for path in (src, tgt):
+        if not path.is_file():
+            raise MtxError(f"file not found: {path} (a local split is a prefix P of P.{src_lang}, P.{tgt_lang})")
+    return src, tgt
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 file without their line ending ("\n" or "\r\n")."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise MtxError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+            yield line.rstrip("\n").removesuffix("\r")
+
+
+def count_lines(path: Path) -> int:
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+            last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def _local_pairs(src: Path, tgt: Path) -> Iterator[dict[str, str]]:
+    for s, t in zip(read_lines(src), read_lines(tgt)):
+        yield {"src": s, "tgt": t}
+
+
+def _toy_pairs(split: str) -> Iterator[dict[str, str]]:
+    for s, t in toy.split_pairs(split):
+        yield {"src": s, "tgt": t}
+
+
+def parse_hub_spec(spec: str, default_split: str) -> tuple[str, str | None, str]:
+    """`hf:NAME[:CONFIG[:SPLIT]]` -> (name, config, split)."""
+    parts = spec[len("hf:") :].split(":")
+    if not parts[0] or len(parts) > 3:
+        raise MtxError(f"hub dataset spec must be hf:NAME[:CONFIG[:SPLIT]], got {spec!r}")
+    name = parts[0]
+    config = parts[1] if len(parts) > 1 and parts[1] else None
+    split = parts[2] if len(parts) > 2 and parts[2] else default_split
+    return name, config, split
+
+
+def load_hub(spec: str, src_lang: str, tgt_lang: str, default_split: str) -> datasets.Dataset:
+    name, config, split = parse_hub_spec(spec, default_split)
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except (ConnectionError, OSError, TimeoutError) as e:
+        raise MtxError(
+            f"could not load hub dataset {spec!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}. "
+            "This is a network or hub problem; without network access, point data.train / "
+            "data.valid / data.test at local files (a prefix P of P.SRC and P.TGT)"
+        ) from None
+    except Exception as e:  # datasets raises many types for a wrong name, config or split
+        raise MtxError(f"could not load hub dataset {spec!r}: {str(e).splitlines()[0]}") from None
+    return hub_to_pairs(ds, spec, src_lang, tgt_lang)
+
+
+def hub_to_pairs(ds: datasets.Dataset, spec: str, src_lang: str, tgt_lang: str) -> datasets.Dataset:
+    """Map a hub dataset's `translation` dict column (or per-language columns) to src/tgt."""
+    columns = ds.column_names
+    if "translation" in columns:
+
+        def pick(batch):
+            rows = batch["translation"]
+            try:
+                return {"src": [r[src_lang] for r in rows], "tgt": [r[tgt_lang] for r in rows]}
+            except KeyError as e:
+                raise MtxError(
+                    f"hub dataset {spec!r} has no language {e.args[0]!r} in its translation column"
+                ) from None
+
+    elif src_lang in columns and tgt_lang in columns:
+
+        def pick(batch):
+            return {"src": batch[src_lang], "tgt": batch[tgt_lang]}
+
+    else:
+        raise MtxError(
+            f"hub dataset {spec!r} has columns {columns}; expected 'translation' or "
+            f"'{src_lang}' and '{tgt_lang}'"
+        )
+    return ds.map(pick, batched=True, remove_columns=columns, features=FEATURES,
+                  new_fingerprint=f"mtx-pairs-{src_lang}-{tgt_lang}-{ds._fingerprint}")
+
+
+def load_split(
+    spec: str, src_lang: str, tgt_lang: str, default_split: str, cache_dir: str | os.PathLike
+) -> datasets.Dataset:
+    """The split named by `spec` as a Dataset of src/tgt strings (Arrow files in `cache_dir`)."""
+    if spec.startswith("hf:"):
+        return load_hub(spec, src_lang, tgt_lang, default_split)
+    if spec.startswith("toy:"):
+        split = spec[len("toy:") :]
+        if split not in toy.SPLITS:
+            raise MtxError(f"toy corpus split must be one of {', '.join(toy.SPLITS)}, got {spec!r}")
+        gen, kwargs = _toy_pairs, {"split": split}
+    else:
+        src, tgt = local_files(spec, src_lang, tgt_lang)
+        n_src, n_tgt = count_lines(src), count_lines(tgt)
+        if n_src != n_tgt:
+            raise MtxError(f"{src} has {n_src} lines but {tgt} has {n_tgt}; they must be line-aligned")
+        gen, kwargs = _local_pairs, {"src": src, "tgt": tgt}
+    try:
+        return datasets.Dataset.from_generator(
+            gen, gen_kwargs=kwargs, features=FEATURES, cache_dir=str(cache_dir)
+        )
+    except datasets.exceptions.DatasetGenerationError as e:
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, MtxError):
+            raise cause from None
+        raise

@@ -1,0 +1,39 @@
+"""`mtx info`: architecture, parameter count and FLOPs per token of a config or checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mtx.config import Config, apply_overrides, from_dict, load_config
+from mtx.model.flops import forward_flops, training_flops_per_token
+from mtx.model.transformer import Transformer, count_parameters
+from mtx.train import checkpoint
+
+
+def describe(target: str, overrides: list[str] | None = None, length: int = 32) -> dict:
+    """Facts about a YAML config or a checkpoint; lengths for FLOPs are `length` tokens a side."""
+    if Path(target).suffix in (".pt", ".pth"):
+        ckpt = checkpoint.load(target)
+        cfg: Config = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
+        vocab_size, step = ckpt["vocab_size"], ckpt.get("step")
+    else:
+        cfg, vocab_size, step = load_config(target, overrides), None, None
+        vocab_size = cfg.data.vocab_size
+    with torch.device("meta"):
+        params = count_parameters(Transformer(cfg.model, vocab_size))
+    m = cfg.model
+    return {
+        "source": target,
+        "architecture": (f"transformer post-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
+                         f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, "
+                         f"shared embeddings, sinusoidal positions"),
+        "parameters": params,
+        "vocab_size": vocab_size,
+        "step": step,
+        "flops_length": length,
+        "forward_flops_per_pair": forward_flops(m, vocab_size, length, length),
+        "flops_per_token": training_flops_per_token(m, vocab_size, length, length),
+        "config": cfg.to_dict(),
+    }
