@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mtx.config import Config, all_keys, load_config
+from mtx.errors import MtxError
+
+
+def test_every_contract_key_can_be_overridden(tmp_path):
+    cfg = load_config(None, [
+        "run_dir=/tmp/x", "data.src_lang=de", "data.tgt_lang=en", "data.train=hf:wmt/wmt14:de-en",
+        "data.valid=some/prefix", "data.test=toy:test", "data.vocab_size=1000", "model.d_model=64",
+        "model.d_ff=128", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=3",
+        "model.dropout=0.2", "train.max_tokens=999", "train.warmup_steps=10", "train.max_steps=5",
+        "train.max_minutes=1.5", "train.seed=7", "train.adam_eps=1e-9",
+    ])
+    assert cfg.run_dir == "/tmp/x"
+    assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("de", "en")
+    assert cfg.data.train == "hf:wmt/wmt14:de-en"
+    assert cfg.model.d_model == 64 and cfg.model.decoder_layers == 3 and cfg.model.dropout == 0.2
+    assert cfg.train.max_tokens == 999 and cfg.train.max_minutes == 1.5 and cfg.train.seed == 7
+    assert cfg.train.adam_eps == 1e-9
+
+
+def test_yaml_file_and_overrides_compose(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"model": {"d_model": 64, "n_heads": 4}, "train": {"seed": 3}}))
+    cfg = load_config(path, ["train.seed=9"])
+    assert cfg.model.d_model == 64 and cfg.train.seed == 9
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_modle=3", "did you mean model.d_model"),
+    ("modle.d_model=3", "did you mean model.d_model"),
+    ("model.d_model=abc", "model.d_model expects int"),
+    ("model.dropout=yes", "model.dropout expects float"),
+    ("model.n_heads=7", "divisible"),
+    ("train.max_tokens=-1", "train.max_tokens must be positive"),
+    ("nothing", "key=value"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(MtxError, match=message):
+        load_config(None, [override])
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: [1, 2\n")
+    with pytest.raises(MtxError, match="bad.yaml"):
+        load_config(path)
+    path.write_text("model:\n  d_model: 64\n  widht: 3\n")
+    with pytest.raises(MtxError, match="model.widht"):
+        load_config(path)
+    with pytest.raises(MtxError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_shipped_configs_load():
+    for name in ("toy", "multi30k", "base", "big"):
+        load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
+
+
+@given(st.sampled_from(all_keys()), st.text(max_size=20))
+def test_random_overrides_never_crash_outside_a_clear_error(key, value):
+    try:
+        load_config(None, [f"{key}={value}"])
+    except MtxError as e:
+        assert str(e) and "\n" not in str(e)
+
+
+def test_defaults_are_the_papers():
+    cfg = Config()
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.model.n_heads) == (512, 2048, 8)
+    assert (cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps) == (0.9, 0.98, 1e-9)
+    assert cfg.train.label_smoothing == 0.1 and cfg.train.warmup_steps == 4000
+    assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.max_len_b) == (4, 0.6, 50)

@@ -1,0 +1,120 @@
+import json
+
+import datasets
+import pytest
+
+from mtx.config import load_config
+from mtx.data import sources, toy
+from mtx.data.prepare import load_prepared, prepare
+from mtx.errors import MtxError
+from mtx.model.transformer import EOS_ID
+
+
+def write_pair(prefix, src_lines, tgt_lines, newline="\n"):
+    for lang, lines in (("en", src_lines), ("de", tgt_lines)):
+        (prefix.parent / f"{prefix.name}.{lang}").write_bytes(
+            "".join(line + newline for line in lines).encode("utf-8"))
+
+
+def test_local_files_load_line_aligned_with_crlf_and_unicode_separators(tmp_path):
+    write_pair(tmp_path / "c", ["a b", "x\u2028y", ""], ["A B", "X Y", "Z"], newline="\r\n")
+    ds = sources.load_split(str(tmp_path / "c"), "en", "de", "train", tmp_path / "cache")
+    assert ds["src"] == ["a b", "x\u2028y", ""]
+    assert ds["tgt"] == ["A B", "X Y", "Z"]
+
+
+def test_local_file_errors_name_the_file(tmp_path):
+    with pytest.raises(MtxError, match=r"missing\.en"):
+        sources.load_split(str(tmp_path / "missing"), "en", "de", "train", tmp_path)
+    write_pair(tmp_path / "c", ["a", "b"], ["A"])
+    with pytest.raises(MtxError, match=r"c\.en has 2 lines but .*c\.de has 1"):
+        sources.load_split(str(tmp_path / "c"), "en", "de", "train", tmp_path)
+    (tmp_path / "u.en").write_bytes(b"ok\nbad \xff byte\n")
+    (tmp_path / "u.de").write_bytes(b"ok\nfine\n")
+    with pytest.raises(MtxError, match=r"u\.en:2: invalid UTF-8"):
+        sources.load_split(str(tmp_path / "u"), "en", "de", "train", tmp_path / "cache")
+
+
+def test_hub_spec_is_parsed_and_translation_column_mapped(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_dict(
+            {"translation": [{"de": "Hallo Welt", "en": "hello world"}, {"de": "Ja", "en": "yes"}]})
+
+    monkeypatch.setattr(sources.datasets, "load_dataset", fake_load_dataset)
+    ds = sources.load_split("hf:wmt/wmt14:de-en", "en", "de", "validation", tmp_path)
+    assert calls == [("wmt/wmt14", "de-en", "validation")]
+    assert ds["src"] == ["hello world", "yes"] and ds["tgt"] == ["Hallo Welt", "Ja"]
+    sources.load_split("hf:wmt/wmt14:de-en:test", "en", "de", "validation", tmp_path)
+    assert calls[-1] == ("wmt/wmt14", "de-en", "test")
+
+
+def test_hub_dataset_with_language_columns(monkeypatch, tmp_path):
+    monkeypatch.setattr(sources.datasets, "load_dataset",
+                        lambda name, config, split: datasets.Dataset.from_dict({"en": ["a"], "de": ["b"]}))
+    ds = sources.load_split("hf:someone/corpus", "en", "de", "train", tmp_path)
+    assert (ds["src"], ds["tgt"]) == (["a"], ["b"])
+
+
+def test_hub_while_offline_says_it_is_a_network_problem(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(sources.datasets, "load_dataset", offline)
+    with pytest.raises(MtxError, match="network.*local files"):
+        sources.load_split("hf:wmt/wmt14:de-en", "en", "de", "train", tmp_path)
+
+
+def test_toy_corpus_is_deterministic_disjoint_and_needs_reordering():
+    a, b = toy.generate(1), toy.generate(1)
+    assert a == b
+    assert {k: len(v) for k, v in a.items()} == toy.SPLIT_SIZES
+    train = {en for en, _ in a["train"]}
+    assert not train & {en for en, _ in a["test"]}
+    assert not train & {en for en, _ in a["valid"]}
+    # verb-final subordinate clauses: the German verb closes the clause
+    because = [(en, de) for en, de in a["train"] if " because " in en]
+    assert because and all(de.endswith((".",)) for _, de in because)
+    assert any(de.startswith("heute ") and de.split()[1] in {v for _, _, v in toy.TRANSITIVE + toy.INTRANSITIVE + toy.DITRANSITIVE}
+               for _, de in a["train"])
+
+
+def test_prepare_cleans_reports_and_encodes(tmp_path):
+    src = ["the dog sleeps ."] * 3 + ["  a  cat   sees a dog .  ", "", "x " * 300, "one two"]
+    tgt = ["der hund schläft ."] * 3 + ["eine katze sieht einen hund .", "leer", "y", "eins zwei"]
+    write_pair(tmp_path / "train", src, tgt)
+    write_pair(tmp_path / "valid", src[:2], tgt[:2])
+    write_pair(tmp_path / "test", src[3:5], tgt[3:5])
+    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", f"data.train={tmp_path / 'train'}",
+                             f"data.valid={tmp_path / 'valid'}", f"data.test={tmp_path / 'test'}",
+                             "data.vocab_size=60", "data.max_len=50", "data.dedup=true",
+                             "train.max_tokens=100"])
+    out = prepare(cfg, log=lambda *_: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    train = manifest["splits"]["train"]
+    assert train["read"] == 7
+    assert train["dropped"] == {"duplicate": 2, "empty": 1, "too_long": 1}
+    assert train["kept"] == 3
+    assert manifest["splits"]["test"]["kept"] == 2  # test pairs are never dropped
+    ds = load_prepared(cfg, "train")
+    assert ds[1]["src"] == "a cat sees a dog ."  # whitespace stripped and collapsed
+    for row in ds:
+        assert row["src_ids"][-1] == EOS_ID and row["tgt_ids"][-1] == EOS_ID
+        assert row["src_len"] == len(row["src_ids"])
+    assert not (tmp_path / "run" / "prepared.tmp").exists()
+
+
+def test_prepare_of_an_empty_corpus_fails_cleanly(tmp_path):
+    write_pair(tmp_path / "e", ["", " "], ["x", ""])
+    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", f"data.train={tmp_path / 'e'}",
+                             f"data.valid={tmp_path / 'e'}", f"data.test={tmp_path / 'e'}"])
+    with pytest.raises(MtxError, match="no usable pairs"):
+        prepare(cfg, log=lambda *_: None)
+    assert not (tmp_path / "run" / "prepared").exists()
+    assert not (tmp_path / "run" / "prepared.tmp").exists()
