@@ -10,19 +10,29 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from mtx.errors import MtxError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Train Transformer translation models end to end.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Train Transformer translation models end to end.",
+)
 _debug = False
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: key=value (repeatable).")]
-CkptOpt = Annotated[Optional[Path], typer.Option("--checkpoint", help="A checkpoint (embeds its config and vocabulary).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config key: key=value (repeatable)."),
+]
+CkptOpt = Annotated[
+    Path | None,
+    typer.Option("--checkpoint", help="A checkpoint (embeds its config and vocabulary)."),
+]
 
 
 def fail(message: str) -> None:
@@ -45,7 +55,9 @@ def log(msg: str) -> None:
 
 
 @app.callback()
-def main_options(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False) -> None:
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
     global _debug
     _debug = debug
 
@@ -58,7 +70,9 @@ def _config(config: Path | None, overrides: list[str] | None):
     return run(load_config, config, overrides)
 
 
-def _checkpoint_path(checkpoint: Path | None, config: Path | None, overrides: list[str] | None) -> Path:
+def _checkpoint_path(
+    checkpoint: Path | None, config: Path | None, overrides: list[str] | None
+) -> Path:
     """The checkpoint given, or RUN/checkpoints/best.pt of the config's run."""
     if checkpoint is not None:
         return checkpoint
@@ -77,8 +91,11 @@ def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
 
 
 @app.command()
-def train(config: ConfigOpt = None, set: SetOpt = None,
-          resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints/last.pt.")] = False) -> None:
+def train(
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints/last.pt.")] = False,
+) -> None:
     """Train on the prepared data; checkpoints and metrics.jsonl go to RUN."""
     from mtx.train.trainer import train as do_train
 
@@ -106,17 +123,28 @@ def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device):
     return run(Translator.from_checkpoint, path, overrides, device)
 
 
-BeamOpt = Annotated[Optional[int], typer.Option(help="Beam size (1 = greedy); default from the checkpoint's config.")]
-AlphaOpt = Annotated[Optional[float], typer.Option(help="Length penalty alpha.")]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch-tokens", help="Source tokens per batch.")]
+BeamOpt = Annotated[
+    int | None,
+    typer.Option(help="Beam size (1 = greedy); default from the checkpoint's config."),
+]
+AlphaOpt = Annotated[float | None, typer.Option(help="Length penalty alpha.")]
+BatchOpt = Annotated[int | None, typer.Option("--batch-tokens", help="Source tokens per batch.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 
 
 @app.command()
-def translate(checkpoint: CkptOpt = None, config: ConfigOpt = None, set: SetOpt = None,
-              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_tokens: BatchOpt = None,
-              device: DeviceOpt = "auto",
-              chunk_lines: Annotated[int, typer.Option(help="Lines translated per chunk of the stream.")] = 512) -> None:
+def translate(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    beam: BeamOpt = None,
+    alpha: AlphaOpt = None,
+    batch_tokens: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    chunk_lines: Annotated[
+        int, typer.Option(help="Lines translated per chunk of the stream.")
+    ] = 512,
+) -> None:
     """Translate stdin to stdout, one line per line, in order."""
     translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device)
     out = sys.stdout
@@ -134,15 +162,25 @@ def _read_text(path: Path) -> list[str]:
 
 
 @app.command()
-def evaluate(checkpoint: CkptOpt = None, config: ConfigOpt = None, set: SetOpt = None,
-             src: Annotated[Optional[Path], typer.Option(help="Source file to translate.")] = None,
-             ref: Annotated[Optional[Path], typer.Option(help="Reference translations.")] = None,
-             hyp: Annotated[Optional[Path], typer.Option(help="Translations to score (no model needed).")] = None,
-             split: Annotated[Optional[str], typer.Option(help="valid or test split of the run's prepared data.")] = None,
-             output: Annotated[Optional[Path], typer.Option(help="Also write the translations here.")] = None,
-             beam: BeamOpt = None, alpha: AlphaOpt = None, batch_tokens: BatchOpt = None,
-             device: DeviceOpt = "auto",
-             json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
+def evaluate(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    src: Annotated[Path | None, typer.Option(help="Source file to translate.")] = None,
+    ref: Annotated[Path | None, typer.Option(help="Reference translations.")] = None,
+    hyp: Annotated[
+        Path | None, typer.Option(help="Translations to score (no model needed).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="valid or test split of the run's prepared data.")
+    ] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the translations here.")] = None,
+    beam: BeamOpt = None,
+    alpha: AlphaOpt = None,
+    batch_tokens: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
     """Score translations with sacreBLEU (BLEU, chrF), translating first if given a model."""
     from mtx.evaluate import score
 
@@ -180,10 +218,12 @@ def _split_text(cfg, split: str) -> tuple[list[str], list[str]]:
 
 
 @app.command()
-def info(target: Annotated[str, typer.Argument(help="A YAML config or a checkpoint.")],
-         set: SetOpt = None,
-         length: Annotated[int, typer.Option(help="Tokens per side for the FLOPs figures.")] = 32,
-         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
+def info(
+    target: Annotated[str, typer.Argument(help="A YAML config or a checkpoint.")],
+    set: SetOpt = None,
+    length: Annotated[int, typer.Option(help="Tokens per side for the FLOPs figures.")] = 32,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
     """Architecture, parameter count and FLOPs per token."""
     from mtx.info import describe
 
@@ -192,17 +232,23 @@ def info(target: Annotated[str, typer.Argument(help="A YAML config or a checkpoi
         typer.echo(json.dumps(facts))
         return
     typer.echo(f"{facts['source']}: {facts['architecture']}")
-    typer.echo(f"parameters: {facts['parameters']:,} ({facts['parameters'] / 1e6:.1f}M), "
-               f"vocabulary {facts['vocab_size']:,}")
-    typer.echo(f"training FLOPs per token (src = tgt = {length} tokens): "
-               f"{facts['flops_per_token'] / 1e6:.1f}M")
+    typer.echo(
+        f"parameters: {facts['parameters']:,} ({facts['parameters'] / 1e6:.1f}M), "
+        f"vocabulary {facts['vocab_size']:,}"
+    )
+    typer.echo(
+        f"training FLOPs per token (src = tgt = {length} tokens): "
+        f"{facts['flops_per_token'] / 1e6:.1f}M"
+    )
     if facts["step"] is not None:
         typer.echo(f"trained steps: {facts['step']}")
 
 
 @app.command()
-def toy(output: Annotated[Path, typer.Option(help="Prefix P: writes P.en and P.de.")],
-        split: Annotated[str, typer.Option(help="train, valid or test.")] = "test") -> None:
+def toy(
+    output: Annotated[Path, typer.Option(help="Prefix P: writes P.en and P.de.")],
+    split: Annotated[str, typer.Option(help="train, valid or test.")] = "test",
+) -> None:
     """Write a split of the embedded synthetic corpus to plain-text files."""
     from mtx.data import toy as toy_corpus
 

@@ -207,7 +207,9 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     *path, name = key.split(".")
     obj: Any = cfg
     for part in path:
-        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+        if not dataclasses.is_dataclass(obj) or part not in {
+            f.name for f in dataclasses.fields(obj)
+        }:
             raise _unknown(key, all_keys())
         obj = getattr(obj, part)
     hints = typing.get_type_hints(type(obj)) if dataclasses.is_dataclass(obj) else {}

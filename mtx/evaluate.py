@@ -10,7 +10,9 @@ from mtx.errors import MtxError
 def score(hyps: list[str], refs: list[str]) -> dict:
     """Corpus BLEU and chrF of detokenized hypotheses against one reference each."""
     if len(hyps) != len(refs):
-        raise MtxError(f"{len(hyps)} hypotheses but {len(refs)} references; they must be line-aligned")
+        raise MtxError(
+            f"{len(hyps)} hypotheses but {len(refs)} references; they must be line-aligned"
+        )
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hyps, [refs])
     c = chrf.corpus_score(hyps, [refs])

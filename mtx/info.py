@@ -26,9 +26,11 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
     m = cfg.model
     return {
         "source": target,
-        "architecture": (f"transformer post-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
-                         f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, "
-                         f"shared embeddings, sinusoidal positions"),
+        "architecture": (
+            f"transformer post-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
+            f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, "
+            f"shared embeddings, sinusoidal positions"
+        ),
         "parameters": params,
         "vocab_size": vocab_size,
         "step": step,

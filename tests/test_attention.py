@@ -9,7 +9,9 @@ def copied_pair(d=32, h=4):
     ours = MultiHeadAttention(d, h)
     ref = nn.MultiheadAttention(d, h, batch_first=True)
     with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_weight.copy_(
+            torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
+        )
         ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
         ref.out_proj.weight.copy_(ours.out_proj.weight)
         ref.out_proj.bias.copy_(ours.out_proj.bias)

@@ -17,7 +17,9 @@ runner = CliRunner()
 
 def mtx(*args, input=None):
     result = runner.invoke(app, [str(a) for a in args], input=input)
-    assert result.exit_code == 0, result.output + (str(result.exception) if result.exception else "")
+    assert result.exit_code == 0, result.output + (
+        str(result.exception) if result.exception else ""
+    )
     return result
 
 
@@ -25,7 +27,14 @@ def mtx(*args, input=None):
 def toy_run(tmp_path_factory):
     """A toy run trained for a few hundred steps (about a minute on 2 CPU cores)."""
     run = tmp_path_factory.mktemp("toy")
-    sets = ["--set", f"run_dir={run}", "--set", "train.max_steps=250", "--set", "train.valid_every=125"]
+    sets = [
+        "--set",
+        f"run_dir={run}",
+        "--set",
+        "train.max_steps=250",
+        "--set",
+        "train.valid_every=125",
+    ]
     mtx("prepare", "--config", ROOT / "configs/toy.yaml", *sets)
     mtx("train", "--config", ROOT / "configs/toy.yaml", *sets)
     return run
@@ -53,10 +62,19 @@ def test_toy_model_translates_far_better_than_an_untrained_one(toy_run):
 
 def test_translate_keeps_one_line_per_input_line_in_order(toy_run, tmp_path):
     ckpt = toy_run / "checkpoints" / "best.pt"
-    lines = ["the dog sleeps.", "", "   ", "a cat\tsees\x07 the\x00 bird.", "the man " * 400,
-             "the woman laughs.", "", "the dog sleeps."]
-    out = mtx("translate", "--checkpoint", ckpt, "--chunk-lines", 3,
-              input="\n".join(lines) + "\n").stdout.split("\n")
+    lines = [
+        "the dog sleeps.",
+        "",
+        "   ",
+        "a cat\tsees\x07 the\x00 bird.",
+        "the man " * 400,
+        "the woman laughs.",
+        "",
+        "the dog sleeps.",
+    ]
+    out = mtx(
+        "translate", "--checkpoint", ckpt, "--chunk-lines", 3, input="\n".join(lines) + "\n"
+    ).stdout.split("\n")
     assert out[-1] == "" and len(out) - 1 == len(lines)
     assert out[0] == out[7]  # the same sentence translates the same wherever it stands
     assert out[0].startswith("der hund")
@@ -67,12 +85,14 @@ def test_translate_keeps_one_line_per_input_line_in_order(toy_run, tmp_path):
 def test_evaluate_scores_a_hypothesis_file(tmp_path):
     (tmp_path / "hyp.de").write_text("der hund schläft.\ndie katze lacht.\n")
     (tmp_path / "ref.de").write_text("der hund schläft.\ndie katze lacht.\n")
-    scores = json.loads(mtx("evaluate", "--hyp", tmp_path / "hyp.de", "--ref", tmp_path / "ref.de",
-                            "--json").stdout)
+    scores = json.loads(
+        mtx("evaluate", "--hyp", tmp_path / "hyp.de", "--ref", tmp_path / "ref.de", "--json").stdout
+    )
     assert scores["bleu"] == 100.0 and scores["chrf"] == 100.0
     (tmp_path / "short.de").write_text("der hund schläft.\n")
-    result = runner.invoke(app, ["evaluate", "--hyp", str(tmp_path / "short.de"),
-                                 "--ref", str(tmp_path / "ref.de")])
+    result = runner.invoke(
+        app, ["evaluate", "--hyp", str(tmp_path / "short.de"), "--ref", str(tmp_path / "ref.de")]
+    )
     assert result.exit_code == 2 and "1 hypotheses but 2 references" in result.output
 
 
@@ -92,9 +112,15 @@ def test_info_on_a_checkpoint(toy_run):
 def test_user_errors_are_one_line_with_exit_code_2(tmp_path):
     for args, message in [
         (["train", "--config", tmp_path / "nope.yaml"], "config file not found"),
-        (["info", ROOT / "configs/toy.yaml", "--set", "model.d_modle=3"], "did you mean model.d_model"),
+        (
+            ["info", ROOT / "configs/toy.yaml", "--set", "model.d_modle=3"],
+            "did you mean model.d_model",
+        ),
         (["translate", "--checkpoint", tmp_path / "none.pt"], "checkpoint not found"),
-        (["train", "--config", ROOT / "configs/toy.yaml", "--set", f"run_dir={tmp_path}"], "run `mtx prepare`"),
+        (
+            ["train", "--config", ROOT / "configs/toy.yaml", "--set", f"run_dir={tmp_path}"],
+            "run `mtx prepare`",
+        ),
     ]:
         result = runner.invoke(app, [str(a) for a in args])
         assert result.exit_code == 2, result.output
@@ -113,15 +139,31 @@ def test_multi30k_prepare_train_translate_evaluate(tmp_path):
     if not MULTI30K.is_dir():
         pytest.skip(f"real data not found at {MULTI30K}")
     sets = []
-    for key, value in {"run_dir": tmp_path / "run", "data.vocab_size": 2000,
-                       "model.d_model": 64, "model.d_ff": 128, "model.n_heads": 2,
-                       "model.encoder_layers": 1, "model.decoder_layers": 1,
-                       "train.max_tokens": 2048, "train.max_steps": 40, "train.warmup_steps": 20,
-                       "train.valid_every": 40, "train.log_every": 10, "train.device": "cpu"}.items():
+    for key, value in {
+        "run_dir": tmp_path / "run",
+        "data.vocab_size": 2000,
+        "model.d_model": 64,
+        "model.d_ff": 128,
+        "model.n_heads": 2,
+        "model.encoder_layers": 1,
+        "model.decoder_layers": 1,
+        "train.max_tokens": 2048,
+        "train.max_steps": 40,
+        "train.warmup_steps": 20,
+        "train.valid_every": 40,
+        "train.log_every": 10,
+        "train.device": "cpu",
+    }.items():
         sets += ["--set", f"{key}={value}"]
     config = ROOT / "configs/multi30k.yaml"
-    data_sets = ["--set", f"data.train={MULTI30K / 'train'}", "--set", f"data.valid={MULTI30K / 'val'}",
-                 "--set", f"data.test={MULTI30K / 'test2016'}"]
+    data_sets = [
+        "--set",
+        f"data.train={MULTI30K / 'train'}",
+        "--set",
+        f"data.valid={MULTI30K / 'val'}",
+        "--set",
+        f"data.test={MULTI30K / 'test2016'}",
+    ]
     mtx("prepare", "--config", config, *sets, *data_sets)
     manifest = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["read"] == 29000
@@ -135,8 +177,21 @@ def test_multi30k_prepare_train_translate_evaluate(tmp_path):
     (tmp_path / "src.en").write_text("\n".join(src) + "\n")
     (tmp_path / "ref.de").write_text("\n".join(ref) + "\n")
     ckpt = tmp_path / "run" / "checkpoints" / "best.pt"
-    scores = json.loads(mtx("evaluate", "--checkpoint", ckpt, "--src", tmp_path / "src.en",
-                            "--ref", tmp_path / "ref.de", "--beam", "2", "--output",
-                            tmp_path / "hyp.de", "--json").stdout)
+    scores = json.loads(
+        mtx(
+            "evaluate",
+            "--checkpoint",
+            ckpt,
+            "--src",
+            tmp_path / "src.en",
+            "--ref",
+            tmp_path / "ref.de",
+            "--beam",
+            "2",
+            "--output",
+            tmp_path / "hyp.de",
+            "--json",
+        ).stdout
+    )
     assert scores["lines"] == 50 and 0 <= scores["bleu"] <= 100
     assert len((tmp_path / "hyp.de").read_text().splitlines()) == 50

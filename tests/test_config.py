@@ -10,13 +10,30 @@ from mtx.errors import MtxError
 
 
 def test_every_contract_key_can_be_overridden(tmp_path):
-    cfg = load_config(None, [
-        "run_dir=/tmp/x", "data.src_lang=de", "data.tgt_lang=en", "data.train=hf:wmt/wmt14:de-en",
-        "data.valid=some/prefix", "data.test=toy:test", "data.vocab_size=1000", "model.d_model=64",
-        "model.d_ff=128", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=3",
-        "model.dropout=0.2", "train.max_tokens=999", "train.warmup_steps=10", "train.max_steps=5",
-        "train.max_minutes=1.5", "train.seed=7", "train.adam_eps=1e-9",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "run_dir=/tmp/x",
+            "data.src_lang=de",
+            "data.tgt_lang=en",
+            "data.train=hf:wmt/wmt14:de-en",
+            "data.valid=some/prefix",
+            "data.test=toy:test",
+            "data.vocab_size=1000",
+            "model.d_model=64",
+            "model.d_ff=128",
+            "model.n_heads=2",
+            "model.encoder_layers=1",
+            "model.decoder_layers=3",
+            "model.dropout=0.2",
+            "train.max_tokens=999",
+            "train.warmup_steps=10",
+            "train.max_steps=5",
+            "train.max_minutes=1.5",
+            "train.seed=7",
+            "train.adam_eps=1e-9",
+        ],
+    )
     assert cfg.run_dir == "/tmp/x"
     assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("de", "en")
     assert cfg.data.train == "hf:wmt/wmt14:de-en"
@@ -32,15 +49,18 @@ def test_yaml_file_and_overrides_compose(tmp_path):
     assert cfg.model.d_model == 64 and cfg.train.seed == 9
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.d_modle=3", "did you mean model.d_model"),
-    ("modle.d_model=3", "did you mean model.d_model"),
-    ("model.d_model=abc", "model.d_model expects int"),
-    ("model.dropout=yes", "model.dropout expects float"),
-    ("model.n_heads=7", "divisible"),
-    ("train.max_tokens=-1", "train.max_tokens must be positive"),
-    ("nothing", "key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.d_modle=3", "did you mean model.d_model"),
+        ("modle.d_model=3", "did you mean model.d_model"),
+        ("model.d_model=abc", "model.d_model expects int"),
+        ("model.dropout=yes", "model.dropout expects float"),
+        ("model.n_heads=7", "divisible"),
+        ("train.max_tokens=-1", "train.max_tokens must be positive"),
+        ("nothing", "key=value"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(MtxError, match=message):
         load_config(None, [override])

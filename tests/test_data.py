@@ -13,7 +13,8 @@ from mtx.model.transformer import EOS_ID
 def write_pair(prefix, src_lines, tgt_lines, newline="\n"):
     for lang, lines in (("en", src_lines), ("de", tgt_lines)):
         (prefix.parent / f"{prefix.name}.{lang}").write_bytes(
-            "".join(line + newline for line in lines).encode("utf-8"))
+            "".join(line + newline for line in lines).encode("utf-8")
+        )
 
 
 def test_local_files_load_line_aligned_with_crlf_and_unicode_separators(tmp_path):
@@ -41,7 +42,8 @@ def test_hub_spec_is_parsed_and_translation_column_mapped(monkeypatch, tmp_path)
     def fake_load_dataset(name, config, split):
         calls.append((name, config, split))
         return datasets.Dataset.from_dict(
-            {"translation": [{"de": "Hallo Welt", "en": "hello world"}, {"de": "Ja", "en": "yes"}]})
+            {"translation": [{"de": "Hallo Welt", "en": "hello world"}, {"de": "Ja", "en": "yes"}]}
+        )
 
     monkeypatch.setattr(sources.datasets, "load_dataset", fake_load_dataset)
     ds = sources.load_split("hf:wmt/wmt14:de-en", "en", "de", "validation", tmp_path)
@@ -52,8 +54,11 @@ def test_hub_spec_is_parsed_and_translation_column_mapped(monkeypatch, tmp_path)
 
 
 def test_hub_dataset_with_language_columns(monkeypatch, tmp_path):
-    monkeypatch.setattr(sources.datasets, "load_dataset",
-                        lambda name, config, split: datasets.Dataset.from_dict({"en": ["a"], "de": ["b"]}))
+    monkeypatch.setattr(
+        sources.datasets,
+        "load_dataset",
+        lambda name, config, split: datasets.Dataset.from_dict({"en": ["a"], "de": ["b"]}),
+    )
     ds = sources.load_split("hf:someone/corpus", "en", "de", "train", tmp_path)
     assert (ds["src"], ds["tgt"]) == (["a"], ["b"])
 
@@ -81,8 +86,11 @@ def test_toy_corpus_is_deterministic_disjoint_and_needs_reordering():
     # verb-final subordinate clauses: the German verb closes the clause
     because = [(en, de) for en, de in a["train"] if " because " in en]
     assert because and all(de.endswith((".",)) for _, de in because)
-    assert any(de.startswith("heute ") and de.split()[1] in {v for _, _, v in toy.TRANSITIVE + toy.INTRANSITIVE + toy.DITRANSITIVE}
-               for _, de in a["train"])
+    assert any(
+        de.startswith("heute ")
+        and de.split()[1] in {v for _, _, v in toy.TRANSITIVE + toy.INTRANSITIVE + toy.DITRANSITIVE}
+        for _, de in a["train"]
+    )
 
 
 def test_prepare_cleans_reports_and_encodes(tmp_path):
@@ -91,10 +99,19 @@ def test_prepare_cleans_reports_and_encodes(tmp_path):
     write_pair(tmp_path / "train", src, tgt)
     write_pair(tmp_path / "valid", src[:2], tgt[:2])
     write_pair(tmp_path / "test", src[3:5], tgt[3:5])
-    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", f"data.train={tmp_path / 'train'}",
-                             f"data.valid={tmp_path / 'valid'}", f"data.test={tmp_path / 'test'}",
-                             "data.vocab_size=60", "data.max_len=50", "data.dedup=true",
-                             "train.max_tokens=100"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            f"data.train={tmp_path / 'train'}",
+            f"data.valid={tmp_path / 'valid'}",
+            f"data.test={tmp_path / 'test'}",
+            "data.vocab_size=60",
+            "data.max_len=50",
+            "data.dedup=true",
+            "train.max_tokens=100",
+        ],
+    )
     out = prepare(cfg, log=lambda *_: None)
     manifest = json.loads((out / "manifest.json").read_text())
     train = manifest["splits"]["train"]
@@ -112,8 +129,15 @@ def test_prepare_cleans_reports_and_encodes(tmp_path):
 
 def test_prepare_of_an_empty_corpus_fails_cleanly(tmp_path):
     write_pair(tmp_path / "e", ["", " "], ["x", ""])
-    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", f"data.train={tmp_path / 'e'}",
-                             f"data.valid={tmp_path / 'e'}", f"data.test={tmp_path / 'e'}"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            f"data.train={tmp_path / 'e'}",
+            f"data.valid={tmp_path / 'e'}",
+            f"data.test={tmp_path / 'e'}",
+        ],
+    )
     with pytest.raises(MtxError, match="no usable pairs"):
         prepare(cfg, log=lambda *_: None)
     assert not (tmp_path / "run" / "prepared").exists()

@@ -11,10 +11,13 @@ def test_loss_equals_torch_cross_entropy_with_label_smoothing():
     target[1, 3:] = 0  # padding
     target[2, 1:] = 0
     loss, nll = label_smoothed_nll(logits, target, eps=0.1, pad_id=0)
-    want = F.cross_entropy(logits.view(-1, 11), target.view(-1), label_smoothing=0.1,
-                           ignore_index=0, reduction="sum")
+    want = F.cross_entropy(
+        logits.view(-1, 11), target.view(-1), label_smoothing=0.1, ignore_index=0, reduction="sum"
+    )
     torch.testing.assert_close(loss, want)
-    want_nll = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    want_nll = F.cross_entropy(
+        logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum"
+    )
     torch.testing.assert_close(nll, want_nll)
 
 

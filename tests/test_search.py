@@ -1,8 +1,8 @@
 import math
 
 import torch
-
 from conftest import tiny_model_config
+
 from mtx.decode.search import beam_search, greedy_search, length_penalty, max_lengths
 from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
 
@@ -95,7 +95,9 @@ def test_nbest_is_sorted_distinct_and_scores_are_the_models():
         assert len({tuple(h.tokens) for h in hyps}) == 5
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
         for h in hyps:
-            want = teacher_forced_logprob(model, one, h.tokens) / length_penalty(len(h.tokens) + 1, 0.6)
+            want = teacher_forced_logprob(model, one, h.tokens) / length_penalty(
+                len(h.tokens) + 1, 0.6
+            )
             assert math.isclose(h.score, want, rel_tol=1e-4, abs_tol=1e-4)
 
 

@@ -2,16 +2,18 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_model_config
 from torch import nn
 
-from conftest import tiny_model_config
 from mtx.model.layers import DecoderLayer, EncoderLayer
 from mtx.model.positions import sinusoidal_table
 from mtx.model.transformer import BOS_ID, PAD_ID, Transformer, count_parameters
 
 
 def _copy_attn(ref: nn.MultiheadAttention, ours) -> None:
-    ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+    ref.in_proj_weight.copy_(
+        torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
+    )
     ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
     ref.out_proj.weight.copy_(ours.out_proj.weight)
     ref.out_proj.bias.copy_(ours.out_proj.bias)
@@ -28,7 +30,9 @@ def test_encoder_layer_equals_torch_post_norm():
     torch.manual_seed(0)
     cfg = tiny_model_config()
     ours = EncoderLayer(cfg).eval()
-    ref = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=False).eval()
+    ref = nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=False
+    ).eval()
     with torch.no_grad():
         _copy_attn(ref.self_attn, ours.self_attn)
         _copy_ffn_norms(ref, ours, [(ref.norm1, ours.self_attn_norm), (ref.norm2, ours.ffn_norm)])
@@ -43,20 +47,31 @@ def test_decoder_layer_equals_torch_post_norm():
     torch.manual_seed(0)
     cfg = tiny_model_config()
     ours = DecoderLayer(cfg).eval()
-    ref = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=False).eval()
+    ref = nn.TransformerDecoderLayer(
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=False
+    ).eval()
     with torch.no_grad():
         _copy_attn(ref.self_attn, ours.self_attn)
         _copy_attn(ref.multihead_attn, ours.cross_attn)
         _copy_ffn_norms(
             ref,
             ours,
-            [(ref.norm1, ours.self_attn_norm), (ref.norm2, ours.cross_attn_norm), (ref.norm3, ours.ffn_norm)],
+            [
+                (ref.norm1, ours.self_attn_norm),
+                (ref.norm2, ours.cross_attn_norm),
+                (ref.norm3, ours.ffn_norm),
+            ],
         )
     x, mem = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     keep = torch.tensor([[True] * 7, [True] * 3 + [False] * 4])
     got = ours(x, mem, keep.unsqueeze(1))
-    want = ref(x, mem, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5), tgt_is_causal=True,
-               memory_key_padding_mask=~keep)
+    want = ref(
+        x,
+        mem,
+        tgt_mask=nn.Transformer.generate_square_subsequent_mask(5),
+        tgt_is_causal=True,
+        memory_key_padding_mask=~keep,
+    )
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -15,7 +15,11 @@ from mtx.model.transformer import BOS_ID, PAD_ID
 
 
 def token_batches(
-    src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int | None = None, epoch: int = 0
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    seed: int | None = None,
+    epoch: int = 0,
 ) -> list[np.ndarray]:
     """Indices of each batch. With `seed`, ties in length are broken and batches ordered at random."""
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)

@@ -91,8 +91,10 @@ def prepare(cfg: Config, log=print) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    log(f"prepared data in {final} (vocabulary {manifest['vocab_size']}, "
-        f"{manifest['splits']['train']['kept']} training pairs)")
+    log(
+        f"prepared data in {final} (vocabulary {manifest['vocab_size']}, "
+        f"{manifest['splits']['train']['kept']} training pairs)"
+    )
     return final
 
 
@@ -105,8 +107,12 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
         log(f"{split}: loading {sources.describe(spec, d.src_lang, d.tgt_lang)}")
         raw = sources.load_split(spec, d.src_lang, d.tgt_lang, hub_split, cache)
         cleaner = TextCleaner(drop_empty=split != "test", dedup=d.dedup and split == "train")
-        texts[split] = raw.map(cleaner, batched=True, new_fingerprint=f"clean-{split}",
-                               cache_file_name=str(cache / f"clean-{split}.arrow"))
+        texts[split] = raw.map(
+            cleaner,
+            batched=True,
+            new_fingerprint=f"clean-{split}",
+            cache_file_name=str(cache / f"clean-{split}.arrow"),
+        )
         counts[split] = cleaner.counts
         if split != "test" and len(texts[split]) == 0:
             raise MtxError(f"data.{split} ({spec}) has no usable pairs after cleaning")
@@ -118,23 +124,43 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
     (out / "spm.model").write_bytes(model_proto)
     sp = vocab.load(model_proto)
 
-    manifest = {"mtx_version": __version__, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang,
-                "vocab_size": sp.get_piece_size(), "splits": {}}
+    manifest = {
+        "mtx_version": __version__,
+        "src_lang": d.src_lang,
+        "tgt_lang": d.tgt_lang,
+        "vocab_size": sp.get_piece_size(),
+        "splits": {},
+    }
     for split, text in texts.items():
         # Test pairs are never dropped: BLEU is computed on the whole test set.
         encoder = Encoder(sp, None if split == "test" else d.max_len, d.max_ratio)
-        encoded = text.map(encoder, batched=True, features=ENCODED, remove_columns=text.column_names,
-                           new_fingerprint=f"encode-{split}",
-                           cache_file_name=str(cache / f"encode-{split}.arrow"))
+        encoded = text.map(
+            encoder,
+            batched=True,
+            features=ENCODED,
+            remove_columns=text.column_names,
+            new_fingerprint=f"encode-{split}",
+            cache_file_name=str(cache / f"encode-{split}.arrow"),
+        )
         if split == "train" and len(encoded) == 0:
             raise MtxError(f"data.train ({d.train}) is empty after cleaning (max_len {d.max_len})")
         encoded.save_to_disk(str(out / split))
         dropped = dict(counts[split]) | dict(encoder.counts)
         read = dropped.pop("read", 0)
-        manifest["splits"][split] = {"source": getattr(d, split), "read": read,
-                                     "kept": len(encoded), "dropped": dropped}
-        log(f"{split}: kept {len(encoded)} of {read} pairs"
-            + (f" (dropped: {', '.join(f'{k} {v}' for k, v in sorted(dropped.items()))})" if dropped else ""))
+        manifest["splits"][split] = {
+            "source": getattr(d, split),
+            "read": read,
+            "kept": len(encoded),
+            "dropped": dropped,
+        }
+        log(
+            f"{split}: kept {len(encoded)} of {read} pairs"
+            + (
+                f" (dropped: {', '.join(f'{k} {v}' for k, v in sorted(dropped.items()))})"
+                if dropped
+                else ""
+            )
+        )
     del encoded, text, texts
     shutil.rmtree(cache, ignore_errors=True)
     return manifest
@@ -143,12 +169,16 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
 def load_prepared(cfg: Config, split: str) -> datasets.Dataset:
     path = prepared_dir(cfg) / split
     if not (prepared_dir(cfg) / "manifest.json").is_file() or not path.is_dir():
-        raise MtxError(f"no prepared data in {prepared_dir(cfg)}: run `mtx prepare` with this config first")
+        raise MtxError(
+            f"no prepared data in {prepared_dir(cfg)}: run `mtx prepare` with this config first"
+        )
     return datasets.load_from_disk(str(path))
 
 
 def load_spm_proto(cfg: Config) -> bytes:
     path = prepared_dir(cfg) / "spm.model"
     if not path.is_file():
-        raise MtxError(f"no SentencePiece model at {path}: run `mtx prepare` with this config first")
+        raise MtxError(
+            f"no SentencePiece model at {path}: run `mtx prepare` with this config first"
+        )
     return path.read_bytes()

@@ -34,7 +34,9 @@ def local_files(prefix: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
     src, tgt = Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}")
     for path in (src, tgt):
         if not path.is_file():
-            raise MtxError(f"file not found: {path} (a local split is a prefix P of P.{src_lang}, P.{tgt_lang})")
+            raise MtxError(
+                f"file not found: {path} (a local split is a prefix P of P.{src_lang}, P.{tgt_lang})"
+            )
     return src, tgt
 
 
@@ -45,7 +47,9 @@ def read_lines(path: Path) -> Iterator[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise MtxError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+                raise MtxError(
+                    f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})"
+                ) from None
             yield line.rstrip("\n").removesuffix("\r")
 
 
@@ -118,8 +122,13 @@ def hub_to_pairs(ds: datasets.Dataset, spec: str, src_lang: str, tgt_lang: str) 
             f"hub dataset {spec!r} has columns {columns}; expected 'translation' or "
             f"'{src_lang}' and '{tgt_lang}'"
         )
-    return ds.map(pick, batched=True, remove_columns=columns, features=FEATURES,
-                  new_fingerprint=f"mtx-pairs-{src_lang}-{tgt_lang}-{ds._fingerprint}")
+    return ds.map(
+        pick,
+        batched=True,
+        remove_columns=columns,
+        features=FEATURES,
+        new_fingerprint=f"mtx-pairs-{src_lang}-{tgt_lang}-{ds._fingerprint}",
+    )
 
 
 def load_split(
@@ -137,7 +146,9 @@ def load_split(
         src, tgt = local_files(spec, src_lang, tgt_lang)
         n_src, n_tgt = count_lines(src), count_lines(tgt)
         if n_src != n_tgt:
-            raise MtxError(f"{src} has {n_src} lines but {tgt} has {n_tgt}; they must be line-aligned")
+            raise MtxError(
+                f"{src} has {n_src} lines but {tgt} has {n_tgt}; they must be line-aligned"
+            )
         gen, kwargs = _local_pairs, {"src": src, "tgt": tgt}
     try:
         return datasets.Dataset.from_generator(

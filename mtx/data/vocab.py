@@ -13,7 +13,9 @@ import sentencepiece as spm
 from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
-def train_bpe(sentences: Iterator[str], vocab_size: int, sample: int, character_coverage: float) -> bytes:
+def train_bpe(
+    sentences: Iterator[str], vocab_size: int, sample: int, character_coverage: float
+) -> bytes:
     """Train a BPE model on `sentences` (source and target text mixed); returns the model proto."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(

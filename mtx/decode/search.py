@@ -54,8 +54,9 @@ def _log_probs(model, tokens: Tensor, memory, src_mask, cache, force_eos: Tensor
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
-                  limit: int = 1024) -> list[Hypothesis]:
+def greedy_search(
+    model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50, limit: int = 1024
+) -> list[Hypothesis]:
     """Pick the most probable token at every step; returns one hypothesis per sentence."""
     B = src.size(0)
     memory, src_mask = model.encode(src)
@@ -90,8 +91,16 @@ def beam_step(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, T
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
-                max_len_b: int = 50, limit: int = 1024, nbest: int = 1) -> list[list[Hypothesis]]:
+def beam_search(
+    model,
+    src: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    limit: int = 1024,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses of each sentence of `src` (B, S), best first."""
     K, B0, device = beam, src.size(0), src.device
     memory, src_mask = model.encode(src)
@@ -114,7 +123,9 @@ def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a
         ends[:, K:] = False
         for b, j in ends.nonzero().tolist():
             hyp = tokens[rows[b, j], 1:].tolist()
-            finished[alive[b]].append(Hypothesis(hyp, top[b, j].item() / length_penalty(t + 1, alpha)))
+            finished[alive[b]].append(
+                Hypothesis(hyp, top[b, j].item() / length_penalty(t + 1, alpha))
+            )
         # The best K candidates not ending in EOS continue.
         order = (tok == EOS_ID).long() * (2 * K) + torch.arange(tok.size(1), device=device)
         keep = order.argsort(dim=1)[:, :K]  # (B, K)

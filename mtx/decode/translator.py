@@ -21,7 +21,9 @@ from mtx.train.trainer import pick_device
 
 
 class Translator:
-    def __init__(self, model: Transformer, cfg: Config, spm_proto: bytes, device: str = "auto") -> None:
+    def __init__(
+        self, model: Transformer, cfg: Config, spm_proto: bytes, device: str = "auto"
+    ) -> None:
         self.device = pick_device(device)
         self.model = model.to(self.device).eval()
         self.cfg = cfg
@@ -33,8 +35,9 @@ class Translator:
             )
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, overrides: list[str] | None = None,
-                        device: str = "auto") -> Translator:
+    def from_checkpoint(
+        cls, path: str | Path, overrides: list[str] | None = None, device: str = "auto"
+    ) -> Translator:
         model, cfg, spm_proto = checkpoint.load_model(path, overrides)
         return cls(model, cfg, spm_proto, device)
 

@@ -18,14 +18,19 @@ def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int)
         + 2 * 2 * d * f * S  # feed-forward
     )
     decoder = cfg.decoder_layers * (
-        4 * 2 * d * d * T + 2 * 2 * T * T * d  # self-attention
-        + 2 * 2 * d * d * T + 2 * 2 * d * d * S + 2 * 2 * T * S * d  # cross-attention
+        4 * 2 * d * d * T
+        + 2 * 2 * T * T * d  # self-attention
+        + 2 * 2 * d * d * T
+        + 2 * 2 * d * d * S
+        + 2 * 2 * T * S * d  # cross-attention
         + 2 * 2 * d * f * T  # feed-forward
     )
     output = 2 * d * vocab_size * T  # shared pre-softmax projection
     return encoder + decoder + output
 
 
-def training_flops_per_token(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int) -> float:
+def training_flops_per_token(
+    cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int
+) -> float:
     """Training FLOPs per token (source + target) for pairs of the given lengths."""
     return 3 * forward_flops(cfg, vocab_size, src_len, tgt_len) / (src_len + tgt_len)

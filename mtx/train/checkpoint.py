@@ -53,7 +53,9 @@ def load(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def load_model(path: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, bytes]:
+def load_model(
+    path: str | Path, overrides: list[str] | None = None
+) -> tuple[Transformer, Config, bytes]:
     """The model (eval mode, on CPU), its config with `overrides` applied, and its SentencePiece model."""
     from mtx.config import apply_overrides
 

@@ -74,7 +74,13 @@ def train_step(model, optimizer, batches, cfg: Config, step: int, device, autoca
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     src_tokens = sum(int((b["src"] != PAD_ID).sum()) for b in batches)
-    return {"loss": loss_sum, "nll": nll_sum, "tgt_tokens": ntokens, "src_tokens": src_tokens, "lr": lr}
+    return {
+        "loss": loss_sum,
+        "nll": nll_sum,
+        "tgt_tokens": ntokens,
+        "src_tokens": src_tokens,
+        "lr": lr,
+    }
 
 
 @torch.no_grad()
@@ -93,21 +99,43 @@ def validate(model, valid_ds, cfg: Config, device, autocast) -> dict[str, float]
         loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
     model.train()
     nll = nll_sum.item() / max(ntokens, 1)
-    return {"valid_loss": loss_sum.item() / max(ntokens, 1), "valid_nll": nll,
-            "valid_ppl": math.exp(min(nll, 100.0))}
+    return {
+        "valid_loss": loss_sum.item() / max(ntokens, 1),
+        "valid_nll": nll,
+        "valid_ppl": math.exp(min(nll, 100.0)),
+    }
 
 
-def save_checkpoints(run_dir: Path, model, optimizer, cfg: Config, state: TrainState,
-                     spm_proto: bytes, vocab_size: int, is_best: bool) -> None:
-    common = {"config": cfg.to_dict(), "spm_model": spm_proto, "vocab_size": vocab_size,
-              "model": model.state_dict(), "step": state.step,
-              "best_valid_loss": state.best_valid_loss}
+def save_checkpoints(
+    run_dir: Path,
+    model,
+    optimizer,
+    cfg: Config,
+    state: TrainState,
+    spm_proto: bytes,
+    vocab_size: int,
+    is_best: bool,
+) -> None:
+    common = {
+        "config": cfg.to_dict(),
+        "spm_model": spm_proto,
+        "vocab_size": vocab_size,
+        "model": model.state_dict(),
+        "step": state.step,
+        "best_valid_loss": state.best_valid_loss,
+    }
     ckpt_dir = run_dir / "checkpoints"
-    checkpoint.save(ckpt_dir / "last.pt", common | {
-        "optimizer": optimizer.state_dict(), "epoch": state.epoch, "batch": state.batch,
-        "rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    })
+    checkpoint.save(
+        ckpt_dir / "last.pt",
+        common
+        | {
+            "optimizer": optimizer.state_dict(),
+            "epoch": state.epoch,
+            "batch": state.batch,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
+    )
     if is_best:
         checkpoint.save(ckpt_dir / "best.pt", common)
 
@@ -140,8 +168,11 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
     torch.manual_seed(cfg.train.seed)
     model = Transformer(cfg.model, vocab_size).to(device)
     optimizer = torch.optim.Adam(
-        model.parameters(), lr=0.0, betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-        eps=cfg.train.adam_eps, fused=device.type == "cuda",
+        model.parameters(),
+        lr=0.0,
+        betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+        eps=cfg.train.adam_eps,
+        fused=device.type == "cuda",
     )
     state = TrainState()
     if resume:
@@ -152,17 +183,27 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
 
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     src_lens, tgt_lens = lengths(train_ds)
-    progress = tqdm(total=cfg.train.max_steps, initial=state.step, desc="train", unit="step",
-                    dynamic_ncols=True, disable=None, mininterval=1.0)
+    progress = tqdm(
+        total=cfg.train.max_steps,
+        initial=state.step,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+        disable=None,
+        mininterval=1.0,
+    )
     start, deadline = time.monotonic(), cfg.train.max_minutes * 60 or math.inf
     window = {"loss": 0.0, "nll": 0.0, "tgt_tokens": 0, "src_tokens": 0, "t": time.monotonic()}
     result: dict[str, float] = {}
     model.train()
     pending: list = []
     while state.step < cfg.train.max_steps and time.monotonic() - start < deadline:
-        batches = token_batches(src_lens, tgt_lens, cfg.train.max_tokens, cfg.train.seed, state.epoch)
+        batches = token_batches(
+            src_lens, tgt_lens, cfg.train.max_tokens, cfg.train.seed, state.epoch
+        )
         loader = torch.utils.data.DataLoader(
-            BatchDataset(train_ds, batches[state.batch :]), batch_size=None,
+            BatchDataset(train_ds, batches[state.batch :]),
+            batch_size=None,
             pin_memory=device.type == "cuda",
         )
         for batch in loader:
@@ -181,12 +222,27 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
             if state.step % cfg.train.log_every == 0:
                 record = _log_window(window, state.step, stats["lr"])
                 metrics.write(kind="train", **record)
-                progress.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                     tok_s=f"{record['tokens_per_s']:.0f}")
+                progress.set_postfix(
+                    loss=f"{record['loss']:.3f}",
+                    lr=f"{record['lr']:.2e}",
+                    tok_s=f"{record['tokens_per_s']:.0f}",
+                )
             done = state.step >= cfg.train.max_steps or time.monotonic() - start >= deadline
             if state.step % cfg.train.valid_every == 0 or done:
-                result = _validate_and_save(model, optimizer, valid_ds, cfg, state, device, autocast,
-                                            run_dir, spm_proto, vocab_size, metrics, progress)
+                result = _validate_and_save(
+                    model,
+                    optimizer,
+                    valid_ds,
+                    cfg,
+                    state,
+                    device,
+                    autocast,
+                    run_dir,
+                    spm_proto,
+                    vocab_size,
+                    metrics,
+                    progress,
+                )
             if done:
                 break
         else:
@@ -194,10 +250,24 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
     progress.close()
     metrics.close()
     if not (run_dir / "checkpoints" / "best.pt").is_file():  # e.g. resumed a finished run
-        result = _validate_and_save(model, optimizer, valid_ds, cfg, state, device, autocast,
-                                    run_dir, spm_proto, vocab_size, None, None)
+        result = _validate_and_save(
+            model,
+            optimizer,
+            valid_ds,
+            cfg,
+            state,
+            device,
+            autocast,
+            run_dir,
+            spm_proto,
+            vocab_size,
+            None,
+            None,
+        )
     minutes = (time.monotonic() - start) / 60
-    log(f"trained {state.step} steps in {minutes:.1f} min; checkpoints in {run_dir / 'checkpoints'}")
+    log(
+        f"trained {state.step} steps in {minutes:.1f} min; checkpoints in {run_dir / 'checkpoints'}"
+    )
     return result
 
 
@@ -206,22 +276,42 @@ def _log_window(window: dict, step: int, lr: float) -> dict:
     elapsed = max(now - window["t"], 1e-9)
     tokens = window["tgt_tokens"]
     loss, nll = float(window["loss"]) / tokens, float(window["nll"]) / tokens  # syncs here only
-    record = {"step": step, "loss": loss, "nll": nll, "ppl": math.exp(min(nll, 100.0)), "lr": lr,
-              "tokens_per_s": (tokens + window["src_tokens"]) / elapsed,
-              "tgt_tokens_per_s": tokens / elapsed}
+    record = {
+        "step": step,
+        "loss": loss,
+        "nll": nll,
+        "ppl": math.exp(min(nll, 100.0)),
+        "lr": lr,
+        "tokens_per_s": (tokens + window["src_tokens"]) / elapsed,
+        "tgt_tokens_per_s": tokens / elapsed,
+    }
     window.update(loss=0.0, nll=0.0, tgt_tokens=0, src_tokens=0, t=now)
     return record
 
 
-def _validate_and_save(model, optimizer, valid_ds, cfg, state, device, autocast, run_dir,
-                       spm_proto, vocab_size, metrics, progress) -> dict:
+def _validate_and_save(
+    model,
+    optimizer,
+    valid_ds,
+    cfg,
+    state,
+    device,
+    autocast,
+    run_dir,
+    spm_proto,
+    vocab_size,
+    metrics,
+    progress,
+) -> dict:
     result = validate(model, valid_ds, cfg, device, autocast)
     is_best = result["valid_loss"] < state.best_valid_loss
     if is_best:
         state.best_valid_loss = result["valid_loss"]
     save_checkpoints(run_dir, model, optimizer, cfg, state, spm_proto, vocab_size, is_best)
-    line = (f"step {state.step}: valid loss {result['valid_loss']:.3f}, "
-            f"ppl {result['valid_ppl']:.2f}" + (" (best)" if is_best else ""))
+    line = (
+        f"step {state.step}: valid loss {result['valid_loss']:.3f}, "
+        f"ppl {result['valid_ppl']:.2f}" + (" (best)" if is_best else "")
+    )
     if metrics is not None:
         metrics.write(kind="valid", step=state.step, best=is_best, **result)
     (progress.write if progress is not None else print)(line)
