@@ -195,3 +195,25 @@ def test_multi30k_prepare_train_translate_evaluate(tmp_path):
     )
     assert scores["lines"] == 50 and 0 <= scores["bleu"] <= 100
     assert len((tmp_path / "hyp.de").read_text().splitlines()) == 50
+
+
+@pytest.mark.slow
+def test_the_demo_reaches_bleu_90_on_the_toy_test_split(tmp_path):
+    """What `make demo` does, with the full toy config (about 3 minutes on 2 CPU cores)."""
+    sets = ["--set", f"run_dir={tmp_path}"]
+    mtx("prepare", "--config", ROOT / "configs/toy.yaml", *sets)
+    mtx("train", "--config", ROOT / "configs/toy.yaml", *sets)
+    mtx("toy", "--output", tmp_path / "test", "--split", "test")
+    scores = json.loads(
+        mtx(
+            "evaluate",
+            "--checkpoint",
+            tmp_path / "checkpoints" / "best.pt",
+            "--src",
+            tmp_path / "test.en",
+            "--ref",
+            tmp_path / "test.de",
+            "--json",
+        ).stdout
+    )
+    assert scores["bleu"] >= 90, scores

@@ -205,6 +205,7 @@ def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
             BatchDataset(train_ds, batches[state.batch :]),
             batch_size=None,
             pin_memory=device.type == "cuda",
+            generator=torch.Generator(),  # keeps the global RNG (dropout) untouched by loaders
         )
         for batch in loader:
             pending.append(batch)
