@@ -119,7 +119,7 @@ def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device):
         overrides.append(f"decode.alpha={alpha}")
     if batch_tokens is not None:
         overrides.append(f"decode.batch_tokens={batch_tokens}")
-    path = _checkpoint_path(checkpoint, config, None)
+    path = _checkpoint_path(checkpoint, config, set)
     return run(Translator.from_checkpoint, path, overrides, device)
 
 

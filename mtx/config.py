@@ -129,6 +129,10 @@ class Config:
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
                 f"({d.max_len}) tokens plus EOS"
             )
+        if d.max_len + 1 > m.max_positions:
+            raise MtxError(
+                f"data.max_len ({d.max_len}) plus EOS must fit model.max_positions ({m.max_positions})"
+            )
         if d.src_lang == d.tgt_lang:
             raise MtxError("data.src_lang and data.tgt_lang must differ")
         return self

@@ -126,15 +126,15 @@ class Grammar:
         en_noun, de_noun, gender = self.rng.choice(nouns)
         definite = self.rng.random() < 0.6
         article, ending = (DEFINITE if definite else INDEFINITE)[case][gender]
-        en = ["the" if definite else "a"]
-        de = [article]
+        en, de = [en_noun], [de_noun]
         if self.rng.random() < 0.4:
             en_adj, de_adj = self.rng.choice(ADJECTIVES)
-            if not definite and en_adj[0] in "aeiou":
-                en = ["an"]
-            en.append(en_adj)
-            de.append(de_adj + ending)
-        return en + [en_noun], de + [de_noun]
+            en, de = [en_adj] + en, [de_adj + ending] + de
+        if definite:
+            en = ["the"] + en
+        else:
+            en = ["an" if en[0][0] in "aeiou" else "a"] + en
+        return en, [article] + de
 
     def clause(self) -> Clause:
         rng = self.rng

@@ -15,6 +15,7 @@ from mtx.config import Config
 from mtx.data import vocab
 from mtx.data.batching import pad, token_batches
 from mtx.decode.search import Hypothesis, beam_search, greedy_search
+from mtx.errors import MtxError
 from mtx.model.transformer import EOS_ID, Transformer
 from mtx.train import checkpoint
 from mtx.train.trainer import pick_device
@@ -29,9 +30,9 @@ class Translator:
         self.cfg = cfg
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:
-            raise ValueError(
-                f"SentencePiece model has {self.sp.get_piece_size()} pieces but the model "
-                f"{model.vocab_size}"
+            raise MtxError(
+                f"the SentencePiece model has {self.sp.get_piece_size()} pieces but the model's "
+                f"vocabulary has {model.vocab_size}: they do not belong together"
             )
 
     @classmethod
