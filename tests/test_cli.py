@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from mtx.cli import app
@@ -49,6 +50,8 @@ def test_toy_training_writes_checkpoints_and_metrics(toy_run):
     assert [r["step"] for r in valid] == [125, 250]
     assert train[-1]["loss"] < train[0]["loss"] - 1.0
     assert all(r["tokens_per_s"] > 0 for r in train)
+    best = torch.load(toy_run / "checkpoints" / "best.pt", weights_only=True)
+    assert best["step"] == min(valid, key=lambda r: r["valid_loss"])["step"]
 
 
 def test_toy_model_translates_far_better_than_an_untrained_one(toy_run):

@@ -1,8 +1,8 @@
 import pytest
 import sentencepiece as spm
 import torch
-
 from conftest import tiny_model_config
+
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode.translator import Translator

@@ -1,4 +1,4 @@
-"""`mtx train`: the training loop, with its step, validation and checkpointing as functions.
+"""`mtx train`: the training loop; the step, validation and checkpointing are what it calls.
 
 One update (`train_step`) consumes `update_freq` token-budget batches, normalises the summed
 label-smoothed loss by the number of target tokens, clips the gradient norm if asked, and sets
@@ -106,40 +106,6 @@ def validate(model, valid_ds, cfg: Config, device, autocast) -> dict[str, float]
     }
 
 
-def save_checkpoints(
-    run_dir: Path,
-    model,
-    optimizer,
-    cfg: Config,
-    state: TrainState,
-    spm_proto: bytes,
-    vocab_size: int,
-    is_best: bool,
-) -> None:
-    common = {
-        "config": cfg.to_dict(),
-        "spm_model": spm_proto,
-        "vocab_size": vocab_size,
-        "model": model.state_dict(),
-        "step": state.step,
-        "best_valid_loss": state.best_valid_loss,
-    }
-    ckpt_dir = run_dir / "checkpoints"
-    checkpoint.save(
-        ckpt_dir / "last.pt",
-        common
-        | {
-            "optimizer": optimizer.state_dict(),
-            "epoch": state.epoch,
-            "batch": state.batch,
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        },
-    )
-    if is_best:
-        checkpoint.save(ckpt_dir / "best.pt", common)
-
-
 class MetricsLog:
     """Appends one JSON object per line to RUN/metrics.jsonl."""
 
@@ -154,179 +120,201 @@ class MetricsLog:
         self.file.close()
 
 
-def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
-    """Train on RUN/prepared until train.max_steps or train.max_minutes; returns the last validation."""
-    run_dir = Path(cfg.run_dir)
-    device = pick_device(cfg.train.device)
-    if cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
-    autocast = autocast_for(device, cfg.train.precision)
-    train_ds, valid_ds = load_prepared(cfg, "train"), load_prepared(cfg, "valid")
-    spm_proto = load_spm_proto(cfg)
-    vocab_size = json.loads((prepared_dir(cfg) / "manifest.json").read_text())["vocab_size"]
+class Trainer:
+    """A run: its data, model, optimizer and position, and the loop that advances them."""
 
-    torch.manual_seed(cfg.train.seed)
-    model = Transformer(cfg.model, vocab_size).to(device)
-    optimizer = torch.optim.Adam(
-        model.parameters(),
-        lr=0.0,
-        betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-        eps=cfg.train.adam_eps,
-        fused=device.type == "cuda",
-    )
-    state = TrainState()
-    if resume:
-        state = _restore(run_dir / "checkpoints" / "last.pt", model, optimizer, log)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    log(f"model: {count_parameters(model):,} parameters, vocabulary {vocab_size}, device {device}")
-
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    src_lens, tgt_lens = lengths(train_ds)
-    progress = tqdm(
-        total=cfg.train.max_steps,
-        initial=state.step,
-        desc="train",
-        unit="step",
-        dynamic_ncols=True,
-        disable=None,
-        mininterval=1.0,
-    )
-    start, deadline = time.monotonic(), cfg.train.max_minutes * 60 or math.inf
-    window = {"loss": 0.0, "nll": 0.0, "tgt_tokens": 0, "src_tokens": 0, "t": time.monotonic()}
-    result: dict[str, float] = {}
-    model.train()
-    pending: list = []
-    while state.step < cfg.train.max_steps and time.monotonic() - start < deadline:
-        batches = token_batches(
-            src_lens, tgt_lens, cfg.train.max_tokens, cfg.train.seed, state.epoch
+    def __init__(self, cfg: Config, log=print) -> None:
+        self.cfg, self.log = cfg, log
+        self.run_dir = Path(cfg.run_dir)
+        self.device = pick_device(cfg.train.device)
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
+        self.autocast = autocast_for(self.device, cfg.train.precision)
+        self.train_ds, self.valid_ds = load_prepared(cfg, "train"), load_prepared(cfg, "valid")
+        self.spm_proto = load_spm_proto(cfg)
+        manifest = json.loads((prepared_dir(cfg) / "manifest.json").read_text())
+        self.vocab_size = manifest["vocab_size"]
+        torch.manual_seed(cfg.train.seed)
+        self.model = Transformer(cfg.model, self.vocab_size).to(self.device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(),
+            lr=0.0,
+            betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+            eps=cfg.train.adam_eps,
+            fused=self.device.type == "cuda",
         )
-        loader = torch.utils.data.DataLoader(
-            BatchDataset(train_ds, batches[state.batch :]),
+        self.state = TrainState()
+
+    def batches(self) -> torch.utils.data.DataLoader:
+        """The rest of the current epoch's batches, in the order fixed by (seed, epoch)."""
+        order = token_batches(
+            *lengths(self.train_ds),
+            self.cfg.train.max_tokens,
+            self.cfg.train.seed,
+            self.state.epoch,
+        )
+        return torch.utils.data.DataLoader(
+            BatchDataset(self.train_ds, order[self.state.batch :]),
             batch_size=None,
-            pin_memory=device.type == "cuda",
+            pin_memory=self.device.type == "cuda",
             generator=torch.Generator(),  # keeps the global RNG (dropout) untouched by loaders
         )
-        for batch in loader:
-            pending.append(batch)
-            state.batch += 1
-            if len(pending) < cfg.train.update_freq:
-                continue
-            stats = train_step(model, optimizer, pending, cfg, state.step + 1, device, autocast)
-            pending = []
-            state.step += 1
-            progress.update(1)
-            for k in ("loss", "nll"):
-                window[k] = window[k] + stats[k]
-            window["tgt_tokens"] += stats["tgt_tokens"]
-            window["src_tokens"] += stats["src_tokens"]
-            if state.step % cfg.train.log_every == 0:
-                record = _log_window(window, state.step, stats["lr"])
-                metrics.write(kind="train", **record)
-                progress.set_postfix(
-                    loss=f"{record['loss']:.3f}",
-                    lr=f"{record['lr']:.2e}",
-                    tok_s=f"{record['tokens_per_s']:.0f}",
-                )
-            done = state.step >= cfg.train.max_steps or time.monotonic() - start >= deadline
-            if state.step % cfg.train.valid_every == 0 or done:
-                result = _validate_and_save(
-                    model,
-                    optimizer,
-                    valid_ds,
-                    cfg,
-                    state,
-                    device,
-                    autocast,
-                    run_dir,
-                    spm_proto,
-                    vocab_size,
-                    metrics,
-                    progress,
-                )
-            if done:
-                break
-        else:
-            state.epoch, state.batch = state.epoch + 1, 0
-    progress.close()
-    metrics.close()
-    if not (run_dir / "checkpoints" / "best.pt").is_file():  # e.g. resumed a finished run
-        result = _validate_and_save(
-            model,
-            optimizer,
-            valid_ds,
-            cfg,
-            state,
-            device,
-            autocast,
-            run_dir,
-            spm_proto,
-            vocab_size,
-            None,
-            None,
+
+    def run(self) -> dict[str, float]:
+        """Train until train.max_steps or train.max_minutes; returns the last validation."""
+        cfg, state = self.cfg, self.state
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        params = count_parameters(self.model)
+        self.log(
+            f"model: {params:,} parameters, vocabulary {self.vocab_size}, device {self.device}"
         )
-    minutes = (time.monotonic() - start) / 60
-    log(
-        f"trained {state.step} steps in {minutes:.1f} min; checkpoints in {run_dir / 'checkpoints'}"
-    )
-    return result
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.progress = tqdm(
+            total=cfg.train.max_steps,
+            initial=state.step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=None,
+            mininterval=1.0,
+        )
+        start, deadline = time.monotonic(), cfg.train.max_minutes * 60 or math.inf
+        window = Window()
+        result: dict[str, float] = {}
+        pending: list = []
+        self.model.train()
+        while state.step < cfg.train.max_steps and time.monotonic() - start < deadline:
+            for batch in self.batches():
+                pending.append(batch)
+                state.batch += 1
+                if len(pending) < cfg.train.update_freq:
+                    continue
+                stats = train_step(
+                    self.model,
+                    self.optimizer,
+                    pending,
+                    cfg,
+                    state.step + 1,
+                    self.device,
+                    self.autocast,
+                )
+                pending = []
+                state.step += 1
+                self.progress.update(1)
+                window.add(stats)
+                if state.step % cfg.train.log_every == 0:
+                    self.log_train(window.flush(state.step, stats["lr"]))
+                done = state.step >= cfg.train.max_steps or time.monotonic() - start >= deadline
+                if state.step % cfg.train.valid_every == 0 or done:
+                    result = self.validate_and_save()
+                if done:
+                    break
+            else:
+                state.epoch, state.batch = state.epoch + 1, 0
+        if not (self.run_dir / "checkpoints" / "best.pt").is_file():  # resumed a finished run
+            result = self.validate_and_save()
+        self.progress.close()
+        self.metrics.close()
+        minutes = (time.monotonic() - start) / 60
+        self.log(
+            f"trained {state.step} steps in {minutes:.1f} min; "
+            f"checkpoints in {self.run_dir / 'checkpoints'}"
+        )
+        return result
+
+    def log_train(self, record: dict) -> None:
+        self.metrics.write(kind="train", **record)
+        self.progress.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            lr=f"{record['lr']:.2e}",
+            tok_s=f"{record['tokens_per_s']:.0f}",
+        )
+
+    def validate_and_save(self) -> dict[str, float]:
+        result = validate(self.model, self.valid_ds, self.cfg, self.device, self.autocast)
+        is_best = result["valid_loss"] < self.state.best_valid_loss
+        if is_best:
+            self.state.best_valid_loss = result["valid_loss"]
+        self.save(is_best)
+        self.metrics.write(kind="valid", step=self.state.step, best=is_best, **result)
+        self.progress.write(
+            f"step {self.state.step}: valid loss {result['valid_loss']:.3f}, "
+            f"ppl {result['valid_ppl']:.2f}" + (" (best)" if is_best else "")
+        )
+        return result
+
+    def save(self, is_best: bool) -> None:
+        """last.pt (resumable: optimizer, data position, RNG) and, if best, best.pt (weights)."""
+        common = {
+            "config": self.cfg.to_dict(),
+            "spm_model": self.spm_proto,
+            "vocab_size": self.vocab_size,
+            "model": self.model.state_dict(),
+            "step": self.state.step,
+            "best_valid_loss": self.state.best_valid_loss,
+        }
+        resume = {
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": self.state.epoch,
+            "batch": self.state.batch,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        ckpt_dir = self.run_dir / "checkpoints"
+        checkpoint.save(ckpt_dir / "last.pt", common | resume)
+        if is_best:
+            checkpoint.save(ckpt_dir / "best.pt", common)
+
+    def restore(self, path: Path) -> None:
+        ckpt = checkpoint.load(path)
+        if "optimizer" not in ckpt:
+            raise MtxError(f"{path}: holds no optimizer state, so it cannot be resumed")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["rng"])
+        if ckpt["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        self.state = TrainState(ckpt["step"], ckpt["epoch"], ckpt["batch"], ckpt["best_valid_loss"])
+        self.log(f"resuming from {path} at step {ckpt['step']}")
 
 
-def _log_window(window: dict, step: int, lr: float) -> dict:
-    now = time.monotonic()
-    elapsed = max(now - window["t"], 1e-9)
-    tokens = window["tgt_tokens"]
-    loss, nll = float(window["loss"]) / tokens, float(window["nll"]) / tokens  # syncs here only
-    record = {
-        "step": step,
-        "loss": loss,
-        "nll": nll,
-        "ppl": math.exp(min(nll, 100.0)),
-        "lr": lr,
-        "tokens_per_s": (tokens + window["src_tokens"]) / elapsed,
-        "tgt_tokens_per_s": tokens / elapsed,
-    }
-    window.update(loss=0.0, nll=0.0, tgt_tokens=0, src_tokens=0, t=now)
-    return record
+class Window:
+    """Loss and token sums since the last log line, kept on the device until read."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.nll = 0.0
+        self.tgt_tokens = self.src_tokens = 0
+        self.t = time.monotonic()
+
+    def add(self, stats: dict) -> None:
+        self.loss, self.nll = self.loss + stats["loss"], self.nll + stats["nll"]
+        self.tgt_tokens += stats["tgt_tokens"]
+        self.src_tokens += stats["src_tokens"]
+
+    def flush(self, step: int, lr: float) -> dict:
+        elapsed = max(time.monotonic() - self.t, 1e-9)
+        tokens = self.tgt_tokens
+        nll = float(self.nll) / tokens  # the only host-device synchronisation
+        record = {
+            "step": step,
+            "loss": float(self.loss) / tokens,
+            "nll": nll,
+            "ppl": math.exp(min(nll, 100.0)),
+            "lr": lr,
+            "tokens_per_s": (tokens + self.src_tokens) / elapsed,
+            "tgt_tokens_per_s": tokens / elapsed,
+        }
+        self.reset()
+        return record
 
 
-def _validate_and_save(
-    model,
-    optimizer,
-    valid_ds,
-    cfg,
-    state,
-    device,
-    autocast,
-    run_dir,
-    spm_proto,
-    vocab_size,
-    metrics,
-    progress,
-) -> dict:
-    result = validate(model, valid_ds, cfg, device, autocast)
-    is_best = result["valid_loss"] < state.best_valid_loss
-    if is_best:
-        state.best_valid_loss = result["valid_loss"]
-    save_checkpoints(run_dir, model, optimizer, cfg, state, spm_proto, vocab_size, is_best)
-    line = (
-        f"step {state.step}: valid loss {result['valid_loss']:.3f}, "
-        f"ppl {result['valid_ppl']:.2f}" + (" (best)" if is_best else "")
-    )
-    if metrics is not None:
-        metrics.write(kind="valid", step=state.step, best=is_best, **result)
-    (progress.write if progress is not None else print)(line)
-    return result
-
-
-def _restore(path: Path, model, optimizer, log) -> TrainState:
-    ckpt = checkpoint.load(path)
-    if "optimizer" not in ckpt:
-        raise MtxError(f"{path}: holds no optimizer state, so it cannot be resumed")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    torch.set_rng_state(ckpt["rng"])
-    if ckpt["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-    log(f"resuming from {path} at step {ckpt['step']}")
-    return TrainState(ckpt["step"], ckpt["epoch"], ckpt["batch"], ckpt["best_valid_loss"])
+def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
+    """`mtx train`: train on RUN/prepared, from scratch or from RUN/checkpoints/last.pt."""
+    trainer = Trainer(cfg, log)
+    if resume:
+        trainer.restore(Path(cfg.run_dir) / "checkpoints" / "last.pt")
+    return trainer.run()
