@@ -24,7 +24,7 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/mtx toy --output $(RUN)/toy-test --split test
 	$(BIN)/mtx prepare --config configs/toy.yaml --set run_dir=$(RUN)
-	$(BIN)/mtx train --config configs/toy.yaml --set run_dir=$(RUN)
+	$(BIN)/mtx train --config configs/toy.yaml --set run_dir=$(RUN) --overwrite
 	$(BIN)/mtx translate --checkpoint $(RUN)/checkpoints/best.pt < $(RUN)/toy-test.en > $(RUN)/toy-test.hyp.de
 	head -n 3 $(RUN)/toy-test.en $(RUN)/toy-test.hyp.de
 	$(BIN)/mtx evaluate --hyp $(RUN)/toy-test.hyp.de --ref $(RUN)/toy-test.de

@@ -95,12 +95,15 @@ def train(
     config: ConfigOpt = None,
     set: SetOpt = None,
     resume: Annotated[bool, typer.Option(help="Continue from RUN/checkpoints/last.pt.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete RUN's checkpoints and metrics and start again.")
+    ] = False,
 ) -> None:
     """Train on the prepared data; checkpoints and metrics.jsonl go to RUN."""
     from mtx.train.trainer import train as do_train
 
     cfg = _config(config, set)
-    run(do_train, cfg, resume=resume, log=log)
+    run(do_train, cfg, resume=resume, overwrite=overwrite, log=log)
 
 
 def read_lines(stream) -> Iterator[str]:
@@ -148,6 +151,8 @@ def translate(
     """Translate stdin to stdout, one line per line, in order."""
     translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device)
     out = sys.stdout
+    if sys.stdin.isatty():  # someone typing: answer every line at once
+        chunk_lines = 1
     for line in translator.translate_stream(read_lines(sys.stdin.buffer), chunk_lines):
         out.write(line + "\n")
         out.flush()

@@ -49,6 +49,8 @@ def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, 
     train(config(tmp_path / "parts", prepared, "train.max_steps=25", *big), **quiet)
     first = checkpoint.load(tmp_path / "parts" / "checkpoints" / "last.pt")
     assert first["step"] == 25
+    with pytest.raises(MtxError, match="--resume to continue it, --overwrite"):
+        train(config(tmp_path / "parts", prepared, "train.max_steps=60", *big), **quiet)
     train(config(tmp_path / "parts", prepared, "train.max_steps=60", *big), resume=True, **quiet)
     whole, parts = params(tmp_path / "whole"), params(tmp_path / "parts")
     assert whole.keys() == parts.keys()
@@ -60,6 +62,15 @@ def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, 
 def test_max_minutes_bounds_a_run_and_both_checkpoints_exist(tmp_path, prepared):
     train(
         config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
+        log=lambda *_: None,
+    )
+    train(
+        config(tmp_path / "r", prepared, "train.max_steps=2"), overwrite=True, log=lambda *_: None
+    )
+    assert checkpoint.load(tmp_path / "r" / "checkpoints" / "last.pt")["step"] == 2
+    train(
+        config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
+        overwrite=True,
         log=lambda *_: None,
     )
     last = checkpoint.load(tmp_path / "r" / "checkpoints" / "last.pt")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,9 +313,25 @@ class Window:
         return record
 
 
-def train(cfg: Config, resume: bool = False, log=print) -> dict[str, float]:
-    """`mtx train`: train on RUN/prepared, from scratch or from RUN/checkpoints/last.pt."""
+def train(
+    cfg: Config, resume: bool = False, overwrite: bool = False, log=print
+) -> dict[str, float]:
+    """`mtx train`: train on RUN/prepared, from scratch or from RUN/checkpoints/last.pt.
+
+    A run directory that already holds checkpoints is never silently overwritten: resume it,
+    or say `overwrite` to delete its checkpoints and metrics and start again.
+    """
+    run_dir = Path(cfg.run_dir)
+    old = [run_dir / "checkpoints", run_dir / "metrics.jsonl"]
+    if not resume and any(p.exists() for p in old):
+        if not overwrite:
+            raise MtxError(
+                f"{run_dir} already holds a training run: pass --resume to continue it, "
+                "--overwrite to start again, or choose another run_dir"
+            )
+        shutil.rmtree(old[0], ignore_errors=True)
+        old[1].unlink(missing_ok=True)
     trainer = Trainer(cfg, log)
     if resume:
-        trainer.restore(Path(cfg.run_dir) / "checkpoints" / "last.pt")
+        trainer.restore(run_dir / "checkpoints" / "last.pt")
     return trainer.run()
