@@ -1,7 +1,12 @@
 import torch
 from torch import nn
 
-from mtx.model.attention import MultiHeadAttention, causal_mask
+from mtx.model.attention import MultiHeadAttention
+
+
+def causal_mask(length):
+    """(T, T) bool, True where query i may attend key j, i.e. j <= i."""
+    return torch.ones(length, length, dtype=torch.bool).tril()
 
 
 def copied_pair(d=32, h=4):

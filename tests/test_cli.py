@@ -220,3 +220,11 @@ def test_the_demo_reaches_bleu_90_on_the_toy_test_split(tmp_path):
         ).stdout
     )
     assert scores["bleu"] >= 90, scores
+
+
+def test_a_checkpoint_with_overridden_model_keys_is_a_clear_error(toy_run):
+    ckpt = toy_run / "checkpoints" / "best.pt"
+    result = runner.invoke(
+        app, ["translate", "--checkpoint", str(ckpt), "--set", "model.d_ff=64"], input="x\n"
+    )
+    assert result.exit_code == 2 and "do not fit the model config" in result.output

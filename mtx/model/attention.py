@@ -11,7 +11,6 @@ The softmax and weighted sum run in `F.scaled_dot_product_attention`, which pick
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -61,8 +60,3 @@ class MultiHeadAttention(nn.Module):
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_k)  # (B, T, d_model)
         return self.out_proj(out)
-
-
-def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
-    """(T, T) bool, True where query i may attend key j, i.e. j <= i."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()

@@ -62,5 +62,10 @@ def load_model(
     ckpt = load(path)
     cfg = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
     model = Transformer(cfg.model, ckpt["vocab_size"])
-    model.load_state_dict(ckpt["model"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError:
+        raise MtxError(
+            f"{path}: its weights do not fit the model config (were model.* keys overridden?)"
+        ) from None
     return model.eval(), cfg, ckpt["spm_model"]
