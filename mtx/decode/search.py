@@ -101,7 +101,7 @@ def beam_search(
     limit: int = 1024,
     nbest: int = 1,
 ) -> list[list[Hypothesis]]:
-    """The `nbest` best hypotheses of each sentence of `src` (B, S), best first."""
+    """The `nbest` (at most `beam`) best hypotheses of each sentence of `src` (B, S), best first."""
     K, B0, device = beam, src.size(0), src.device
     memory, src_mask = model.encode(src)
     memory, src_mask = memory.repeat_interleave(K, 0), src_mask.repeat_interleave(K, 0)
@@ -126,21 +126,22 @@ def beam_search(
             finished[alive[b]].append(
                 Hypothesis(hyp, top[b, j].item() / length_penalty(t + 1, alpha))
             )
-        # The best K candidates not ending in EOS continue.
-        order = (tok == EOS_ID).long() * (2 * K) + torch.arange(tok.size(1), device=device)
-        keep = order.argsort(dim=1)[:, :K]  # (B, K)
-        scores = top.gather(1, keep)
-        rows, tok = rows.gather(1, keep).view(-1), tok.gather(1, keep).view(-1)
-        tokens = torch.cat([tokens[rows], tok.unsqueeze(1)], 1)
-        cache = reorder_cache(cache, rows)
         # Sentences with K finished hypotheses leave the batch.
         done = torch.tensor([len(finished[i]) >= K for i in alive.tolist()], device=device)
         if done.all():
             break
+        # The best K candidates not ending in EOS continue.
+        order = (tok == EOS_ID).long() * (2 * K) + torch.arange(tok.size(1), device=device)
+        keep = order.argsort(dim=1)[:, :K]  # (B, K)
+        scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         if done.any():
             live = (~done).nonzero().squeeze(1)  # (B',)
+            alive, max_len, scores, rows, tok = (
+                x[live] for x in (alive, max_len, scores, rows, tok)
+            )
             live_rows = (live.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
-            alive, scores, max_len = alive[live], scores[live], max_len[live]
-            tokens, cache = tokens[live_rows], reorder_cache(cache, live_rows)
             memory, src_mask = memory[live_rows], src_mask[live_rows]
+        rows = rows.view(-1)  # (B'*K,) rows of the previous step's hypotheses
+        tokens = torch.cat([tokens[rows], tok.view(-1, 1)], 1)
+        cache = reorder_cache(cache, rows)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
