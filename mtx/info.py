@@ -19,7 +19,7 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
         cfg: Config = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
         vocab_size, step = ckpt["vocab_size"], ckpt.get("step")
     else:
-        cfg, vocab_size, step = load_config(target, overrides), None, None
+        cfg, step = load_config(target, overrides), None
         vocab_size = cfg.data.vocab_size
     with torch.device("meta"):
         params = count_parameters(Transformer(cfg.model, vocab_size))

@@ -83,14 +83,14 @@ def test_toy_corpus_is_deterministic_disjoint_and_needs_reordering():
     train = {en for en, _ in a["train"]}
     assert not train & {en for en, _ in a["test"]}
     assert not train & {en for en, _ in a["valid"]}
-    # verb-final subordinate clauses: the German verb closes the clause
-    because = [(en, de) for en, de in a["train"] if " because " in en]
-    assert because and all(de.endswith((".",)) for _, de in because)
-    assert any(
-        de.startswith("heute ")
-        and de.split()[1] in {v for _, _, v in toy.TRANSITIVE + toy.INTRANSITIVE + toy.DITRANSITIVE}
-        for _, de in a["train"]
-    )
+    verbs = {de for _, _, de in toy.TRANSITIVE + toy.INTRANSITIVE + toy.DITRANSITIVE}
+    # verb-final subordinate clauses: a "weil" clause closes the sentence with its verb
+    because = [de for en, de in a["train"] if " because " in en]
+    assert because and all(", weil " in de and de[:-1].split()[-1] in verbs for de in because)
+    # verb second: a fronted adverb is followed by the verb, then the subject
+    adverbs = {de for _, de in toy.ADVERBS}
+    fronted = [de.split() for _, de in a["train"] if de.split()[0] in adverbs]
+    assert fronted and all(words[1] in verbs for words in fronted)
 
 
 def test_prepare_cleans_reports_and_encodes(tmp_path):

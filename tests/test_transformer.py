@@ -131,13 +131,18 @@ def test_cached_decoding_equals_full_prefix():
 
 def test_embeddings_are_shared_and_scaled():
     model = _model()
-    assert model.embed.weight.data_ptr() == model.embed.weight.data_ptr()
     names = [n for n, _ in model.named_parameters()]
     assert sum("embed" in n for n in names) == 1  # source, target and output share one matrix
     ids = torch.tensor([[5, 6]])
     x = model.embed_tokens(ids)
     want = model.embed.weight[ids] * math.sqrt(32) + sinusoidal_table(2, 32)
     torch.testing.assert_close(x, want)
+    # the pre-softmax projection is the embedding matrix itself
+    hidden = {}
+    model.decoder_layers[-1].register_forward_hook(lambda m, i, out: hidden.update(h=out))
+    src, tgt = torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 3))
+    logits = model(src, tgt)
+    torch.testing.assert_close(logits, hidden["h"] @ model.embed.weight.t())
 
 
 def test_parameter_count_formula():

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mtx import __version__
-from mtx.config import Config, from_dict
+from mtx.config import Config, apply_overrides, from_dict
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
 
@@ -57,8 +57,6 @@ def load_model(
     path: str | Path, overrides: list[str] | None = None
 ) -> tuple[Transformer, Config, bytes]:
     """The model (eval mode, on CPU), its config with `overrides` applied, and its SentencePiece model."""
-    from mtx.config import apply_overrides
-
     ckpt = load(path)
     cfg = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
     model = Transformer(cfg.model, ckpt["vocab_size"])
