@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from mtx.errors import MtxError
+from mtx.files import atomic_write_text, restrict_umask
 
 app = typer.Typer(
     add_completion=False,
@@ -41,13 +42,22 @@ def fail(message: str) -> None:
 
 
 def run(fn, *args, **kwargs):
-    """Call fn, turning MtxError into a one-line message and exit code 2."""
+    """Call fn, turning MtxError into a one-line message and exit code 2 (130 on Ctrl-C)."""
     try:
         return fn(*args, **kwargs)
     except MtxError as e:
         if _debug:
             raise
         fail(str(e))
+    except OSError as e:  # permissions, a full disk, a file where a directory should be
+        if _debug:
+            raise
+        fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+    except KeyboardInterrupt:
+        if _debug:
+            raise
+        typer.echo("mtx: interrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 def log(msg: str) -> None:
@@ -60,6 +70,7 @@ def main_options(
 ) -> None:
     global _debug
     _debug = debug
+    restrict_umask()
 
 
 def _config(config: Path | None, overrides: list[str] | None):
@@ -203,7 +214,7 @@ def evaluate(
             fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
         hyps = translator.translate(sources)
         if output is not None:
-            output.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            atomic_write_text(output, "".join(h + "\n" for h in hyps))
     result = run(score, hyps, refs)
     if json_out:
         typer.echo(json.dumps(result))

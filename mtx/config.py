@@ -63,6 +63,9 @@ class TrainConfig:
     clip_norm: float = 0.0  # clip the gradient norm to this (0 = off, as in the paper)
     seed: int = 1  # seeds initialisation, dropout and batch order
     valid_every: int = 1000  # validate and checkpoint every this many updates
+    keep_last: int = 5  # step checkpoints (step-N.pt) kept beside last.pt and best.pt
+    max_nonfinite: int = 10  # stop after this many updates in a row with a NaN/inf loss or gradient
+    max_oom: int = 3  # stop after this many batches in a row run out of GPU memory
     log_every: int = 100  # write a metrics line every this many updates
     device: str = "auto"  # "auto" (CUDA if present), "cpu", "cuda", "cuda:N"
     precision: str = "auto"  # "auto" (bf16 autocast on capable GPUs), "fp32", "bf16"
@@ -107,6 +110,8 @@ class Config:
             "train.max_steps": t.max_steps,
             "train.valid_every": t.valid_every,
             "train.log_every": t.log_every,
+            "train.max_nonfinite": t.max_nonfinite,
+            "train.max_oom": t.max_oom,
             "decode.beam": self.decode.beam,
             "decode.batch_tokens": self.decode.batch_tokens,
         }
@@ -120,6 +125,8 @@ class Config:
         }.items():
             if not 0.0 <= value < 1.0:
                 raise MtxError(f"{key} must be in [0, 1), got {value}")
+        if t.keep_last < 0:
+            raise MtxError(f"train.keep_last must be 0 or more, got {t.keep_last}")
         if t.warmup_steps < 1:
             raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
         if t.precision not in ("auto", "fp32", "bf16"):
@@ -245,7 +252,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise MtxError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(values, dict):
             raise MtxError(f"{p}: the top level must be a mapping of config keys")
-    cfg = from_dict(values)
+    try:
+        cfg = from_dict(values)
+    except MtxError as e:
+        raise MtxError(f"{p}: {e}") from None
     apply_overrides(cfg, overrides)
     return cfg.validate()
 

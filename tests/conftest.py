@@ -1,11 +1,50 @@
+import os
+
+import pytest
 import torch
 
-from mtx.config import ModelConfig
+from mtx.config import ModelConfig, load_config
+from mtx.data.prepare import prepare
 
 torch.set_num_threads(2)
+
+# A training run small enough for tests: a few hundred updates a second on 2 CPU cores.
+TINY_RUN = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "train.max_tokens=512",
+    "train.log_every=2",
+    "train.valid_every=100",
+    "train.device=cpu",
+    "data.vocab_size=200",
+]
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
     values = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0)
     values.update(overrides)
     return ModelConfig(**values)
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    """The toy corpus prepared once for TINY_RUN; runs link to it."""
+    run = tmp_path_factory.mktemp("prep")
+    prepare(load_config(None, [f"run_dir={run}", *TINY_RUN]), log=lambda *_: None)
+    return run / "prepared"
+
+
+def run_config(run, prepared, *extra):
+    """The TINY_RUN config of a run directory that shares the prepared data."""
+    run.mkdir(parents=True, exist_ok=True)
+    if not (run / "prepared").exists():
+        os.symlink(prepared, run / "prepared")
+    return load_config(None, [f"run_dir={run}", *TINY_RUN, *extra])
+
+
+def run_overrides(run, *extra) -> list[str]:
+    """The same settings as a list of key=value overrides."""
+    return [f"run_dir={run}", *TINY_RUN, *extra]

@@ -2,39 +2,11 @@ import os
 
 import pytest
 import torch
+from conftest import run_config
 
-from mtx.config import load_config
-from mtx.data.prepare import prepare
 from mtx.errors import MtxError
 from mtx.train import checkpoint
 from mtx.train.trainer import train
-
-TINY = [
-    "model.d_model=32",
-    "model.d_ff=64",
-    "model.n_heads=2",
-    "model.encoder_layers=1",
-    "model.decoder_layers=1",
-    "train.max_tokens=512",
-    "train.log_every=2",
-    "train.valid_every=100",
-    "train.device=cpu",
-    "data.vocab_size=200",
-]
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    run = tmp_path_factory.mktemp("prep")
-    prepare(load_config(None, [f"run_dir={run}", *TINY]), log=lambda *_: None)
-    return run / "prepared"
-
-
-def config(run, prepared, *extra):
-    run.mkdir(parents=True, exist_ok=True)
-    if not (run / "prepared").exists():
-        os.symlink(prepared, run / "prepared")
-    return load_config(None, [f"run_dir={run}", *TINY, *extra])
 
 
 def params(run):
@@ -45,13 +17,15 @@ def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, 
     quiet = {"log": lambda *_: None}
     # 60 updates of 2 batches of 4096 tokens cross epoch boundaries; resume lands mid-epoch
     big = ["train.max_tokens=4096", "train.update_freq=2"]
-    train(config(tmp_path / "whole", prepared, "train.max_steps=60", *big), **quiet)
-    train(config(tmp_path / "parts", prepared, "train.max_steps=25", *big), **quiet)
+    train(run_config(tmp_path / "whole", prepared, "train.max_steps=60", *big), **quiet)
+    train(run_config(tmp_path / "parts", prepared, "train.max_steps=25", *big), **quiet)
     first = checkpoint.load(tmp_path / "parts" / "checkpoints" / "last.pt")
     assert first["step"] == 25
     with pytest.raises(MtxError, match="--resume to continue it, --overwrite"):
-        train(config(tmp_path / "parts", prepared, "train.max_steps=60", *big), **quiet)
-    train(config(tmp_path / "parts", prepared, "train.max_steps=60", *big), resume=True, **quiet)
+        train(run_config(tmp_path / "parts", prepared, "train.max_steps=60", *big), **quiet)
+    train(
+        run_config(tmp_path / "parts", prepared, "train.max_steps=60", *big), resume=True, **quiet
+    )
     whole, parts = params(tmp_path / "whole"), params(tmp_path / "parts")
     assert whole.keys() == parts.keys()
     for name in whole:
@@ -61,15 +35,17 @@ def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, 
 
 def test_max_minutes_bounds_a_run_and_both_checkpoints_exist(tmp_path, prepared):
     train(
-        config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
+        run_config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
         log=lambda *_: None,
     )
     train(
-        config(tmp_path / "r", prepared, "train.max_steps=2"), overwrite=True, log=lambda *_: None
+        run_config(tmp_path / "r", prepared, "train.max_steps=2"),
+        overwrite=True,
+        log=lambda *_: None,
     )
     assert checkpoint.load(tmp_path / "r" / "checkpoints" / "last.pt")["step"] == 2
     train(
-        config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
+        run_config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
         overwrite=True,
         log=lambda *_: None,
     )

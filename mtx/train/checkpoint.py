@@ -5,12 +5,16 @@ checkpoint ever runs). It holds the resolved config, the SentencePiece model (so
 and `evaluate` need nothing but the checkpoint), and, for resuming, the optimizer state, the
 step, the position in the data order and the RNG state. Files are written atomically: a
 temporary file, fsync, rename.
+
+A run's checkpoints directory holds `last.pt` (resumable), `best.pt` (weights of the lowest
+validation loss) and the last `train.keep_last` step checkpoints `step-N.pt` (resumable, and
+what checkpoint averaging reads). `--resume` takes the newest of these that loads.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +23,56 @@ import torch
 from mtx import __version__
 from mtx.config import Config, apply_overrides, from_dict
 from mtx.errors import MtxError
+from mtx.files import atomic_write
 from mtx.model.transformer import Transformer
 
 FORMAT = "mtx-checkpoint-1"
 
 
 def save(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload | {"format": FORMAT, "mtx_version": __version__}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    payload = payload | {"format": FORMAT, "mtx_version": __version__}
+    atomic_write(path, lambda f: torch.save(payload, f))
+
+
+def step_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step}.pt"
+
+
+def step_checkpoints(directory: Path) -> list[Path]:
+    """The step-N.pt files in `directory`, newest (highest N) first."""
+    found = []
+    for path in directory.glob("step-*.pt"):
+        match = re.fullmatch(r"step-(\d+)\.pt", path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest `keep` step checkpoints."""
+    for path in step_checkpoints(directory)[keep:]:
+        path.unlink(missing_ok=True)
+
+
+def load_resumable(directory: Path, log: Callable[[str], None]) -> tuple[Path, dict] | None:
+    """The newest checkpoint in `directory` that loads and holds optimizer state, or None if
+    there is no checkpoint at all. Unloadable ones are skipped, saying why."""
+    candidates = [directory / "last.pt", *step_checkpoints(directory)]
+    problems = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            ckpt = load(path)
+        except MtxError as e:
+            problems.append(str(e))
+            log(f"warning: {e}; trying an older checkpoint")
+            continue
+        if "optimizer" in ckpt:
+            return path, ckpt
+    if problems:
+        raise MtxError(f"no loadable checkpoint to resume from in {directory}: {problems[0]}")
+    return None
 
 
 def load(path: str | Path) -> dict[str, Any]:
