@@ -149,6 +149,8 @@ def load_split(
             raise MtxError(
                 f"{src} has {n_src} lines but {tgt} has {n_tgt}; they must be line-aligned"
             )
+        if n_src == 0:
+            raise MtxError(f"{src} and {tgt} are empty")
         gen, kwargs = _local_pairs, {"src": src, "tgt": tgt}
     try:
         return datasets.Dataset.from_generator(

@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtx.files import atomic_write_text
+
 # noun: (english, german, gender)
 AGENTS = [
     ("dog", "hund", "m"),
@@ -225,5 +227,5 @@ def write_split(split: str, prefix: str | Path, src_lang: str = "en", tgt_lang: 
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     pairs = split_pairs(split)
-    Path(f"{prefix}.{src_lang}").write_text("".join(en + "\n" for en, _ in pairs), encoding="utf-8")
-    Path(f"{prefix}.{tgt_lang}").write_text("".join(de + "\n" for _, de in pairs), encoding="utf-8")
+    atomic_write_text(f"{prefix}.{src_lang}", "".join(en + "\n" for en, _ in pairs))
+    atomic_write_text(f"{prefix}.{tgt_lang}", "".join(de + "\n" for _, de in pairs))

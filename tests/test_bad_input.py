@@ -1,0 +1,256 @@
+"""Bad input through the `mtx` command line: one line naming the file, line or key, exit code 2,
+no traceback (unless --debug) and nothing half-written. And input that looks bad but is fine."""
+
+import io
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from conftest import run_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from mtx.cli import app, read_lines
+from mtx.data import sources
+from mtx.decode.translator import Translator
+from mtx.train import checkpoint
+from mtx.train.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def write_pair(prefix: Path, src: list[str], tgt: list[str]) -> None:
+    for lang, lines in (("en", src), ("de", tgt)):
+        Path(f"{prefix}.{lang}").write_bytes("".join(x + "\n" for x in lines).encode())
+
+
+GOOD = (
+    ["the dog sleeps .", "a cat sees a dog ."] * 10,
+    ["der hund schläft .", "eine katze ."] * 10,
+)
+
+
+def corpus(tmp_path: Path, problem: str) -> list[str]:
+    """Write a small corpus with one problem in its training split; returns --set values."""
+    src, tgt = GOOD
+    write_pair(tmp_path / "good", src, tgt)
+    train = tmp_path / "train"
+    if problem == "missing":
+        train = tmp_path / "missing"
+    elif problem == "line counts":
+        write_pair(train, src, tgt[:-1])
+    elif problem == "empty file":
+        write_pair(train, [], [])
+    elif problem == "empty after cleaning":
+        write_pair(train, ["", "  ", "a"], ["x", "", ""])
+    elif problem == "invalid utf-8":
+        write_pair(train, src, tgt)
+        (tmp_path / "train.de").write_bytes(b"der hund\nein \xc3\x28 kaputt\n" + b"x\n" * 18)
+    elif problem == "too long after cleaning":
+        write_pair(train, ["word " * 400] * 3, ["wort " * 400] * 3)
+    return [
+        f"run_dir={tmp_path / 'run'}",
+        f"data.train={train}",
+        f"data.valid={tmp_path / 'good'}",
+        f"data.test={tmp_path / 'good'}",
+        "data.vocab_size=40",
+        "data.max_len=100",
+        "train.max_tokens=512",
+    ]
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()  # progress lines may come first
+    assert lines[-1].startswith("mtx: error: "), result.output
+    assert sum("error" in line for line in lines) == 1 and "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+
+
+def sets(values: list[str]) -> list[str]:
+    return [x for value in values for x in ("--set", value)]
+
+
+@pytest.mark.parametrize(
+    "problem, fragments",
+    [
+        ("missing", ["file not found", "missing.en"]),
+        ("line counts", ["train.en has 20 lines but", "train.de has 19"]),
+        ("empty file", ["train.en and", "train.de are empty"]),
+        ("empty after cleaning", ["data.train", "no usable pairs"]),
+        ("invalid utf-8", ["train.de:2: invalid UTF-8"]),
+        ("too long after cleaning", ["data.train", "empty after cleaning (max_len 100)"]),
+    ],
+)
+def test_bad_corpora_are_one_line_errors_and_leave_nothing_behind(tmp_path, problem, fragments):
+    result = invoke(
+        "prepare", "--config", ROOT / "configs/toy.yaml", *sets(corpus(tmp_path, problem))
+    )
+    assert_one_line_error(result, *fragments)
+    run = tmp_path / "run"
+    assert not (run / "prepared").exists() and not (run / "prepared.tmp").exists()
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("train.max_tokenz=100", ["unknown config key train.max_tokenz", "train.max_tokens"]),
+        ("model.d_model=big", ["model.d_model expects int", "'big'"]),
+        ("model.n_heads=5", ["model.d_model (128) must be divisible by model.n_heads (5)"]),
+        ("data.vocab_size=0", ["data.vocab_size must be positive"]),
+    ],
+)
+def test_bad_config_values_name_the_key(tmp_path, override, fragments):
+    result = invoke("prepare", "--config", ROOT / "configs/toy.yaml", "--set", override)
+    assert_one_line_error(result, *fragments)
+
+
+def test_a_bad_key_in_a_yaml_file_names_the_file_and_key(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  d_model: 64\n  n_head: 4\n")
+    assert_one_line_error(invoke("info", config), "c.yaml", "model.n_head", "model.n_heads")
+
+
+def test_yaml_that_would_construct_python_objects_is_refused(tmp_path):
+    config = tmp_path / "evil.yaml"
+    config.write_text('model: !!python/object/apply:os.system ["touch /tmp/mtx-yaml-pwned"]\n')
+    assert_one_line_error(invoke("info", config), "evil.yaml: not valid YAML")
+    assert not Path("/tmp/mtx-yaml-pwned").exists()
+
+
+def test_a_hub_dataset_while_offline_says_it_is_the_network(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (offline mode is enabled)")
+
+    monkeypatch.setattr(sources.datasets, "load_dataset", offline)
+    values = corpus(tmp_path, "none") + ["data.train=hf:wmt/wmt14:de-en"]
+    result = invoke("prepare", "--config", ROOT / "configs/base.yaml", *sets(values))
+    assert_one_line_error(result, "'hf:wmt/wmt14:de-en'", "network", "local files")
+
+
+def test_an_unusable_run_dir_is_a_one_line_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    values = corpus(tmp_path, "none") + [f"run_dir={tmp_path / 'file' / 'run'}"]
+    result = invoke("prepare", "--config", ROOT / "configs/toy.yaml", *sets(values))
+    assert_one_line_error(result, "file/run", "Not a directory")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = invoke("--debug", "prepare", "--config", ROOT / "configs/toy.yaml", "--set", "x=1")
+    assert result.exit_code != 0 and "unknown config key" in str(result.exception)
+
+
+def test_crlf_and_100000_character_lines_prepare_fine(tmp_path):
+    src, tgt = GOOD
+    long_src, long_tgt = "a" * 100_000, "b " * 50_000
+    for prefix in ("train", "test"):
+        for lang, lines in (("en", [*src, long_src]), ("de", [*tgt, long_tgt])):
+            (tmp_path / f"{prefix}.{lang}").write_bytes("".join(x + "\r\n" for x in lines).encode())
+    values = corpus(tmp_path, "none") + [
+        f"data.train={tmp_path / 'train'}",
+        f"data.test={tmp_path / 'test'}",
+    ]
+    result = invoke("prepare", "--config", ROOT / "configs/toy.yaml", *sets(values))
+    assert result.exit_code == 0, result.output
+    ds = datasets.load_from_disk(str(tmp_path / "run" / "prepared" / "test"))
+    assert ds["src"][0] == "the dog sleeps ." and "\r" not in ds["tgt"][0]
+    assert len(ds) == 21 and len(ds["src"][-1]) == 100_000  # test pairs are never dropped
+    train_ds = datasets.load_from_disk(str(tmp_path / "run" / "prepared" / "train"))
+    assert len(train_ds) == 20  # the long pair is dropped from training
+
+
+# --- checkpoints and translate input --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(prepared, tmp_path_factory):
+    run = tmp_path_factory.mktemp("tiny")
+    train(run_config(run, prepared, "train.max_steps=2"), log=lambda *_: None)
+    return run / "checkpoints" / "best.pt"
+
+
+def test_a_checkpoint_whose_vocabulary_does_not_match_its_sentencepiece_model(
+    tiny_checkpoint, tmp_path
+):
+    ckpt = checkpoint.load(tiny_checkpoint)
+    other = dict(ckpt, model=dict(ckpt["model"]), vocab_size=ckpt["vocab_size"] + 8)
+    weights = other["model"]["embed.weight"]
+    other["model"]["embed.weight"] = torch.cat([weights, weights[:8]])
+    checkpoint.save(tmp_path / "odd.pt", other)
+    result = invoke("translate", "--checkpoint", tmp_path / "odd.pt", input="hello\n")
+    assert_one_line_error(result, "pieces but the model's vocabulary has", "do not belong together")
+
+
+def test_awkward_translate_input_keeps_one_output_line_per_input_line(tiny_checkpoint):
+    lines = [
+        b"",
+        b"   \t ",
+        b"the dog\x00 sleeps\x07\x1b[31m.",
+        b"a cat \xff\xfe invalid bytes",  # replaced, as documented
+        b"word " * 2000,  # 10,000 characters
+        b"line\rwith\x0bodd\x0cbreaks\xc2\x85and\xe2\x80\xa8separators",
+        b"the end.",
+    ]
+    data = b"\n".join(lines) + b"\n"
+    result = invoke("translate", "--checkpoint", tiny_checkpoint, "--beam", 2, input=data)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("\n") == len(lines) and result.stdout.endswith("\n")
+
+
+@pytest.fixture(scope="module")
+def tiny_translator(tiny_checkpoint):
+    return Translator.from_checkpoint(tiny_checkpoint, ["decode.beam=2"], device="cpu")
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.text(max_size=60), min_size=1, max_size=8))
+def test_random_unicode_input_keeps_the_line_count(tiny_translator, texts):
+    # what `mtx translate` does with stdin: bytes split on "\n" only, then translated in chunks
+    data = "\n".join(texts).encode("utf-8") + b"\n"
+    lines = list(read_lines(io.BytesIO(data)))
+    assert len(lines) == data.count(b"\n")
+    out = list(tiny_translator.translate_stream(iter(lines), chunk_lines=3))
+    assert len(out) == len(lines) and not any("\n" in o for o in out)
+
+
+# --- nothing mtx writes is world-writable ---------------------------------------------------
+
+
+def test_nothing_written_is_world_writable_even_with_umask_0(tmp_path, prepared):
+    src, tgt = GOOD
+    write_pair(tmp_path / "c", src, tgt)
+    values = sets(
+        corpus(tmp_path, "none")[:1]
+        + [f"data.{s}={tmp_path / 'c'}" for s in ("train", "valid", "test")]
+    )
+    values += sets(["data.vocab_size=40", "model.d_model=16", "model.d_ff=16", "model.n_heads=2"])
+    values += sets(["model.encoder_layers=1", "model.decoder_layers=1", "train.max_steps=2"])
+    values += sets(["train.max_tokens=512", "data.max_len=100", "train.device=cpu"])
+    config = ROOT / "configs/toy.yaml"
+    script = " && ".join(
+        [
+            f"{sys.executable} -m mtx prepare --config {config} {' '.join(values)}",
+            f"{sys.executable} -m mtx train --config {config} {' '.join(values)}",
+            f"{sys.executable} -m mtx toy --output {tmp_path / 'run' / 'toy'} --split valid",
+        ]
+    )
+    done = subprocess.run(["sh", "-c", f"umask 000 && {script}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    written = list((tmp_path / "run").rglob("*"))
+    assert any(p.name == "last.pt" for p in written) and any(p.name == "toy.de" for p in written)
+    writable = [p for p in written if os.stat(p).st_mode & stat.S_IWOTH]
+    assert not writable
