@@ -1,8 +1,9 @@
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mtx.config import Config, all_keys, load_config
@@ -83,12 +84,41 @@ def test_shipped_configs_load():
         load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
 
 
-@given(st.sampled_from(all_keys()), st.text(max_size=20))
+@given(st.one_of(st.sampled_from(all_keys()), st.text(max_size=30)), st.text(max_size=20))
+@example("model.d_\nmodel", "1")
 def test_random_overrides_never_crash_outside_a_clear_error(key, value):
     try:
         load_config(None, [f"{key}={value}"])
     except MtxError as e:
         assert str(e) and "\n" not in str(e)
+
+
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@given(
+    st.one_of(
+        st.dictionaries(
+            st.sampled_from(["model", "train", "data", "decode", "run_dir"]), yaml_values
+        ),
+        yaml_values,
+    ).map(yaml.safe_dump)
+    | st.text(max_size=100)
+)
+def test_random_config_files_never_crash_outside_a_clear_error(text):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "c.yaml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            load_config(path)
+        except MtxError as e:
+            assert str(e) and "\n" not in str(e)
 
 
 def test_defaults_are_the_papers():
