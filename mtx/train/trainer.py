@@ -310,9 +310,8 @@ class Trainer:
             return
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
-        def handler(signum, frame):
+        def handler(signum, frame):  # only sets a flag: the loop acts on it between steps
             self.stop_signal = signal.Signals(signum).name
-            self.progress.write(f"{self.stop_signal}: saving a checkpoint after this step")
             signal.signal(signum, previous[signum])
 
         for s in previous:
