@@ -7,6 +7,7 @@ Errors in the user's input end the command with one line on stderr and exit code
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,9 +165,12 @@ def translate(
     out = sys.stdout
     if sys.stdin.isatty():  # someone typing: answer every line at once
         chunk_lines = 1
-    for line in translator.translate_stream(read_lines(sys.stdin.buffer), chunk_lines):
-        out.write(line + "\n")
-        out.flush()
+    try:
+        for line in translator.translate_stream(read_lines(sys.stdin.buffer), chunk_lines):
+            out.write(line + "\n")
+            out.flush()
+    except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _read_text(path: Path) -> list[str]:
@@ -214,7 +218,7 @@ def evaluate(
             fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
         hyps = translator.translate(sources)
         if output is not None:
-            atomic_write_text(output, "".join(h + "\n" for h in hyps))
+            run(atomic_write_text, output, "".join(h + "\n" for h in hyps))
     result = run(score, hyps, refs)
     if json_out:
         typer.echo(json.dumps(result))
@@ -270,7 +274,7 @@ def toy(
 
     if split not in toy_corpus.SPLITS:
         fail(f"--split must be one of {', '.join(toy_corpus.SPLITS)}, got {split!r}")
-    toy_corpus.write_split(split, output)
+    run(toy_corpus.write_split, split, output)
     log(f"wrote {output}.en and {output}.de ({toy_corpus.SPLIT_SIZES[split]} pairs)")
 
 

@@ -209,6 +209,28 @@ def test_awkward_translate_input_keeps_one_output_line_per_input_line(tiny_check
     assert result.stdout.count("\n") == len(lines) and result.stdout.endswith("\n")
 
 
+def test_translate_into_a_pipe_that_closes_early_stops_quietly(tiny_checkpoint):
+    cmd = [sys.executable, "-m", "mtx", "translate", "--checkpoint", str(tiny_checkpoint)]
+    proc = subprocess.Popen(
+        [*cmd, "--chunk-lines", "1", "--beam", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdin.write(b"the dog sleeps.\n" * 300)
+    proc.stdin.close()
+    assert proc.stdout.readline().endswith(b"\n")
+    proc.stdout.close()  # as `| head -1` does
+    assert proc.wait(timeout=60) == 0
+    assert b"Traceback" not in proc.stderr.read()
+
+
+def test_unwritable_outputs_are_one_line_errors(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = invoke("toy", "--output", tmp_path / "file" / "toy")
+    assert_one_line_error(result, str(tmp_path / "file"))
+
+
 @pytest.fixture(scope="module")
 def tiny_translator(tiny_checkpoint):
     return Translator.from_checkpoint(tiny_checkpoint, ["decode.beam=2"], device="cpu")
