@@ -107,8 +107,11 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
     cfg = Config()
     cfg.train.warmup_steps = 1
     optimizer = make_optimizer(model, cfg)
-    step = lambda n: train_step(model, optimizer, [tiny_batch()], cfg, n, "cpu", trainer_autocast)  # noqa: E731
-    trainer_autocast = trainer.autocast_for(torch.device("cpu"), "fp32")
+    fp32 = trainer.autocast_for(torch.device("cpu"), "fp32")
+
+    def step(n):
+        return train_step(model, optimizer, [tiny_batch()], cfg, n, "cpu", fp32)
+
     assert not step(1)["skipped"]
     params = {k: v.clone() for k, v in model.state_dict().items()}
     state = optimizer_state(optimizer)
