@@ -90,11 +90,12 @@ def train_step(model, optimizer, batches, cfg: Config, step: int, device, autoca
         loss, nll = label_smoothed_nll(logits, b["tgt_out"], cfg.train.label_smoothing, PAD_ID)
         (loss / ntokens).backward()
         loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if cfg.train.clip_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
     else:
-        norm = torch.nn.utils.get_total_norm(grads)
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters() if p.grad is not None]
+        )
     skipped = ~(torch.isfinite(norm) & torch.isfinite(loss_sum))
     # The fused Adam kernels read `found_inf` on the device and leave parameters, moments and
     # step count untouched when it is 1 (the mechanism torch.amp.GradScaler uses): no sync.
