@@ -9,15 +9,13 @@ def causal_mask(length):
     return torch.ones(length, length, dtype=torch.bool).tril()
 
 
-def copied_pair(d=32, h=4):
+def copied_pair(d=32, h=4, cross=False):
     torch.manual_seed(0)
-    ours = MultiHeadAttention(d, h)
+    ours = MultiHeadAttention(d, h, cross=cross)
     ref = nn.MultiheadAttention(d, h, batch_first=True)
     with torch.no_grad():
-        ref.in_proj_weight.copy_(
-            torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
-        )
-        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.in_proj_weight.copy_(ours.in_proj.weight)
+        ref.in_proj_bias.copy_(ours.in_proj.bias)
         ref.out_proj.weight.copy_(ours.out_proj.weight)
         ref.out_proj.bias.copy_(ours.out_proj.bias)
     return ours.eval(), ref.eval()
@@ -44,7 +42,7 @@ def test_causal_self_attention_equals_torch():
 
 
 def test_cross_attention_equals_torch():
-    ours, ref = copied_pair()
+    ours, ref = copied_pair(cross=True)
     q, mem = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
     keep = torch.tensor([[True] * 9, [True] * 3 + [False] * 6])
     got = ours(q, mem, mask=keep.unsqueeze(1))
@@ -53,10 +51,31 @@ def test_cross_attention_equals_torch():
 
 
 def test_masked_keys_have_no_influence():
-    ours, _ = copied_pair()
+    ours, _ = copied_pair(cross=True)
     q, mem = torch.randn(1, 4, 32), torch.randn(1, 6, 32)
     keep = torch.tensor([[True, True, True, False, False, False]])
     a = ours(q, mem, mask=keep.unsqueeze(1))
     mem2 = mem.clone()
     mem2[:, 3:] = 100 * torch.randn(1, 3, 32)
     torch.testing.assert_close(ours(q, mem2, mask=keep.unsqueeze(1)), a)
+
+
+def test_projections_start_as_separate_xavier_matrices():
+    """W^Q, W^K, W^V are stored as one matrix but each is initialised as a square Xavier one."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(256, 4)
+    bound = (6 / (2 * 256)) ** 0.5
+    for w in attn.in_proj.weight.chunk(3):
+        assert w.abs().max() <= bound
+        assert w.abs().max() > 0.95 * bound  # not the smaller bound of a (768, 256) matrix
+    assert not attn.in_proj.bias.any()
+
+
+def test_incremental_self_attention_cache_equals_causal():
+    """Feeding positions one at a time through the cache equals causal attention at once."""
+    ours, _ = copied_pair()
+    x = torch.randn(2, 5, 32)
+    cache = {}
+    steps = [ours(x[:, t : t + 1], cache=cache) for t in range(5)]
+    torch.testing.assert_close(torch.cat(steps, 1), ours(x, causal=True), atol=1e-5, rtol=1e-5)
+    assert cache["k"].shape == (2, 4, 5, 8)

@@ -11,10 +11,8 @@ from mtx.model.transformer import BOS_ID, PAD_ID, Transformer, count_parameters
 
 
 def _copy_attn(ref: nn.MultiheadAttention, ours) -> None:
-    ref.in_proj_weight.copy_(
-        torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
-    )
-    ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    ref.in_proj_weight.copy_(ours.in_proj.weight)
+    ref.in_proj_bias.copy_(ours.in_proj.bias)
     ref.out_proj.weight.copy_(ours.out_proj.weight)
     ref.out_proj.bias.copy_(ours.out_proj.bias)
 
@@ -154,3 +152,25 @@ def test_parameter_count_formula():
     norm = 2 * d
     want = 50 * d + 2 * (attn + ffn + 2 * norm) + 2 * (2 * attn + ffn + 3 * norm)
     assert count_parameters(model) == want
+
+
+def test_logits_at_target_tokens_only_equal_the_full_logits_there():
+    """Training asks for logits at the target tokens only (`keep`): the same numbers."""
+    from mtx.data.batching import collate
+
+    model = _model()
+    batch = collate([[5, 6, 7, 3], [8, 3]], [[9, 10, 11, 12, 3], [13, 3]])
+    full = model(batch["src"], batch["tgt_in"])  # (2, 5, V)
+    kept = model(batch["src"], batch["tgt_in"], batch["tgt_index"])  # (7, V)
+    assert kept.shape == (7, 50)
+    real = batch["tgt_out"] != PAD_ID
+    torch.testing.assert_close(kept, full[real], atol=1e-6, rtol=0)
+
+
+def test_an_unpadded_source_may_skip_its_mask():
+    model = _model()
+    src, tgt = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5))
+    masked = model(src, tgt)
+    unmasked = model(src, tgt, src_padded=False)
+    torch.testing.assert_close(unmasked, masked, atol=1e-5, rtol=1e-5)
+    assert model.encode(src, padded=False)[1] is None

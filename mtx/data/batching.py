@@ -60,10 +60,12 @@ def pad(seqs: list[list[int]], prefix: int | None = None) -> Tensor:
 
 
 def collate(src_ids: list[list[int]], tgt_ids: list[list[int]]) -> dict[str, Tensor]:
-    """src (B, S); tgt_in = BOS + target without its EOS (B, T); tgt_out = target with EOS (B, T)."""
+    """src (B, S); tgt_in = BOS + target without its EOS (B, T); tgt_out = target with EOS (B, T);
+    tgt_index (N,): the flat positions in (B * T) of the N target tokens (not padding)."""
     tgt_out = pad(tgt_ids)
     tgt_in = pad([t[:-1] for t in tgt_ids], prefix=BOS_ID)
-    return {"src": pad(src_ids), "tgt_in": tgt_in, "tgt_out": tgt_out}
+    tgt_index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
+    return {"src": pad(src_ids), "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_index": tgt_index}
 
 
 class BatchDataset(torch.utils.data.Dataset):

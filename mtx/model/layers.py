@@ -46,7 +46,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True
+        )
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
@@ -67,29 +69,15 @@ class DecoderLayer(nn.Module):
         """
         if cache is None:
             h = self.self_attn(x, causal=True)
-            cross_kv = None
         else:
-            k, v = self.self_attn.project_kv(x)  # (B, H, t, d_k)
-            if "k" in cache:
-                k = cache["k"] = _cat(cache["k"], k)
-                v = cache["v"] = _cat(cache["v"], v)
-            else:
-                cache["k"], cache["v"] = k, v
             # New positions attend to every cached position and causally among themselves.
-            t, n = x.size(1), k.size(2)
+            t, n = x.size(1), x.size(1) + (cache["k"].size(2) if "k" in cache else 0)
             mask = None if t == 1 else _tail_causal_mask(t, n, x.device)
-            h = self.self_attn(x, mask=mask, kv=(k, v))
-            if "memory_k" not in cache:
-                cache["memory_k"], cache["memory_v"] = self.cross_attn.project_kv(memory)
-            cross_kv = (cache["memory_k"], cache["memory_v"])
+            h = self.self_attn(x, mask=mask, cache=cache)
         x = self.self_attn_norm(x + self.dropout(h))
-        h = self.cross_attn(x, memory, mask=src_mask, kv=cross_kv)
+        h = self.cross_attn(x, memory, mask=src_mask, cache=cache)
         x = self.cross_attn_norm(x + self.dropout(h))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
-
-
-def _cat(old: Tensor, new: Tensor) -> Tensor:
-    return torch.cat([old, new], dim=2)  # along the length axis of (B, H, n, d_k)
 
 
 def _tail_causal_mask(t: int, n: int, device: torch.device) -> Tensor:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from mtx.config import ModelConfig
+from mtx.model.attention import MultiHeadAttention
 from mtx.model.layers import DecoderLayer, EncoderLayer
 from mtx.model.positions import sinusoidal_table
 
@@ -52,6 +53,9 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.reset_parameters()  # W^Q, W^K, W^V each Xavier as a square matrix
 
     def embed_tokens(self, ids: Tensor, start: int = 0) -> Tensor:
         """(B, n) ids at positions start.. -> (B, n, d) scaled embeddings + positions, dropped out."""
@@ -64,18 +68,28 @@ class Transformer(nn.Module):
         x = self.embed(ids) * math.sqrt(self.cfg.d_model)
         return self.dropout(x + self.positions[start : start + n].to(x.dtype))
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S) source ids -> memory (B, S, d) and src_mask (B, 1, S), True on real tokens."""
-        src_mask = (src != PAD_ID).unsqueeze(1)  # (B, 1, S)
+    def encode(self, src: Tensor, padded: bool = True) -> tuple[Tensor, Tensor | None]:
+        """(B, S) source ids -> memory (B, S, d) and src_mask (B, 1, S), True on real tokens.
+
+        A caller that knows `src` holds no padding passes padded=False: the mask is then None,
+        which lets attention use its fastest kernels (flash attention takes no mask).
+        """
+        src_mask = (src != PAD_ID).unsqueeze(1) if padded else None  # (B, 1, S)
         x = self.embed_tokens(src)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
         return x, src_mask
 
     def decode(
-        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: Cache | None = None
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        cache: Cache | None = None,
+        keep: Tensor | None = None,
     ) -> Tensor:
-        """(B, T) decoder inputs -> logits (B, T, V).
+        """(B, T) decoder inputs -> logits (B, T, V), or (N, V) at the N flat positions `keep`
+        of (B * T) (the target tokens: padding then costs no output projection).
 
         With `cache` (from `new_cache()`), `tgt_in` holds only the positions not yet decoded,
         and the cache is extended in place: incremental decoding gives the same logits as
@@ -85,11 +99,15 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, memory, src_mask, None if cache is None else cache[i])
-        return x @ self.embed.weight.t()  # (B, T, V): the shared pre-softmax projection
+        if keep is not None:
+            x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
+        return x @ self.embed.weight.t()  # the shared pre-softmax projection
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None, src_padded: bool = True
+    ) -> Tensor:
+        memory, src_mask = self.encode(src, src_padded)
+        return self.decode(tgt_in, memory, src_mask, keep=keep)
 
     def new_cache(self) -> Cache:
         return [{} for _ in self.decoder_layers]
