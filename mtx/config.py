@@ -68,7 +68,11 @@ class TrainConfig:
     max_oom: int = 3  # stop after this many batches in a row run out of GPU memory
     log_every: int = 100  # write a metrics line every this many updates
     device: str = "auto"  # "auto" (CUDA if present), "cpu", "cuda", "cuda:N"
-    precision: str = "auto"  # "auto" (bf16 autocast on capable GPUs), "fp32", "bf16"
+    # "auto" (bf16 autocast on GPUs that have it, else fp32), "fp32", "bf16", or "fp16"
+    # (autocast with dynamic loss scaling, for GPUs without bf16)
+    precision: str = "auto"
+    compile: bool = False  # torch.compile the model (pays off on GPUs; minutes to compile)
+    workers: int = 1  # background processes building batches (0 = in the training process)
     threads: int = 0  # CPU threads for torch (0 = torch's default)
 
 
@@ -129,8 +133,10 @@ class Config:
             raise MtxError(f"train.keep_last must be 0 or more, got {t.keep_last}")
         if t.warmup_steps < 1:
             raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
-        if t.precision not in ("auto", "fp32", "bf16"):
-            raise MtxError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
+        if t.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise MtxError(f"train.precision must be auto, fp32, bf16 or fp16, got {t.precision!r}")
+        if t.workers < 0:
+            raise MtxError(f"train.workers must be 0 or more, got {t.workers}")
         if t.max_tokens < d.max_len + 1:
             raise MtxError(
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "

@@ -15,6 +15,7 @@ import yaml
 from conftest import run_config, run_overrides, tiny_model_config
 
 from mtx.config import Config, load_config
+from mtx.data.batching import collate
 from mtx.errors import MtxError
 from mtx.files import atomic_write
 from mtx.model.transformer import Transformer
@@ -89,11 +90,7 @@ def wait_for_step(proc, run, step, timeout=120.0) -> bool:
 
 
 def tiny_batch():
-    return {
-        "src": torch.tensor([[5, 6, 7, 3], [8, 9, 3, 0]]),
-        "tgt_in": torch.tensor([[2, 5, 6], [2, 7, 0]]),
-        "tgt_out": torch.tensor([[5, 6, 3], [7, 3, 0]]),
-    }
+    return collate([[5, 6, 7, 3], [8, 9, 3]], [[5, 6, 3], [7, 3]])
 
 
 def optimizer_state(optimizer):
@@ -107,10 +104,10 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
     cfg = Config()
     cfg.train.warmup_steps = 1
     optimizer = make_optimizer(model, cfg)
-    fp32 = trainer.autocast_for(torch.device("cpu"), "fp32")
+    fp32 = trainer.Precision.choose(torch.device("cpu"), "fp32")
 
     def step(n):
-        return train_step(model, optimizer, [tiny_batch()], cfg, n, "cpu", fp32)
+        return train_step(model, optimizer, [tiny_batch()], cfg, n, fp32)
 
     assert not step(1)["skipped"]
     params = {k: v.clone() for k, v in model.state_dict().items()}

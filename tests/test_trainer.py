@@ -1,12 +1,17 @@
+import json
+import math
 import os
 
 import pytest
 import torch
-from conftest import run_config
+from conftest import run_config, tiny_model_config
 
+from mtx.config import Config
+from mtx.data.batching import collate
 from mtx.errors import MtxError
+from mtx.model.transformer import Transformer
 from mtx.train import checkpoint
-from mtx.train.trainer import train
+from mtx.train.trainer import Precision, make_optimizer, train, train_step
 
 
 def params(run):
@@ -79,3 +84,69 @@ def test_a_truncated_checkpoint_gives_a_clear_error(tmp_path):
     with pytest.raises(MtxError, match="c.pt"):
         checkpoint.load(path)
     assert oct(path.stat().st_mode & 0o777) != oct(0o777)
+
+
+def losses(run, kind="train", key="loss"):
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r[key] for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def test_fp16_trains_with_a_loss_scale_and_resumes_exactly(tmp_path, prepared):
+    """fp16 autocast with dynamic loss scaling (on CPU here; on GPUs without bf16 in use).
+    The scale is part of the resumable state: interrupted and resumed equals uninterrupted."""
+    quiet = {"log": lambda *_: None}
+    fp16 = ["train.precision=fp16", "train.valid_every=10"]
+    train(run_config(tmp_path / "whole", prepared, "train.max_steps=30", *fp16), **quiet)
+    first = losses(tmp_path / "whole")
+    assert all(math.isfinite(x) for x in first) and first[-1] < first[0]
+    last = checkpoint.load(tmp_path / "whole" / "checkpoints" / "last.pt")
+    assert last["scaler"]["scale"] > 0
+    train(run_config(tmp_path / "parts", prepared, "train.max_steps=10", *fp16), **quiet)
+    train(
+        run_config(tmp_path / "parts", prepared, "train.max_steps=30", *fp16), resume=True, **quiet
+    )
+    whole, parts = params(tmp_path / "whole"), params(tmp_path / "parts")
+    for name in whole:
+        torch.testing.assert_close(parts[name], whole[name], rtol=0, atol=0, msg=name)
+
+
+def test_an_fp16_overflow_halves_the_loss_scale_and_skips_the_update():
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), 20)
+    cfg = Config()
+    optimizer = make_optimizer(model, cfg)
+    fp16 = Precision.choose(torch.device("cpu"), "fp16")
+    batch = collate([[5, 6, 7, 3], [8, 9, 3]], [[5, 6, 3], [7, 3]])
+    assert not train_step(model, optimizer, [batch], cfg, 1, fp16)["skipped"]
+    scale = fp16.scaler.get_scale()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hook = model.embed.weight.register_hook(lambda g: g * math.inf)
+    assert train_step(model, optimizer, [batch], cfg, 2, fp16)["skipped"]
+    hook.remove()
+    assert fp16.scaler.get_scale() == scale / 2
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+
+
+def test_background_workers_build_the_same_batches(tmp_path, prepared):
+    quiet = {"log": lambda *_: None}
+    for workers in (0, 2):
+        cfg = run_config(tmp_path / f"w{workers}", prepared, "train.max_steps=12")
+        cfg.train.workers = workers
+        train(cfg, **quiet)
+    a, b = params(tmp_path / "w0"), params(tmp_path / "w2")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    assert losses(tmp_path / "w0") == losses(tmp_path / "w2")
+    padding = losses(tmp_path / "w2", key="padding")
+    assert all(0.0 < p < 0.5 for p in padding)  # token batches of similar lengths pad little
+
+
+def test_compiled_training_follows_eager_training(tmp_path, prepared):
+    quiet = {"log": lambda *_: None}
+    extra = ["train.max_steps=6", "model.dropout=0.0"]
+    train(run_config(tmp_path / "eager", prepared, *extra), **quiet)
+    train(run_config(tmp_path / "compiled", prepared, *extra, "train.compile=true"), **quiet)
+    a, b = params(tmp_path / "eager"), params(tmp_path / "compiled")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-4, msg=name)
