@@ -265,6 +265,33 @@ def info(
 
 
 @app.command()
+def bench(
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    steps: Annotated[int, typer.Option(min=1, help="Updates timed.")] = 20,
+    warmup: Annotated[int, typer.Option(min=0, help="Updates run before timing.")] = 5,
+    synthetic: Annotated[
+        bool, typer.Option(help="Random token batches instead of RUN/prepared's training data.")
+    ] = False,
+    length: Annotated[
+        int, typer.Option(min=2, help="Mean sentence length of --synthetic batches.")
+    ] = 30,
+    peak_tflops: Annotated[
+        float | None,
+        typer.Option(help="Device peak for MFU (default: known bf16/fp16 GPU peaks)."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Training tokens/s, model FLOPs per token, TFLOP/s, MFU and peak memory of a config."""
+    from mtx.bench import bench as do_bench
+    from mtx.bench import format_table
+
+    cfg = _config(config, set)
+    result = run(do_bench, cfg, steps, warmup, synthetic, length, peak_tflops)
+    typer.echo(json.dumps(result) if json_out else format_table(result))
+
+
+@app.command()
 def toy(
     output: Annotated[Path, typer.Option(help="Prefix P: writes P.en and P.de.")],
     split: Annotated[str, typer.Option(help="train, valid or test.")] = "test",
