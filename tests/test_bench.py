@@ -1,6 +1,10 @@
 """`mtx bench` and the FLOPs it counts."""
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +17,12 @@ from typer.testing import CliRunner
 from mtx.bench import batch_flops, synthetic_batches
 from mtx.cli import app
 from mtx.config import Config
+from mtx.data.batching import collate
 from mtx.model.flops import forward_flops
 from mtx.model.transformer import Transformer
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("src_len,tgt_len", [(7, 7), (5, 11)])
@@ -78,3 +84,77 @@ def test_bench_reports_throughput_flops_mfu_and_memory(tmp_path, prepared):
         f"mtx: error: no prepared data in {tmp_path / 'empty' / 'prepared'}: run `mtx prepare` "
         "with this config first"
     ]
+
+
+def test_the_nn_transformer_reference_computes_the_same_function_as_mtx():
+    """scripts/bench_reference.py races mtx against torch's modules: with mtx's weights copied
+    in, the reference gives the same logits, so the race compares equal models."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_reference import Reference
+
+    cfg = tiny_model_config(encoder_layers=2, decoder_layers=2)
+    torch.manual_seed(0)
+    ours, ref = Transformer(cfg, 60).eval(), Reference(cfg, 60).eval()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "norm" in name:  # trained-looking LayerNorms: an extra norm would show
+                p.copy_(torch.randn_like(p))
+        ref.embed.weight.copy_(ours.embed.weight)
+        pairs = [
+            (r.self_attn, o.self_attn)
+            for r, o in zip(ref.transformer.encoder.layers, ours.encoder_layers)
+        ]
+        pairs += [
+            (r.self_attn, o.self_attn)
+            for r, o in zip(ref.transformer.decoder.layers, ours.decoder_layers)
+        ]
+        pairs += [
+            (r.multihead_attn, o.cross_attn)
+            for r, o in zip(ref.transformer.decoder.layers, ours.decoder_layers)
+        ]
+        for r, o in pairs:
+            r.in_proj_weight.copy_(o.in_proj.weight)
+            r.in_proj_bias.copy_(o.in_proj.bias)
+            r.out_proj.load_state_dict(o.out_proj.state_dict())
+        for r, o in zip(
+            [*ref.transformer.encoder.layers, *ref.transformer.decoder.layers],
+            [*ours.encoder_layers, *ours.decoder_layers],
+        ):
+            r.linear1.load_state_dict(o.ffn.fc1.state_dict())
+            r.linear2.load_state_dict(o.ffn.fc2.state_dict())
+            r.norm1.load_state_dict(o.self_attn_norm.state_dict())
+            last = o.ffn_norm
+            if hasattr(o, "cross_attn_norm"):
+                r.norm2.load_state_dict(o.cross_attn_norm.state_dict())
+                r.norm3.load_state_dict(last.state_dict())
+            else:
+                r.norm2.load_state_dict(last.state_dict())
+    batch = collate([[5, 6, 7, 3], [8, 3]], [[9, 10, 11, 12, 3], [13, 3]])
+    keep = batch["tgt_out"] != 0
+    want = ours(batch["src"], batch["tgt_in"])[keep]
+    got = ref(batch["src"], batch["tgt_in"])[keep]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_bench_reference_script_runs_and_reports_the_ratio(tmp_path, prepared):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(run_config(tmp_path / "r", prepared).to_dict()))
+    out = subprocess.run(
+        [
+            sys.executable,
+            ROOT / "scripts" / "bench_reference.py",
+            "--config",
+            config,
+            "--steps",
+            "2",
+            "--rounds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    ratios = re.findall(r"mtx is (\d+\.\d\d)x", out.stdout)
+    assert len(ratios) == 3 and ratios[0] == "1.00"
+    assert out.stdout.count("round ") == 2

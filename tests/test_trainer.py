@@ -150,3 +150,9 @@ def test_compiled_training_follows_eager_training(tmp_path, prepared):
     a, b = params(tmp_path / "eager"), params(tmp_path / "compiled")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_an_update_larger_than_the_data_is_a_clear_error(tmp_path, prepared):
+    cfg = run_config(tmp_path / "r", prepared, "train.update_freq=100000")
+    with pytest.raises(MtxError, match=r"fewer than one update takes \(100000: 1 process"):
+        train(cfg, log=lambda *_: None)

@@ -275,8 +275,9 @@ class Trainer:
         if usable == 0:
             raise MtxError(
                 f"the training data makes {len(order)} batches of train.max_tokens "
-                f"({cfg.max_tokens}) tokens, fewer than the {G} of one update "
-                f"({self.dist.world} process(es) x train.update_freq {U}): lower either"
+                f"({cfg.max_tokens}) tokens, fewer than one update takes ({G}: "
+                f"{self.dist.world} process(es) x train.update_freq {U}); lower "
+                "train.update_freq or train.max_tokens"
             )
         mine, update_tokens = [], []
         r = self.dist.rank
