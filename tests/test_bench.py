@@ -79,6 +79,21 @@ def test_bench_reports_throughput_flops_mfu_and_memory(tmp_path, prepared):
     )
     assert code == 0, out
     assert "tokens/s" in out and "MFU                n/a" in out
+    # bf16 autocast (the GPU default) runs through the same step; on CPU too
+    code, out = bench(
+        "--config",
+        config,
+        "--set",
+        "train.precision=bf16",
+        "--synthetic",
+        "--steps",
+        1,
+        "--warmup",
+        0,
+        "--json",
+    )
+    assert code == 0, out
+    assert json.loads(out)["precision"] == "bf16"
     code, out = bench("--config", config, "--set", f"run_dir={tmp_path / 'empty'}")
     assert code == 2 and out.strip().splitlines() == [
         f"mtx: error: no prepared data in {tmp_path / 'empty' / 'prepared'}: run `mtx prepare` "

@@ -174,3 +174,23 @@ def test_an_unpadded_source_may_skip_its_mask():
     unmasked = model(src, tgt, src_padded=False)
     torch.testing.assert_close(unmasked, masked, atol=1e-5, rtol=1e-5)
     assert model.encode(src, padded=False)[1] is None
+
+
+def test_an_unpadded_training_batch_gives_attention_no_mask_tensor(monkeypatch):
+    """Flash attention on GPUs takes no mask tensor: for a source without padding, every
+    attention call of a training forward must pass none (the decoder's is `is_causal`)."""
+    import mtx.model.attention as attention
+
+    calls, real = [], attention.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+        calls.append((attn_mask, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    model = _model(encoder_layers=2, decoder_layers=3)
+    src, tgt = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5))
+    model(src, tgt, src_padded=False)
+    assert len(calls) == 2 + 2 * 3
+    assert all(mask is None for mask, _ in calls)
+    assert sum(causal for _, causal in calls) == 3  # the decoder self-attentions
