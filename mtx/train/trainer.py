@@ -50,7 +50,7 @@ class TrainState:
     best_valid_loss: float = math.inf
 
 
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
+def pick_device(name: str) -> torch.device:
     """The device a config names; under torchrun, CUDA means this process's GPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
