@@ -261,7 +261,61 @@ def info(
         f"{facts['flops_per_token'] / 1e6:.1f}M"
     )
     if facts["step"] is not None:
-        typer.echo(f"trained steps: {facts['step']}")
+        typer.echo(f"trained steps: {facts['step']} (mtx {facts.get('mtx_version')})")
+    for source in facts.get("averaged_from") or []:
+        typer.echo(f"averaged from: {source['path']} (step {source['step']})")
+    for split, data in ((facts.get("manifest") or {}).get("splits") or {}).items():
+        typer.echo(
+            f"data: {split} {data['source']} ({data['kept']:,} pairs, "
+            f"sha256 {data.get('pairs_sha256', '?')[:12]})"
+        )
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="The checkpoint to export.")],
+    output: Annotated[Path, typer.Option(help="Directory to create.")],
+    format: Annotated[
+        str, typer.Option("--format", help="hf (transformers MarianMT) or ctranslate2.")
+    ] = "hf",
+    quantization: Annotated[
+        str | None, typer.Option(help="ctranslate2 only: int8, int8_float32, float16, ...")
+    ] = None,
+) -> None:
+    """Write a checkpoint as a Hugging Face MarianMT or a CTranslate2 model directory."""
+    from mtx.export import export as do_export
+
+    about = run(do_export, checkpoint, format, output, quantization)
+    log(f"exported {checkpoint} (step {about['step']}) to {output} as {about['format']}")
+
+
+@app.command()
+def average(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(help="Checkpoints to average, or with --last one run directory."),
+    ],
+    output: Annotated[Path, typer.Option(help="The averaged checkpoint to write.")],
+    last: Annotated[
+        int | None,
+        typer.Option(min=1, help="Average the N newest step-N.pt checkpoints of the run."),
+    ] = None,
+) -> None:
+    """Average checkpoints' parameters (the paper averaged the last 5 base / 20 big)."""
+    from mtx.train import checkpoint as ckpt
+
+    if last is not None:
+        if len(inputs) != 1 or not inputs[0].is_dir():
+            fail("--last N takes one run directory (or its checkpoints directory)")
+        paths = run(ckpt.last_step_checkpoints, inputs[0], last)
+    else:
+        paths = inputs
+    if any(output.resolve() == p.resolve() for p in paths):
+        fail(f"--output {output} is one of the checkpoints being averaged")
+    averaged = run(ckpt.average, paths)
+    run(ckpt.save, output, averaged)
+    steps = ", ".join(str(s["step"]) for s in averaged["averaged_from"])
+    log(f"averaged {len(paths)} checkpoints (steps {steps}) into {output}")
 
 
 @app.command()

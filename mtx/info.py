@@ -18,8 +18,13 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
         ckpt = checkpoint.load(target)
         cfg: Config = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
         vocab_size, step = ckpt["vocab_size"], ckpt.get("step")
+        about = {
+            "mtx_version": ckpt.get("mtx_version"),
+            "manifest": ckpt.get("manifest"),
+            "averaged_from": ckpt.get("averaged_from"),
+        }
     else:
-        cfg, step = load_config(target, overrides), None
+        cfg, step, about = load_config(target, overrides), None, {}
         vocab_size = cfg.data.vocab_size
     with torch.device("meta"):
         params = count_parameters(Transformer(cfg.model, vocab_size))
@@ -38,4 +43,5 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
         "forward_flops_per_pair": forward_flops(m, vocab_size, length, length),
         "flops_per_token": training_flops_per_token(m, vocab_size, length, length),
         "config": cfg.to_dict(),
+        **about,
     }

@@ -1,8 +1,11 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from mtx.cli import app
 from mtx.config import ModelConfig, load_config
 from mtx.data.prepare import prepare
 
@@ -48,3 +51,21 @@ def run_config(run, prepared, *extra):
 def run_overrides(run, *extra) -> list[str]:
     """The same settings as a list of key=value overrides."""
     return [f"run_dir={run}", *TINY_RUN, *extra]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """configs/toy.yaml trained for 250 steps through the CLI (about a minute on 2 CPU cores);
+    checkpoints step-125.pt, step-250.pt, last.pt and best.pt."""
+    run = tmp_path_factory.mktemp("toy")
+    sets = ["--set", f"run_dir={run}", "--set", "train.max_steps=250"]
+    sets += ["--set", "train.valid_every=125"]
+    for command in ("prepare", "train"):
+        result = CliRunner().invoke(
+            app, [command, "--config", str(ROOT / "configs/toy.yaml"), *sets]
+        )
+        assert result.exit_code == 0, result.output
+    return run

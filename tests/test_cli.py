@@ -24,23 +24,6 @@ def mtx(*args, input=None):
     return result
 
 
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
-    """A toy run trained for a few hundred steps (about a minute on 2 CPU cores)."""
-    run = tmp_path_factory.mktemp("toy")
-    sets = [
-        "--set",
-        f"run_dir={run}",
-        "--set",
-        "train.max_steps=250",
-        "--set",
-        "train.valid_every=125",
-    ]
-    mtx("prepare", "--config", ROOT / "configs/toy.yaml", *sets)
-    mtx("train", "--config", ROOT / "configs/toy.yaml", *sets)
-    return run
-
-
 def test_toy_training_writes_checkpoints_and_metrics(toy_run):
     assert (toy_run / "checkpoints" / "last.pt").is_file()
     assert (toy_run / "checkpoints" / "best.pt").is_file()

@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import datasets
@@ -119,6 +120,22 @@ def test_prepare_cleans_reports_and_encodes(tmp_path):
     assert train["dropped"] == {"duplicate": 2, "empty": 1, "too_long": 1}
     assert train["kept"] == 3
     assert manifest["splits"]["test"]["kept"] == 2  # test pairs are never dropped
+    # What the data was: hashes of the source files, of the kept pairs, of the vocabulary.
+    assert train["files"] == {
+        str(tmp_path / f"train.{lang}"): hashlib.sha256(
+            (tmp_path / f"train.{lang}").read_bytes()
+        ).hexdigest()
+        for lang in ("en", "de")
+    }
+    kept = (
+        "the dog sleeps .\tder hund schläft .\na cat sees a dog .\teine katze sieht einen hund .\n"
+    )
+    kept += "one two\teins zwei\n"
+    assert train["pairs_sha256"] == hashlib.sha256(kept.encode()).hexdigest()
+    assert manifest["spm_sha256"] == hashlib.sha256((out / "spm.model").read_bytes()).hexdigest()
+    vocab_lines = (out / "spm.vocab").read_text(encoding="utf-8").splitlines()
+    assert len(vocab_lines) == manifest["vocab_size"]
+    assert vocab_lines[3].split("\t")[:2] == ["3", "</s>"]
     ds = load_prepared(cfg, "train")
     assert ds[1]["src"] == "a cat sees a dog ."  # whitespace stripped and collapsed
     for row in ds:

@@ -4,13 +4,17 @@ Layout of RUN/prepared/ (written to a temporary folder and renamed when complete
 interrupted prepare never leaves data that `train` would accept):
 
     spm.model          the joint SentencePiece model
-    manifest.json      sources, counts of kept and dropped pairs, vocabulary size
+    spm.vocab          its pieces, one per line with their id and score (for people to read)
+    manifest.json      the data's description: sources, sha256 of local source files, counts of
+                       read, kept and dropped pairs, sha256 of the kept pairs and of spm.model,
+                       vocabulary size, mtx version (checkpoints carry a copy)
     train/ valid/ test/  `datasets` folders (save_to_disk), memory-mapped by training, columns:
                        src, tgt (text), src_ids, tgt_ids (int32, each ending in EOS), src_len, tgt_len
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -123,12 +127,19 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
     )
     (out / "spm.model").write_bytes(model_proto)
     sp = vocab.load(model_proto)
+    (out / "spm.vocab").write_text(
+        "".join(
+            f"{i}\t{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
+        ),
+        encoding="utf-8",
+    )
 
     manifest = {
         "mtx_version": __version__,
         "src_lang": d.src_lang,
         "tgt_lang": d.tgt_lang,
         "vocab_size": sp.get_piece_size(),
+        "spm_sha256": hashlib.sha256(model_proto).hexdigest(),
         "splits": {},
     }
     for split, text in texts.items():
@@ -149,9 +160,11 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
         read = dropped.pop("read", 0)
         manifest["splits"][split] = {
             "source": getattr(d, split),
+            "files": sources.file_hashes(getattr(d, split), d.src_lang, d.tgt_lang),
             "read": read,
             "kept": len(encoded),
             "dropped": dropped,
+            "pairs_sha256": pairs_sha256(encoded),
         }
         log(
             f"{split}: kept {len(encoded)} of {read} pairs"
@@ -164,6 +177,24 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
     del encoded, text, texts
     shutil.rmtree(cache, ignore_errors=True)
     return manifest
+
+
+def pairs_sha256(ds: datasets.Dataset) -> str:
+    """sha256 of the pairs as "src\ttgt\n" lines in order: what was trained on, whatever the source."""
+    digest = hashlib.sha256()
+    for batch in ds.select_columns(["src", "tgt"]).iter(batch_size=10_000):
+        for src, tgt in zip(batch["src"], batch["tgt"]):
+            digest.update(f"{src}\t{tgt}\n".encode())
+    return digest.hexdigest()
+
+
+def load_manifest(cfg: Config) -> dict:
+    path = prepared_dir(cfg) / "manifest.json"
+    if not path.is_file():
+        raise MtxError(
+            f"no prepared data in {prepared_dir(cfg)}: run `mtx prepare` with this config first"
+        )
+    return json.loads(path.read_text())
 
 
 def load_prepared(cfg: Config, split: str) -> datasets.Dataset:

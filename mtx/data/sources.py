@@ -12,6 +12,7 @@ split on "\n" only, so a stray U+2028 or "\r" inside a line never breaks the lin
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,21 @@ def read_lines(path: Path) -> Iterator[str]:
                     f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})"
                 ) from None
             yield line.rstrip("\n").removesuffix("\r")
+
+
+def file_hashes(spec: str, src_lang: str, tgt_lang: str) -> dict[str, str]:
+    """sha256 of a local split's two files (empty for hub and toy splits)."""
+    if spec.startswith(("hf:", "toy:")):
+        return {}
+    return {str(path): sha256_file(path) for path in local_files(spec, src_lang, tgt_lang)}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def count_lines(path: Path) -> int:

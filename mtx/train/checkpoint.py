@@ -1,14 +1,15 @@
 """Self-describing checkpoints: weights plus everything needed to use or resume them.
 
 A checkpoint is a dict saved with `torch.save` and read with `weights_only=True` (no code in a
-checkpoint ever runs). It holds the resolved config, the SentencePiece model (so `translate`
-and `evaluate` need nothing but the checkpoint), and, for resuming, the optimizer state, the
-step, the position in the data order and the RNG state. Files are written atomically: a
+checkpoint ever runs). It holds the resolved config, the SentencePiece model, the data
+manifest (what `mtx prepare` read and kept, with hashes) and the mtx version (so `translate`,
+`evaluate`, `export` and `info` need nothing but the checkpoint), and, for resuming, the
+optimizer state, the step, the position in the data order and the RNG state. Files are written atomically: a
 temporary file, fsync, rename.
 
 A run's checkpoints directory holds `last.pt` (resumable), `best.pt` (weights of the lowest
 validation loss) and the last `train.keep_last` step checkpoints `step-N.pt` (resumable, and
-what checkpoint averaging reads). `--resume` takes the newest of these that loads.
+what `average()` reads). `--resume` takes the newest of these that loads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from mtx import __version__
 from mtx.config import Config, apply_overrides, from_dict
@@ -103,3 +105,57 @@ def load_model(
             f"{path}: its weights do not fit the model config (were model.* keys overridden?)"
         ) from None
     return model.eval(), cfg, ckpt["spm_model"]
+
+
+def last_step_checkpoints(run: Path, n: int) -> list[Path]:
+    """The `n` newest step-N.pt of a run directory (or of its checkpoints directory)."""
+    directory = run / "checkpoints" if (run / "checkpoints").is_dir() else run
+    found = step_checkpoints(directory)
+    if not found:
+        raise MtxError(f"no step-N.pt checkpoints in {directory}")
+    if len(found) < n:
+        raise MtxError(
+            f"--last {n} asks for more checkpoints than {directory} holds ({len(found)}; "
+            "train.keep_last sets how many a run keeps)"
+        )
+    return found[:n]
+
+
+def average(paths: list[Path]) -> dict[str, Any]:
+    """A weights-only checkpoint whose parameters are the mean of those of `paths` (the
+    paper's checkpoint averaging, section 6.1). Checkpoints are read one at a time (memory
+    holds one plus the float64 sums). They must share the model config and the vocabulary;
+    config, vocabulary and data manifest are taken from the newest (highest step)."""
+    if not paths:
+        raise MtxError("no checkpoints to average")
+    sums: dict[str, Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    first: dict[str, Any] = {}
+    newest: dict[str, Any] = {}
+    sources = []
+    for path in paths:
+        ckpt = load(path)
+        weights = ckpt.pop("model")
+        meta = {k: ckpt.get(k) for k in ("config", "spm_model", "vocab_size", "manifest", "step")}
+        del ckpt  # optimizer state and the like
+        if not first:
+            first = meta
+            sums = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
+            dtypes = {k: v.dtype for k, v in weights.items()}
+        else:
+            if meta["config"]["model"] != first["config"]["model"] or weights.keys() != sums.keys():
+                raise MtxError(f"{path}: another model than {paths[0]}; cannot average")
+            if (meta["spm_model"], meta["vocab_size"]) != (first["spm_model"], first["vocab_size"]):
+                raise MtxError(f"{path}: another vocabulary than {paths[0]}; cannot average")
+            for name, tensor in weights.items():
+                if tensor.is_floating_point():
+                    sums[name] += tensor.double()
+                elif not torch.equal(tensor, sums[name]):
+                    raise MtxError(f"{path}: {name} differs and is not a float; cannot average")
+        if not newest or (meta["step"] or 0) > (newest["step"] or 0):
+            newest = meta
+        sources.append({"path": str(path), "step": meta["step"]})
+    model = {
+        k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in sums.items()
+    }
+    return {**newest, "model": model, "averaged_from": sources}

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from mtx.config import Config
 from mtx.data.batching import BatchDataset, lengths, token_batches
-from mtx.data.prepare import load_prepared, load_spm_proto, prepared_dir
+from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto, prepared_dir
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text, remove_stale_temporaries
 from mtx.model.transformer import PAD_ID, Transformer, count_parameters
@@ -234,8 +234,8 @@ class Trainer:
         self.train_ds, self.valid_ds = load_prepared(cfg, "train"), load_prepared(cfg, "valid")
         self.train_tgt_lens = lengths(self.train_ds)[1]
         self.spm_proto = load_spm_proto(cfg)
-        manifest = json.loads((prepared_dir(cfg) / "manifest.json").read_text())
-        self.vocab_size = manifest["vocab_size"]
+        self.manifest = load_manifest(cfg)
+        self.vocab_size = self.manifest["vocab_size"]
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         self.model = Transformer(cfg.model, self.vocab_size).to(self.device)
         if self.dist.rank:
@@ -516,6 +516,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "spm_model": self.spm_proto,
             "vocab_size": self.vocab_size,
+            "manifest": self.manifest,
             "model": self.model.state_dict(),
             "step": self.state.step,
             "best_valid_loss": self.state.best_valid_loss,
