@@ -32,7 +32,7 @@ def export(
     if output.exists():
         raise MtxError(f"{output} already exists: remove it or choose another --output")
     ckpt = checkpoint.load(path)
-    model, cfg, spm_proto = checkpoint.load_model(path)
+    model, cfg, spm_proto = checkpoint.build_model(ckpt, path)
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

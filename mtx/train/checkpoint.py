@@ -95,7 +95,13 @@ def load_model(
     path: str | Path, overrides: list[str] | None = None
 ) -> tuple[Transformer, Config, bytes]:
     """The model (eval mode, on CPU), its config with `overrides` applied, and its SentencePiece model."""
-    ckpt = load(path)
+    return build_model(load(path), path, overrides)
+
+
+def build_model(
+    ckpt: dict[str, Any], path: str | Path, overrides: list[str] | None = None
+) -> tuple[Transformer, Config, bytes]:
+    """`load_model` of a checkpoint already loaded from `path`."""
     cfg = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
     model = Transformer(cfg.model, ckpt["vocab_size"])
     try:
