@@ -97,6 +97,7 @@ def test_hf_generate_translates_as_mtx_does(hf_dir, translator, toy_test):
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
     tokenizer = MarianTokenizer.from_pretrained(hf_dir)
     assert hf.generation_config.num_beams == 4
+    assert hf.generation_config.early_stopping is True  # mtx's stopping rule
     ours = translator.translate(toy_test)
     theirs = [""] * len(toy_test)
     for limit, lines in by_length_limit(translator, toy_test):
