@@ -163,7 +163,7 @@ def export_hf(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) -> N
         pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID,
         num_beams=d.beam,
-        early_stopping=True,  # as mtx: a sentence ends when `num_beams` hypotheses have
+        early_stopping=True,  # as mtx: stop once `num_beams` hypotheses have ended
         max_length=cfg.model.max_positions,
         # mtx never outputs these; Marian's score is log P / length ** length_penalty where
         # mtx divides by ((5 + length) / 6) ** alpha: the same ranking only at alpha 0.
