@@ -124,16 +124,13 @@ def read_lines(stream) -> Iterator[str]:
         yield raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
 
 
-def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device):
+def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, **decode):
+    """A Translator; options given on the command line override the checkpoint's decode.*."""
     from mtx.decode.translator import Translator
 
     overrides = list(set or [])
-    if beam is not None:
-        overrides.append(f"decode.beam={beam}")
-    if alpha is not None:
-        overrides.append(f"decode.alpha={alpha}")
-    if batch_tokens is not None:
-        overrides.append(f"decode.batch_tokens={batch_tokens}")
+    options = dict(beam=beam, alpha=alpha, batch_tokens=batch_tokens, **decode)
+    overrides += [f"decode.{key}={value}" for key, value in options.items() if value is not None]
     path = _checkpoint_path(checkpoint, config, set)
     return run(Translator.from_checkpoint, path, overrides, device)
 
@@ -145,6 +142,10 @@ BeamOpt = Annotated[
 AlphaOpt = Annotated[float | None, typer.Option(help="Length penalty alpha.")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-tokens", help="Source tokens per batch.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+DtypeOpt = Annotated[
+    str | None, typer.Option(help="fp32, bf16 or fp16 (default: bf16 on a GPU, else fp32).")
+]
+STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 
 
 @app.command()
@@ -156,21 +157,54 @@ def translate(
     alpha: AlphaOpt = None,
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    nbest: Annotated[
+        int,
+        typer.Option(
+            help="Print the N best hypotheses (N samples with --sample) of each line as "
+            "'LINE ||| TRANSLATION ||| SCORE ||| LOG-PROBABILITY'."
+        ),
+    ] = 1,
+    stopping: Annotated[
+        str | None, typer.Option(help="Beam search stopping rule: k_finished, exact or never.")
+    ] = None,
+    sample: Annotated[
+        bool, typer.Option("--sample", help="Sample each token instead of searching.")
+    ] = False,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Sample among the k best tokens.")] = None,
+    top_p: Annotated[
+        float | None, typer.Option(help="Sample among the tokens holding this probability.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     chunk_lines: Annotated[
-        int, typer.Option(help="Lines translated per chunk of the stream.")
+        int, typer.Option(help="Most lines translated together from the stream.")
     ] = 512,
 ) -> None:
-    """Translate stdin to stdout, one line per line, in order."""
-    translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device)
-    out = sys.stdout
-    if sys.stdin.isatty():  # someone typing: answer every line at once
-        chunk_lines = 1
-    try:
-        for line in translator.translate_stream(read_lines(sys.stdin.buffer), chunk_lines):
-            out.write(line + "\n")
-            out.flush()
-    except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    """Translate stdin to stdout, one line per line, in order, as the input arrives."""
+    translator = _translator(
+        checkpoint, config, set, beam, alpha, batch_tokens, device, dtype=dtype,
+        stopping=stopping, sampling=True if sample else None, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed,
+    )  # fmt: skip
+    run(translator.check_nbest, nbest)
+
+    def write_all() -> None:
+        out = sys.stdout
+        lines = read_lines(sys.stdin.buffer)
+        stream = translator.hypotheses_stream(lines, chunk_lines, STREAM_IDLE_S, nbest)
+        try:
+            for number, hyps in enumerate(stream):
+                for h in hyps:
+                    text = translator.detokenize(h.tokens)
+                    if nbest > 1:
+                        text = f"{number} ||| {text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
+                    out.write(text + "\n")
+                out.flush()
+        except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    run(write_all)
 
 
 def _read_text(path: Path) -> list[str]:
@@ -199,6 +233,7 @@ def evaluate(
     alpha: AlphaOpt = None,
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Score translations with sacreBLEU (BLEU, chrF), translating first if given a model."""
@@ -209,7 +244,9 @@ def evaluate(
             fail("--hyp needs --ref")
         hyps, refs = run(_read_text, hyp), run(_read_text, ref)
     else:
-        translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device)
+        translator = _translator(
+            checkpoint, config, set, beam, alpha, batch_tokens, device, dtype=dtype
+        )
         if split is not None:
             sources, refs = run(_split_text, translator.cfg, split)
         elif src is not None and ref is not None:

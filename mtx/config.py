@@ -83,6 +83,13 @@ class DecodeConfig:
     max_len_a: float = 1.0  # max output length = a * source length + b
     max_len_b: int = 50  # see max_len_a
     batch_tokens: int = 4096  # source-token budget of a translation batch
+    stopping: str = "k_finished"  # beam search: k_finished, exact or never (decode/search.py)
+    sampling: bool = False  # draw each token at random instead of searching
+    temperature: float = 1.0  # sampling: softmax(logits / temperature)
+    top_k: int = 0  # sampling: only the k most probable tokens (0 = all)
+    top_p: float = 1.0  # sampling: only the smallest set of tokens with this much probability
+    seed: int = 0  # sampling: line i of the input draws from the stream seeded by (seed, i)
+    dtype: str = "auto"  # fp32, bf16 or fp16; auto = bf16 on a GPU that has it, else fp32
 
 
 @dataclass
@@ -146,6 +153,21 @@ class Config:
             raise MtxError(
                 f"data.max_len ({d.max_len}) plus EOS must fit model.max_positions ({m.max_positions})"
             )
+        dec = self.decode
+        if dec.stopping not in ("k_finished", "exact", "never"):
+            raise MtxError(
+                f"decode.stopping must be k_finished, exact or never, got {dec.stopping!r}"
+            )
+        if dec.dtype not in ("auto", "fp32", "bf16", "fp16"):
+            raise MtxError(f"decode.dtype must be auto, fp32, bf16 or fp16, got {dec.dtype!r}")
+        if not dec.temperature > 0:
+            raise MtxError(f"decode.temperature must be positive, got {dec.temperature}")
+        if dec.top_k < 0:
+            raise MtxError(f"decode.top_k must be 0 or more, got {dec.top_k}")
+        if not 0 < dec.top_p <= 1:
+            raise MtxError(f"decode.top_p must be in (0, 1], got {dec.top_p}")
+        if dec.seed < 0:
+            raise MtxError(f"decode.seed must be 0 or more, got {dec.seed}")
         if d.src_lang == d.tgt_lang:
             raise MtxError("data.src_lang and data.tgt_lang must differ")
         return self

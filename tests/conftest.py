@@ -69,3 +69,41 @@ def toy_run(tmp_path_factory):
         )
         assert result.exit_code == 0, result.output
     return run
+
+
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_run(tmp_path_factory):
+    """configs/multi30k.yaml on the real data with a tiny model trained for 300 steps through
+    the CLI (about a minute on 2 CPU cores): enough to end its sentences."""
+    assert MULTI30K.is_dir(), f"the real data is missing: {MULTI30K}"
+    run = tmp_path_factory.mktemp("multi30k")
+    values = {
+        "run_dir": run,
+        "data.train": MULTI30K / "train",
+        "data.valid": MULTI30K / "val",
+        "data.test": MULTI30K / "test2016",
+        "data.vocab_size": 2000,
+        "model.d_model": 64,
+        "model.d_ff": 128,
+        "model.n_heads": 2,
+        "model.encoder_layers": 1,
+        "model.decoder_layers": 1,
+        "model.dropout": 0.1,
+        "train.max_tokens": 2048,
+        "train.max_steps": 300,
+        "train.warmup_steps": 100,
+        "train.lr_scale": 2.0,
+        "train.valid_every": 300,
+        "train.log_every": 10,
+        "train.device": "cpu",
+    }
+    sets = [x for key, value in values.items() for x in ("--set", f"{key}={value}")]
+    for command in ("prepare", "train"):
+        result = CliRunner().invoke(
+            app, [command, "--config", str(ROOT / "configs/multi30k.yaml"), *sets]
+        )
+        assert result.exit_code == 0, result.output
+    return run

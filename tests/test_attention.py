@@ -1,7 +1,8 @@
 import torch
 from torch import nn
 
-from mtx.model.attention import MultiHeadAttention
+from mtx.model.attention import MultiHeadAttention, attention
+from mtx.model.rows import linear
 
 
 def causal_mask(length):
@@ -79,3 +80,36 @@ def test_incremental_self_attention_cache_equals_causal():
     steps = [ours(x[:, t : t + 1], cache=cache) for t in range(5)]
     torch.testing.assert_close(torch.cat(steps, 1), ours(x, causal=True), atol=1e-5, rtol=1e-5)
     assert cache["k"].shape == (2, 4, 5, 8)
+
+
+def test_training_kernels_and_written_out_inference_attention_agree():
+    """Training runs torch's fused attention, inference `attention` written out: the same
+    function (dropout off), with padding masks and causally."""
+    ours, _ = copied_pair()
+    x = torch.randn(3, 7, 32)
+    keep = (torch.arange(7)[None, :] < torch.tensor([7, 4, 1])[:, None]).unsqueeze(1)
+    for kwargs in ({"mask": keep}, {"causal": True}):
+        ours.train()
+        fused = ours(x, **kwargs)
+        ours.eval()
+        torch.testing.assert_close(ours(x, **kwargs), fused, atol=1e-6, rtol=1e-5)
+
+
+def test_small_products_and_attention_give_each_row_the_numbers_of_a_large_batch():
+    """What makes translations independent of the batch: row i of a product, and sentence i's
+    attention, computed alone or among many, are equal bit for bit."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64), torch.randn(96)
+    x = torch.randn(200, 64)
+    full = linear(x, weight, bias)
+    torch.testing.assert_close(full, torch.nn.functional.linear(x, weight, bias))
+    for rows in range(1, 20):
+        assert torch.equal(linear(x[:rows], weight, bias), full[:rows]), rows
+    q, k, v = torch.randn(200, 2, 1, 32), torch.randn(200, 2, 16, 32), torch.randn(200, 2, 16, 32)
+    mask = torch.rand(200, 1, 1, 16) > 0.3
+    mask[..., 0] = True
+    full = attention(q, k, v, mask, causal=False)
+    for batch in (1, 2, 3, 7, 64):
+        assert torch.equal(
+            attention(q[:batch], k[:batch], v[:batch], mask[:batch], False), full[:batch]
+        )

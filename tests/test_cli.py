@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import MULTI30K
 from typer.testing import CliRunner
 
 from mtx.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 runner = CliRunner()
 
 
@@ -68,6 +68,32 @@ def test_translate_keeps_one_line_per_input_line_in_order(toy_run, tmp_path):
     assert single == out[5] + "\n"
 
 
+def test_translate_nbest_sampling_and_stopping_options(toy_run):
+    ckpt = toy_run / "checkpoints" / "best.pt"
+    lines = "the dog sleeps.\na cat sees the bird.\n"
+    rows = mtx("translate", "--checkpoint", ckpt, "--nbest", 3, input=lines).stdout.splitlines()
+    assert len(rows) == 6
+    fields = [row.split(" ||| ") for row in rows]
+    assert [f[0] for f in fields] == ["0", "0", "0", "1", "1", "1"]
+    for group in (fields[:3], fields[3:]):
+        scores = [float(f[2]) for f in group]
+        assert scores == sorted(scores, reverse=True) and len({f[1] for f in group}) == 3
+        assert all(float(f[3]) <= float(f[2]) <= 0 for f in group)  # log P / lp, lp >= 1
+    best = mtx("translate", "--checkpoint", ckpt, input=lines).stdout.splitlines()
+    assert best == [fields[0][1], fields[3][1]]
+    exact = mtx("translate", "--checkpoint", ckpt, "--stopping", "exact", input=lines).stdout
+    assert len(exact.splitlines()) == 2
+    sample = ["translate", "--checkpoint", ckpt, "--sample", "--temperature", 5, "--seed", 1]
+    many = "the dog sleeps.\n" * 6
+    first, again = (mtx(*sample, input=many).stdout for _ in range(2))
+    assert first == again and len(set(first.splitlines())) > 1  # seeded per line
+    assert mtx(*sample[:-1], 2, input=many).stdout != first
+    bad = runner.invoke(app, ["translate", "--checkpoint", str(ckpt), "--nbest", "9"], input="x\n")
+    assert bad.exit_code == 2 and "needs a beam of at least 9" in bad.output
+    bad = runner.invoke(app, ["translate", "--checkpoint", str(ckpt), "--top-p", "0"], input="x\n")
+    assert bad.exit_code == 2 and "decode.top_p must be in (0, 1]" in bad.output
+
+
 def test_evaluate_scores_a_hypothesis_file(tmp_path):
     (tmp_path / "hyp.de").write_text("der hund schläft.\ndie katze lacht.\n")
     (tmp_path / "ref.de").write_text("der hund schläft.\ndie katze lacht.\n")
@@ -121,48 +147,18 @@ def test_installed_console_script_runs():
         assert command in out.stdout
 
 
-def test_multi30k_prepare_train_translate_evaluate(tmp_path):
-    if not MULTI30K.is_dir():
-        pytest.skip(f"real data not found at {MULTI30K}")
-    sets = []
-    for key, value in {
-        "run_dir": tmp_path / "run",
-        "data.vocab_size": 2000,
-        "model.d_model": 64,
-        "model.d_ff": 128,
-        "model.n_heads": 2,
-        "model.encoder_layers": 1,
-        "model.decoder_layers": 1,
-        "train.max_tokens": 2048,
-        "train.max_steps": 40,
-        "train.warmup_steps": 20,
-        "train.valid_every": 40,
-        "train.log_every": 10,
-        "train.device": "cpu",
-    }.items():
-        sets += ["--set", f"{key}={value}"]
-    config = ROOT / "configs/multi30k.yaml"
-    data_sets = [
-        "--set",
-        f"data.train={MULTI30K / 'train'}",
-        "--set",
-        f"data.valid={MULTI30K / 'val'}",
-        "--set",
-        f"data.test={MULTI30K / 'test2016'}",
-    ]
-    mtx("prepare", "--config", config, *sets, *data_sets)
-    manifest = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())
+def test_multi30k_prepare_train_translate_evaluate(multi30k_run, tmp_path):
+    manifest = json.loads((multi30k_run / "prepared" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["read"] == 29000
     assert manifest["splits"]["test"]["kept"] == 1000
-    mtx("train", "--config", config, *sets, *data_sets)
-    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (multi30k_run / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["kind"] == "train"]
     assert losses[-1] < losses[0]
     src = (MULTI30K / "test2016.en").read_text().splitlines()[:50]
     ref = (MULTI30K / "test2016.de").read_text().splitlines()[:50]
     (tmp_path / "src.en").write_text("\n".join(src) + "\n")
     (tmp_path / "ref.de").write_text("\n".join(ref) + "\n")
-    ckpt = tmp_path / "run" / "checkpoints" / "best.pt"
+    ckpt = multi30k_run / "checkpoints" / "best.pt"
     scores = json.loads(
         mtx(
             "evaluate",

@@ -1,9 +1,16 @@
 import math
 
+import pytest
 import torch
 from conftest import tiny_model_config
 
-from mtx.decode.search import beam_search, greedy_search, length_penalty, max_lengths
+from mtx.decode.search import (
+    Sampling,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+)
 from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
 
 
@@ -47,7 +54,7 @@ class MyopicModel:
     vocab = 6
     A, B = 4, 5
 
-    def encode(self, src):
+    def encode(self, src, padded=True):
         return torch.zeros(src.size(0), 1, 1), torch.ones(src.size(0), 1, 1, dtype=torch.bool)
 
     def new_cache(self):
@@ -119,3 +126,114 @@ def test_every_hypothesis_ends_within_the_max_length():
         assert all(len(h.tokens) + 1 <= limit for h in hyps)
     for h, limit in zip(greedy_search(model, src, 1.0, 2), limits):
         assert len(h.tokens) + 1 <= limit
+
+
+class Uncached:
+    """`model` decoding without a key/value cache: every step recomputes the whole prefix."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def encode(self, src, padded=True):
+        return self.model.encode(src, padded)
+
+    def new_cache(self):
+        return [{}]
+
+    def decode(self, last, memory, src_mask, cache):
+        c = cache[0]
+        if "memory_out" not in c:  # "memory_*": one row per sentence, like the model's own
+            c["memory_out"] = memory
+        c["prefix"] = last if "prefix" not in c else torch.cat([c["prefix"], last], 1)
+        group = last.size(0) // c["memory_out"].size(0)
+        memory = c["memory_out"].repeat_interleave(group, 0)
+        mask = None if src_mask is None else src_mask.repeat_interleave(group, 0)
+        return self.model.decode(c["prefix"], memory, mask)[:, -1:]
+
+
+def same_hypotheses(a, b):
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    for x, y in zip(a, b):
+        assert math.isclose(x.score, y.score, abs_tol=1e-4)
+        assert math.isclose(x.log_prob, y.log_prob, abs_tol=1e-4)
+
+
+def test_cached_decoding_equals_recomputing_the_prefix():
+    model, src = random_model(), random_src(batch=6)
+    slow = Uncached(model)
+    for stopping in ("k_finished", "exact"):
+        cached = beam_search(model, src, beam=3, max_len_b=8, nbest=3, stopping=stopping)
+        uncached = beam_search(slow, src, beam=3, max_len_b=8, nbest=3, stopping=stopping)
+        for a, b in zip(cached, uncached):
+            same_hypotheses(a, b)
+    same_hypotheses(greedy_search(model, src, 1.0, 8), greedy_search(slow, src, 1.0, 8))
+    sampling, seeds = Sampling(temperature=1.5, top_k=10), [[0, i] for i in range(6)]
+    same_hypotheses(
+        greedy_search(model, src, 1.0, 8, sampling=sampling, seeds=seeds),
+        greedy_search(slow, src, 1.0, 8, sampling=sampling, seeds=seeds),
+    )
+
+
+def test_cross_attention_shares_one_memory_row_among_a_sentences_beams():
+    model, src = random_model(), random_src(batch=3)
+    memory, src_mask = model.encode(src)
+    tgt = torch.randint(4, 24, (3 * 4, 5))
+    shared = model.decode(tgt, memory, src_mask, model.new_cache())
+    repeated = model.decode(
+        tgt, memory.repeat_interleave(4, 0), src_mask.repeat_interleave(4, 0), model.new_cache()
+    )
+    torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
+    cache = model.new_cache()
+    model.decode(tgt[:, :1], memory, src_mask, cache)
+    assert cache[0]["memory_k"].size(0) == 3 and cache[0]["k"].size(0) == 12
+
+
+def test_exact_stopping_finds_what_running_to_the_maximum_length_finds():
+    better = 0
+    for seed in range(3):
+        model, src = random_model(seed=3 + seed), random_src(batch=8, seed=4 + seed)
+        for alpha in (0.0, 0.6, 1.5):
+            first_k = beam_search(model, src, beam=3, alpha=alpha, max_len_b=10, nbest=2)
+            exact = beam_search(model, src, 3, alpha, max_len_b=10, nbest=2, stopping="exact")
+            never = beam_search(model, src, 3, alpha, max_len_b=10, nbest=2, stopping="never")
+            for f, e, n in zip(first_k, exact, never):
+                same_hypotheses(e, n)
+                assert e[0].score >= f[0].score - 1e-4 and e[1].score >= f[1].score - 1e-4
+                better += e[0].score > f[0].score + 1e-4
+    assert better > 0  # stopping at K finished hypotheses does miss better ones
+
+
+def test_sampling_is_seeded_per_sentence_and_keeps_to_top_k():
+    model, src = random_model(), random_src(batch=6)
+    sampling = Sampling(temperature=2.0, top_k=3)
+    seeds = [[7, i] for i in range(6)]
+    together = greedy_search(model, src, 1.0, 8, sampling=sampling, seeds=seeds)
+    for i in range(6):
+        one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
+        alone = greedy_search(model, one, 1.0, 8, sampling=sampling, seeds=[seeds[i]])
+        same_hypotheses(alone, together[i : i + 1])
+    other = greedy_search(model, src, 1.0, 8, sampling=sampling, seeds=[[8, i] for i in range(6)])
+    assert [h.tokens for h in other] != [h.tokens for h in together]
+    # log_prob is the model's own (untempered) log-probability of the sample
+    for i, h in enumerate(together):
+        one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
+        assert math.isclose(h.log_prob, teacher_forced_logprob(model, one, h.tokens), abs_tol=1e-4)
+
+
+def test_top_k_and_top_p_keep_only_the_most_probable_tokens():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]])
+    lprobs = probs.log()
+    u = torch.linspace(0, 0.999, 200)
+    for sampling, allowed in (
+        (Sampling(top_k=2), [{0, 1}, {2, 3}]),
+        (Sampling(top_p=0.7), [{0, 1}, {2, 3}]),  # 0.5 < 0.7 <= 0.5 + 0.3
+        (Sampling(top_p=0.5), [{0}, {3}]),
+        (Sampling(top_k=3, top_p=0.99), [{0, 1, 2}, {1, 2, 3}]),
+        (Sampling(), [{0, 1, 2, 3}, {0, 1, 2, 3}]),
+    ):
+        for row in range(2):
+            picked = sampling.pick(lprobs[row].expand(200, 4), u)
+            assert set(picked.tolist()) == allowed[row], (sampling, row)
+    # the draw inverts the (renormalized) distribution: u below 0.5 / 0.8 picks token 0
+    picked = Sampling(top_k=2).pick(lprobs[:1].expand(200, 4), u)
+    assert (picked == 0).float().mean().item() == pytest.approx(0.5 / 0.8, abs=0.01)

@@ -188,9 +188,21 @@ def test_an_unpadded_training_batch_gives_attention_no_mask_tensor(monkeypatch):
         return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
-    model = _model(encoder_layers=2, decoder_layers=3)
+    model = _model(encoder_layers=2, decoder_layers=3).train()  # inference writes it out
     src, tgt = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5))
     model(src, tgt, src_padded=False)
     assert len(calls) == 2 + 2 * 3
     assert all(mask is None for mask, _ in calls)
     assert sum(causal for _, causal in calls) == 3  # the decoder self-attentions
+
+
+def test_the_packed_output_projection_equals_the_plain_one_row_for_row():
+    model = _model().eval()
+    x = torch.randn(40, model.cfg.d_model)
+    plain = model.output_projection(x)
+    assert model.pack_output_projection()  # CPU, fp32
+    packed = model.output_projection(x)
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
+    for rows in (1, 2, 5, 17):
+        assert torch.equal(model.output_projection(x[:rows]), packed[:rows])
+    assert not model.to(torch.bfloat16).pack_output_projection() and model.packed_output is None

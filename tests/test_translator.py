@@ -1,11 +1,18 @@
+import fcntl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
 import pytest
 import sentencepiece as spm
 import torch
-from conftest import tiny_model_config
+from conftest import MULTI30K, tiny_model_config
 
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.decode.translator import Translator
+from mtx.decode.translator import SOURCE_BUCKET, Translator, chunks, source_batches
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
 
@@ -37,3 +44,138 @@ def test_a_model_and_vocabulary_that_do_not_match_are_refused(spm_proto):
     model = Transformer(tiny_model_config(), 999)
     with pytest.raises(MtxError, match="do not belong together"):
         Translator(model, Config(), spm_proto, device="cpu")
+
+
+def test_chunks_send_what_has_come_when_the_input_pauses():
+    def slow():
+        yield from ["a", "b"]
+        time.sleep(0.5)
+        yield from ["c", "d", "e"]
+
+    assert list(chunks(slow(), 2)) == [["a", "b"], ["c", "d"], ["e"]]
+    assert list(chunks(slow(), 10, idle=0.1)) == [["a", "b"], ["c", "d", "e"]]
+    assert list(chunks(slow(), 2, idle=0.1)) == [["a", "b"], ["c", "d"], ["e"]]
+
+    def broken():
+        yield "a"
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        list(chunks(broken(), 10, idle=0.1))
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_translate_streams_a_pipe_with_bounded_read_ahead_and_memory(toy_run):
+    """`mtx translate` answers lines before its input ends, and on a long fast stream reads
+    only a bounded number of lines ahead of what it has written (so memory stays flat)."""
+    chunk = 16
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mtx", "translate", "--checkpoint",
+         str(toy_run / "checkpoints" / "best.pt"), "--beam", "1", "--chunk-lines", str(chunk),
+         "--device", "cpu"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
+    )  # fmt: skip
+    out = proc.stdout
+    pipe = fcntl.fcntl(proc.stdin.fileno(), fcntl.F_GETPIPE_SZ)  # bytes the pipe holds
+    try:
+        # 1. Three lines, input left open: three answers come.
+        proc.stdin.write(b"the dog sleeps .\na cat sees the bird .\nthe man reads .\n")
+        answers = [out.readline() for _ in range(3)]
+        assert all(a.endswith(b"\n") and len(a) > 1 for a in answers)
+        assert proc.poll() is None  # still running, still reading
+        # 2. A long stream written as fast as the pipe takes it, answers read as they come.
+        line = b"the old man gives the red book to the young woman in the garden .\n"
+        total, written, answered = 6000, [0], [0]
+
+        def write():
+            for _ in range(total):
+                proc.stdin.write(line)
+                written[0] += 1
+            proc.stdin.close()
+
+        def read():
+            while out.readline():
+                answered[0] += 1
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (write, read)]
+        for t in threads:
+            t.start()
+        ahead, rss = [], []
+        while answered[0] < total - 200 and proc.poll() is None:
+            time.sleep(0.2)
+            ahead.append(written[0] - answered[0])
+            if answered[0] > 500:
+                rss.append(_rss_bytes(proc.pid))
+        # What mtx may hold: a chunk being translated, one being gathered, a queue of one
+        # chunk, its stdin buffer (8 KiB) and the pipe, in lines; and a few answers not yet
+        # counted. Reading everything at once would put it thousands of lines ahead.
+        bound = 5 * chunk + (pipe + 16 * 1024) // len(line)
+        assert max(ahead) <= bound, (max(ahead), bound)
+        assert len(rss) > 3 and max(rss) - min(rss) < 20 * 2**20, (min(rss), max(rss))
+        for t in threads:
+            t.join(timeout=60)
+        assert answered[0] == total
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+
+
+def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run):
+    """All 1000 lines of Multi30k test2016: beam 4 one sentence at a time and in 8000-token
+    batches, greedy in 64- and 8000-token batches, and in reverse order: the same hypotheses,
+    bit for bit (scores included)."""
+    lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()
+    ckpt = multi30k_run / "checkpoints" / "best.pt"
+
+    def hypotheses(beam, batch_tokens, lines):
+        sets = [f"decode.beam={beam}", f"decode.batch_tokens={batch_tokens}"]
+        tr = Translator.from_checkpoint(ckpt, sets, device="cpu")
+        return [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
+
+    for beam, small in ((4, 1), (1, 64)):
+        together = hypotheses(beam, 8000, lines)
+        assert len({tuple(tokens) for tokens, _ in together}) > 300  # varied translations
+        assert hypotheses(beam, small, lines) == together
+        assert hypotheses(beam, 8000, lines[::-1]) == together[::-1]
+
+
+def test_source_batches_hold_one_padded_length_within_the_budget():
+    lengths = [3, 17, 8, 9, 1, 16, 40, 12, 5, 33] * 7
+    batches = source_batches(lengths, max_tokens=64)
+    assert sorted(i for _, idx in batches for i in idx) == list(range(len(lengths)))
+    for length, idx in batches:
+        assert length % SOURCE_BUCKET == 0
+        assert {-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET for i in idx} == {length}
+        assert len(idx) == 1 or len(idx) * length <= 64
+    assert [length for length, _ in batches] == sorted(length for length, _ in batches)
+
+
+def test_nbest_sampling_and_dtype_through_the_api(spm_proto):
+    sp = spm.SentencePieceProcessor(model_proto=spm_proto)
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), sp.get_piece_size())
+    lines = ["the dog sleeps.", "a cat sees the bird.", "the man gives a book to the child."]
+    cfg = Config()
+    cfg.decode.beam = 3
+    translator = Translator(model, cfg, spm_proto, device="cpu")
+    nbest = translator.translate_ids(lines, nbest=3)
+    assert all(len(h) == 3 and h[0].score >= h[1].score >= h[2].score for h in nbest)
+    with pytest.raises(MtxError, match="needs a beam of at least 4"):
+        translator.translate_ids(lines, nbest=4)
+    cfg.decode.sampling, cfg.decode.seed = True, 3
+    samples = translator.translate_ids(lines, nbest=4)
+    assert all(len(h) == 4 for h in samples)
+    # line i's samples depend on (seed, i) only, not on the lines around it
+    assert translator.translate_ids(lines[1:], nbest=4, first_line=1) == samples[1:]
+    cfg.decode.seed = 4
+    assert translator.translate_ids(lines, nbest=4) != samples
+    cfg.decode.sampling, cfg.decode.dtype = False, "bf16"
+    half = Translator(model, cfg, spm_proto, device="cpu")
+    assert half.model.embed.weight.dtype == torch.bfloat16
+    assert len(half.translate(lines)) == 3

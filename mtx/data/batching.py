@@ -48,10 +48,12 @@ def lengths(ds) -> tuple[np.ndarray, np.ndarray]:
     return ds.data.column("src_len").to_numpy(), ds.data.column("tgt_len").to_numpy()
 
 
-def pad(seqs: list[list[int]], prefix: int | None = None) -> Tensor:
-    """Right-pad id lists into (B, n) int64, optionally prepending `prefix` to each."""
+def pad(seqs: list[list[int]], prefix: int | None = None, length: int = 0) -> Tensor:
+    """Right-pad id lists into (B, n) int64, n at least `length`, optionally prepending `prefix`
+    to each."""
     extra = prefix is not None
-    out = torch.full((len(seqs), max(len(s) for s in seqs) + extra), PAD_ID, dtype=torch.long)
+    n = max(length, max(len(s) for s in seqs) + extra)
+    out = torch.full((len(seqs), n), PAD_ID, dtype=torch.long)
     for i, s in enumerate(seqs):
         if extra:
             out[i, 0] = prefix

@@ -1,34 +1,56 @@
-"""Greedy and beam search over a model's `encode()` / `decode()` with a key/value cache.
+"""Greedy search, sampling and beam search over a model's `encode()` / `decode()` with a cache.
 
 Shape legend: B sentences still being decoded, K beam size, V vocabulary, t steps so far.
 
 The model is anything with `encode(src) -> (memory, src_mask)`, `new_cache()`, and
 `decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)`; the cache is a list
-of dicts of tensors whose first dimension is the hypothesis.
+of dicts of tensors (`reorder_cache` in transformer.py): self-attention keys/values with one
+row per hypothesis, and the encoder output's keys/values ("memory_*") with one row per
+sentence, computed at the first step and shared by the sentence's K beams.
+
+Every search decodes incrementally, and a sentence leaves the batch as soon as it is done, so
+the work shrinks as sentences end. Nothing depends on the other sentences of a batch: the
+maximum length (a * source tokens + b, EOS included) and the stopping test are per sentence,
+padding is masked, and sampling draws each sentence's random numbers from its own seed.
+PAD, UNK and BOS are never produced; at the maximum length only EOS is allowed.
 
 Beam search (the paper's settings: K = 4, alpha = 0.6, max length = source length + 50):
 each step `beam_step` picks the best 2K continuations of the K live hypotheses of every
 sentence; those ending in EOS among the first K are finished hypotheses, scored by the
-length penalty of Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting EOS; the
-best K that do not end become the next beam. A sentence is done when it has K finished
-hypotheses, and leaves the batch. At the maximum length only EOS is allowed, so every
-sentence ends.
+length penalty of Wu et al. (2016), score(Y) = log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha,
+|Y| counting EOS; the best K that do not end become the next beam. When a sentence is done
+depends on `stopping`:
+
+- "k_finished" (the default, as fairseq, and Hugging Face with early_stopping=True): once it
+  has K finished hypotheses.
+- "exact": once no live hypothesis can still beat the n-th best finished one (n = nbest).
+  Log-probabilities only fall as a hypothesis grows, and lp grows with length, so a live
+  hypothesis of log-probability s can at best finish with s / lp(max length). The result is
+  then the one the beam would reach if every hypothesis ran to the maximum length.
+- "never": run to the maximum length (slow; the reference that "exact" is tested against).
+
+Greedy search and sampling report score = log P(Y) (no length penalty: nothing is ranked).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, reorder_cache
 
+STOPPING = ("k_finished", "exact", "never")
+assert sorted((PAD_ID, UNK_ID, BOS_ID)) == [0, 1, 2]  # the never-produced ids are a slice
+
 
 @dataclass
 class Hypothesis:
     tokens: list[int]  # output ids, without BOS and EOS
-    score: float  # sum of log-probabilities (EOS included) / length penalty
+    score: float  # what the search ranks by: log_prob / length penalty for beam search
+    log_prob: float  # sum of the model's log-probabilities of tokens and EOS
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -42,42 +64,105 @@ def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (a * src_len.float() + b).long().clamp(min=1, max=limit)
 
 
-def _log_probs(model, tokens: Tensor, memory, src_mask, cache, force_eos: Tensor) -> Tensor:
-    """(N, V) next-token log-probabilities; PAD, BOS and UNK never, EOS only where forced."""
-    logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1].float()  # (N, V)
+def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[int]) -> Tensor:
+    """(N, V) next-token log-probabilities of the N hypotheses whose last tokens are `last`
+    (N, 1): PAD, UNK and BOS never; rows `force_eos` may only end."""
+    logits = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
     lprobs = torch.log_softmax(logits, dim=-1)
-    lprobs[:, [PAD_ID, BOS_ID, UNK_ID]] = -torch.inf
-    eos = lprobs[:, EOS_ID].clone()
-    lprobs[force_eos] = -torch.inf
-    lprobs[:, EOS_ID] = eos
+    lprobs[:, :3] = -torch.inf  # PAD, UNK, BOS
+    if force_eos:
+        rows = torch.tensor(force_eos, device=lprobs.device)
+        eos = lprobs[rows, EOS_ID]
+        lprobs[rows] = -torch.inf
+        lprobs[rows, EOS_ID] = eos
     return lprobs
+
+
+@dataclass
+class Sampling:
+    """Ancestral sampling from softmax(logits / temperature), restricted to the `top_k` most
+    probable tokens (0: all) and to the smallest set whose probability reaches `top_p`."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def pick(self, lprobs: Tensor, uniform: Tensor) -> Tensor:
+        """(N, V) log-probabilities and (N,) uniform numbers in [0, 1) -> (N,) tokens, by
+        inverting each row's cumulative distribution (over token ids in order) at `uniform`."""
+        probs = torch.softmax(lprobs / self.temperature, dim=-1)
+        if 0 < self.top_k < probs.size(-1):
+            kth = probs.topk(self.top_k, dim=-1).values[:, -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            before = sorted_p.cumsum(-1) - sorted_p  # mass of the more probable tokens
+            drop = before >= self.top_p * sorted_p.sum(-1, keepdim=True)  # the first never
+            probs = probs.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), 0.0)
+        cdf = probs.cumsum(-1)
+        target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+        tok = torch.searchsorted(cdf, target, right=True).squeeze(1)
+        return tok.clamp(max=probs.size(-1) - 1)
+
+
+def sentence_uniforms(seeds: list[list[int]], steps: int) -> Tensor:
+    """(B, steps) uniform numbers, row i drawn from its own stream seeded by `seeds[i]`, so a
+    sentence samples the same output whatever batch it is decoded in."""
+    return torch.from_numpy(
+        np.stack([np.random.default_rng(s).random(steps) for s in seeds])
+    ).float()
 
 
 @torch.no_grad()
 def greedy_search(
-    model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50, limit: int = 1024
+    model,
+    src: Tensor,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    limit: int = 1024,
+    sampling: Sampling | None = None,
+    seeds: list[list[int]] | None = None,
 ) -> list[Hypothesis]:
-    """Pick the most probable token at every step; returns one hypothesis per sentence."""
-    B = src.size(0)
+    """One hypothesis per sentence of `src` (B, S): the most probable token at every step, or
+    with `sampling` a token drawn at random, sentence i's draws seeded by `seeds[i]`."""
+    B0, device = src.size(0), src.device
     memory, src_mask = model.encode(src)
-    max_len = max_lengths(src, max_len_a, max_len_b, limit)
+    max_len = max_lengths(src, max_len_a, max_len_b, limit).tolist()
+    if sampling is not None:
+        if seeds is None or len(seeds) != B0:
+            raise ValueError("sampling needs one seed per sentence")
+        uniforms = sentence_uniforms(seeds, max(max_len)).to(device)
+    alive = list(range(B0))  # original index of each sentence still decoded
+    alive_t = torch.arange(B0, device=device)
     cache = model.new_cache()
-    tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)
-    score = torch.zeros(B, device=src.device)
-    done = torch.zeros(B, dtype=torch.bool, device=src.device)
-    for t in range(int(max_len.max())):
-        lprobs = _log_probs(model, tokens, memory, src_mask, cache, t + 1 >= max_len)
-        best, tok = lprobs.max(dim=-1)
-        score = score + best.masked_fill(done, 0.0)
-        tok = tok.masked_fill(done, PAD_ID)
-        tokens = torch.cat([tokens, tok[:, None]], 1)
-        done = done | (tok == EOS_ID)
-        if done.all():
+    last = torch.full((B0, 1), BOS_ID, dtype=torch.long, device=device)
+    out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
+    for t in range(max(max_len)):
+        force = [i for i, b in enumerate(alive) if t + 1 >= max_len[b]]
+        lprobs = _log_probs(model, last, memory, src_mask, cache, force)
+        if sampling is None:
+            tok = lprobs.argmax(dim=-1)
+        else:
+            tok = sampling.pick(lprobs, uniforms[alive_t, t])
+        lp = lprobs.gather(1, tok[:, None]).squeeze(1)
+        keep = []
+        for i, (token, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
+            hyp = out[alive[i]]
+            hyp.log_prob += logp
+            if token == EOS_ID:
+                hyp.score = hyp.log_prob
+            else:
+                hyp.tokens.append(token)
+                keep.append(i)
+        if not keep:
             break
-    out = []
-    for row, s in zip(tokens[:, 1:].tolist(), score.tolist()):
-        ids = row[: row.index(EOS_ID)] if EOS_ID in row else row
-        out.append(Hypothesis(ids, s))
+        last = tok.unsqueeze(1)
+        if len(keep) < len(alive):  # finished sentences leave the batch
+            rows = torch.tensor(keep, device=device)
+            alive, alive_t = [alive[i] for i in keep], alive_t[rows]
+            last, src_mask = last[rows], None if src_mask is None else src_mask[rows]
+            cache = reorder_cache(cache, rows, rows)
+        memory = None  # from now on the cache holds its keys/values
     return out
 
 
@@ -100,48 +185,67 @@ def beam_search(
     max_len_b: int = 50,
     limit: int = 1024,
     nbest: int = 1,
+    stopping: str = "k_finished",
 ) -> list[list[Hypothesis]]:
     """The `nbest` (at most `beam`) best hypotheses of each sentence of `src` (B, S), best first."""
+    if stopping not in STOPPING:
+        raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
     K, B0, device = beam, src.size(0), src.device
-    memory, src_mask = model.encode(src)
-    memory, src_mask = memory.repeat_interleave(K, 0), src_mask.repeat_interleave(K, 0)
-    max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
-    alive = torch.arange(B0, device=device)  # original index of each sentence still decoded
+    memory, src_mask = model.encode(src)  # one row per sentence, not per beam
+    max_len = max_lengths(src, max_len_a, max_len_b, limit).tolist()
+    alive = list(range(B0))  # original index of each sentence still decoded
     cache = model.new_cache()
     tokens = torch.full((B0 * K, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t)
     scores = torch.full((B0, K), -torch.inf, device=device)
     scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
-    for t in range(int(max_len.max())):
-        B = alive.numel()
-        force_eos = (t + 1 >= max_len).repeat_interleave(K)
-        lprobs = _log_probs(model, tokens, memory, src_mask, cache, force_eos)
+
+    def _sentence_done(fin: list[Hypothesis], live_best: float, longest: int) -> bool:
+        if stopping == "k_finished":
+            return len(fin) >= K
+        if stopping == "never" or len(fin) < nbest:
+            return False
+        nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
+        return nth >= live_best / length_penalty(longest, alpha)  # live_best <= 0
+
+    for t in range(max(max_len)):
+        B = len(alive)
+        force = [i * K + j for i, b in enumerate(alive) if t + 1 >= max_len[b] for j in range(K)]
+        lprobs = _log_probs(model, tokens[:, -1:], memory, src_mask, cache, force)
         top, from_beam, tok = beam_step(scores, lprobs, K)
         rows = torch.arange(B, device=device).unsqueeze(1) * K + from_beam  # (B, 2K) flat rows
-        # Candidates ending in EOS within the first K become finished hypotheses.
-        ends = (tok == EOS_ID) & torch.isfinite(top)
-        ends[:, K:] = False
-        for b, j in ends.nonzero().tolist():
-            hyp = tokens[rows[b, j], 1:].tolist()
-            finished[alive[b]].append(
-                Hypothesis(hyp, top[b, j].item() / length_penalty(t + 1, alpha))
-            )
-        # Sentences with K finished hypotheses leave the batch.
-        done = torch.tensor([len(finished[i]) >= K for i in alive.tolist()], device=device)
-        if done.all():
+        is_eos = tok == EOS_ID
+        # One transfer to the host per step: the scores of the first K candidates where they
+        # end in EOS (NaN where not), and each sentence's best live score.
+        ended = top[:, :K].masked_fill(~is_eos[:, :K], torch.nan)
+        live_best = top.masked_fill(is_eos, -torch.inf).max(dim=1).values
+        host = torch.cat([ended, live_best.unsqueeze(1)], 1).tolist()
+        new = [(i, j) for i in range(B) for j in range(K) if host[i][j] > -torch.inf]
+        if new:  # NaN and -inf compare False: only real finished hypotheses
+            ids = rows[[i for i, _ in new], [j for _, j in new]]
+            for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
+                finished[alive[i]].append(
+                    Hypothesis(hyp, host[i][j] / length_penalty(t + 1, alpha), host[i][j])
+                )
+        done = [
+            t + 1 >= max_len[b] or _sentence_done(finished[b], host[i][K], max_len[b])
+            for i, b in enumerate(alive)
+        ]
+        if all(done):
             break
         # The best K candidates not ending in EOS continue.
-        order = (tok == EOS_ID).long() * (2 * K) + torch.arange(tok.size(1), device=device)
+        order = is_eos.long() * (2 * K) + torch.arange(tok.size(1), device=device)
         keep = order.argsort(dim=1)[:, :K]  # (B, K)
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
-        if done.any():
-            live = (~done).nonzero().squeeze(1)  # (B',)
-            alive, max_len, scores, rows, tok = (
-                x[live] for x in (alive, max_len, scores, rows, tok)
-            )
-            live_rows = (live.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
-            memory, src_mask = memory[live_rows], src_mask[live_rows]
+        sentences = None
+        if any(done):  # finished sentences leave the batch
+            live = [i for i in range(B) if not done[i]]
+            sentences = torch.tensor(live, device=device)
+            alive = [alive[i] for i in live]
+            scores, rows, tok = scores[sentences], rows[sentences], tok[sentences]
+            src_mask = None if src_mask is None else src_mask[sentences]
         rows = rows.view(-1)  # (B'*K,) rows of the previous step's hypotheses
         tokens = torch.cat([tokens[rows], tok.view(-1, 1)], 1)
-        cache = reorder_cache(cache, rows)
+        cache = reorder_cache(cache, rows, sentences)
+        memory = None  # from now on the cache holds its keys/values
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]

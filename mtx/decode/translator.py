@@ -1,11 +1,25 @@
 """Translate strings with a trained checkpoint: SentencePiece in, search, SentencePiece out.
 
-Input lines are sorted by length into token-budget batches and the output is put back in
-input order, one output line per input line (an empty input line gets a translation too).
+    translator = Translator.from_checkpoint("runs/multi30k/checkpoints/best.pt")
+    translator.translate(["A man rides a bike.", "Two dogs play."])
+
+Input lines are sorted by length into token-budget batches (`decode.batch_tokens` source
+tokens, padding included) and the output is put back in input order, one output per input
+line (an empty input line gets a translation too). A line's translation does not depend on
+the other lines, on the batch size or on the order: the search treats each sentence on its
+own (decode/search.py), sources are padded to a length of their own (`source_batches`) and
+small matrix products are padded to a fixed number of rows (model/rows.py), so a sentence is
+computed with the same numbers in any batch. With `decode.sampling`, the line numbered i
+draws its random numbers from the seed (decode.seed, i).
+
+`translate_stream` translates an endless iterable in chunks with bounded memory, yielding
+each chunk's translations as soon as they are ready.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -13,12 +27,22 @@ import torch
 
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.data.batching import pad, token_batches
-from mtx.decode.search import Hypothesis, beam_search, greedy_search
+from mtx.data.batching import pad
+from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.errors import MtxError
 from mtx.model.transformer import EOS_ID, Transformer
 from mtx.train import checkpoint
 from mtx.train.trainer import pick_device
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def decode_dtype(device: torch.device, name: str) -> torch.dtype:
+    """The dtype `decode.dtype` names; auto is bf16 on a GPU that supports it, else fp32."""
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    return DTYPES[name]
 
 
 class Translator:
@@ -26,7 +50,9 @@ class Translator:
         self, model: Transformer, cfg: Config, spm_proto: bytes, device: str = "auto"
     ) -> None:
         self.device = pick_device(device)
-        self.model = model.to(self.device).eval()
+        self.dtype = decode_dtype(self.device, cfg.decode.dtype)
+        self.model = model.to(self.device, self.dtype).eval()
+        self.model.pack_output_projection()
         self.cfg = cfg
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:
@@ -46,20 +72,49 @@ class Translator:
         ids = self.sp.encode(" ".join(line.split()))[: self.model.cfg.max_positions - 1]
         return ids + [EOS_ID]
 
-    def search(self, src: torch.Tensor, nbest: int = 1) -> list[list[Hypothesis]]:
+    def check_nbest(self, nbest: int) -> None:
+        d = self.cfg.decode
+        if nbest < 1:
+            raise MtxError(f"--nbest must be at least 1, got {nbest}")
+        if not d.sampling and nbest > d.beam:
+            raise MtxError(f"--nbest {nbest} needs a beam of at least {nbest} (or sampling)")
+
+    def search(
+        self, src: torch.Tensor, nbest: int = 1, lines: list[int] | None = None
+    ) -> list[list[Hypothesis]]:
+        """The `nbest` hypotheses of each sentence of `src` (B, S), best first; with sampling,
+        `nbest` samples of each, `lines` giving each sentence's line number (its seed)."""
+        self.check_nbest(nbest)
         d = self.cfg.decode
         limit = self.model.cfg.max_positions - 1
+        if d.sampling:
+            lines = list(range(src.size(0))) if lines is None else lines
+            seeds = [[d.seed, i, j] for i in lines for j in range(nbest)]
+            sampling = Sampling(d.temperature, d.top_k, d.top_p)
+            hyps = greedy_search(
+                self.model, src.repeat_interleave(nbest, 0), d.max_len_a, d.max_len_b, limit,
+                sampling, seeds,
+            )  # fmt: skip
+            groups = [hyps[i : i + nbest] for i in range(0, len(hyps), nbest)]
+            return [sorted(g, key=lambda h: -h.score) for g in groups]
         if d.beam == 1:
             return [[h] for h in greedy_search(self.model, src, d.max_len_a, d.max_len_b, limit)]
-        return beam_search(self.model, src, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, nbest)
+        return beam_search(
+            self.model, src, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, nbest, d.stopping
+        )
 
-    def translate_ids(self, lines: list[str], nbest: int = 1) -> list[list[Hypothesis]]:
+    def translate_ids(
+        self, lines: list[str], nbest: int = 1, first_line: int = 0
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses of each line, in input order; `first_line` numbers the first line
+        (for sampling seeds when `lines` is one chunk of a longer input)."""
+        self.check_nbest(nbest)
         ids = [self.encode(line) for line in lines]
-        lens = [len(x) for x in ids]
         out: list[list[Hypothesis]] = [[] for _ in lines]
-        for batch in token_batches(lens, lens, self.cfg.decode.batch_tokens):
-            src = pad([ids[i] for i in batch]).to(self.device)
-            for i, hyps in zip(batch.tolist(), self.search(src, nbest)):
+        for length, batch in source_batches([len(x) for x in ids], self.cfg.decode.batch_tokens):
+            src = pad([ids[i] for i in batch], length=length).to(self.device)
+            numbers = [first_line + i for i in batch]
+            for i, hyps in zip(batch, self.search(src, nbest, numbers)):
                 out[i] = hyps
         return out
 
@@ -70,13 +125,99 @@ class Translator:
     def detokenize(self, ids: list[int]) -> str:
         return " ".join(self.sp.decode(ids).split())  # never a newline inside a line
 
-    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 512) -> Iterator[str]:
+    def hypotheses_stream(
+        self,
+        lines: Iterable[str],
+        chunk_lines: int = 512,
+        idle: float | None = None,
+        nbest: int = 1,
+    ) -> Iterator[list[Hypothesis]]:
+        """`translate_ids` over an endless iterable, chunk by chunk (see `chunks`)."""
+        self.check_nbest(nbest)
+        first = 0
+        for chunk in chunks(lines, chunk_lines, idle):
+            yield from self.translate_ids(chunk, nbest, first)
+            first += len(chunk)
+
+    def translate_stream(
+        self, lines: Iterable[str], chunk_lines: int = 512, idle: float | None = None
+    ) -> Iterator[str]:
         """Translate an endless iterable chunk by chunk, yielding outputs in order."""
-        chunk: list[str] = []
+        for hyps in self.hypotheses_stream(lines, chunk_lines, idle):
+            yield self.detokenize(hyps[0].tokens)
+
+
+SOURCE_BUCKET = 8
+
+
+def source_batches(lengths: list[int], max_tokens: int) -> list[tuple[int, list[int]]]:
+    """(padded length, line indices) of translation batches, shortest first.
+
+    Each source is padded to a multiple of SOURCE_BUCKET tokens, and a batch holds sources of
+    one padded length, at most `max_tokens` tokens of them (at least one source). A sentence
+    is then computed with the same shapes, and so the same numbers, alone or in any batch.
+    """
+    buckets: dict[int, list[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        buckets.setdefault(-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET, []).append(i)
+    out = []
+    for length, idx in sorted(buckets.items()):
+        size = max(1, max_tokens // length)
+        out += [(length, idx[j : j + size]) for j in range(0, len(idx), size)]
+    return out
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def chunks(lines: Iterable[str], size: int, idle: float | None = None) -> Iterator[list[str]]:
+    """Lists of `size` consecutive lines (the last one shorter).
+
+    With `idle` (seconds), `lines` is read by a background thread and a shorter list goes out
+    as soon as no line has come for `idle` seconds: a slow pipe or a person typing gets each
+    answer without waiting for `size` lines. The reader runs at most `size` lines ahead, so
+    memory stays bounded however long the input is.
+    """
+    if size < 1:
+        raise MtxError(f"--chunk-lines must be at least 1, got {size}")
+    chunk: list[str] = []
+    if idle is None:
         for line in lines:
             chunk.append(line)
-            if len(chunk) >= chunk_lines:
-                yield from self.translate(chunk)
+            if len(chunk) >= size:
+                yield chunk
                 chunk = []
         if chunk:
-            yield from self.translate(chunk)
+            yield chunk
+        return
+    pending: queue.Queue = queue.Queue(maxsize=size)
+    end = object()
+
+    def read() -> None:
+        try:
+            for line in lines:
+                pending.put(line)
+        except BaseException as e:  # handed to the consumer, which raises it
+            pending.put(_Failed(e))
+        pending.put(end)
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        try:
+            item = pending.get(timeout=idle) if chunk else pending.get()
+        except queue.Empty:  # the input has paused: answer what has come
+            yield chunk
+            chunk = []
+            continue
+        if item is end:
+            break
+        if isinstance(item, _Failed):
+            raise item.error
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
+from mtx.model.rows import linear
 
 
 class FeedForward(nn.Module):
@@ -23,7 +24,8 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.relu(self.fc1(x)))
+        h = F.relu(linear(x, self.fc1.weight, self.fc1.bias))
+        return linear(h, self.fc2.weight, self.fc2.bias)
 
 
 class EncoderLayer(nn.Module):
