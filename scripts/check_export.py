@@ -9,8 +9,7 @@ Exports the checkpoint both ways into a temporary directory, then reports:
 - the largest log-probability difference between mtx and CTranslate2 (`score_batch`);
 - the share of lines translated identically with greedy search and with beam search
   (beam 4, alpha 0, so that every engine ranks by the summed log-probability: Marian and
-  CTranslate2 divide by length ** alpha, mtx by ((5 + length) / 6) ** alpha). Each engine
-  gets mtx's output length limit (source tokens + 50, one limit per batch);
+  CTranslate2 divide by length ** alpha, mtx by ((5 + length) / 6) ** alpha; see peers.py);
 - for CTranslate2's beam differences, how many are outputs the model scores higher (its beam
   search runs until the best candidate ends, mtx's until K hypotheses have ended).
 """
@@ -20,65 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from peers import ct2_translate, hf_translate
 
 from mtx.config import DecodeConfig
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
 from mtx.decode.translator import Translator
 from mtx.export import export
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-SUPPRESS = (PAD_ID, UNK_ID, BOS_ID)
-
-
-def by_limit(tr: Translator, lines: list[str]):
-    groups = defaultdict(list)
-    for i, line in enumerate(lines):
-        groups[len(tr.encode(line)) - 1 + tr.cfg.decode.max_len_b].append(i)
-    return sorted(groups.items())
-
-
-def hf_translate(hf, tokenizer, tr, lines, beam, batch=32) -> list[str]:
-    out = [""] * len(lines)
-    for limit, idx in by_limit(tr, lines):
-        for j in range(0, len(idx), batch):
-            part = idx[j : j + batch]
-            enc = tokenizer([lines[i] for i in part], return_tensors="pt", padding=True)
-            with torch.no_grad():
-                ids = hf.generate(
-                    **enc,
-                    num_beams=beam,
-                    length_penalty=0.0,
-                    early_stopping=True,
-                    max_new_tokens=limit,
-                    bad_words_ids=[[i] for i in SUPPRESS],
-                )
-            for i, text in zip(part, tokenizer.batch_decode(ids, skip_special_tokens=True)):
-                out[i] = text
-    return out
-
-
-def ct2_translate(ct2, tr, lines, beam) -> list[tuple[list[int], float]]:
-    sp = tr.sp
-    out: list = [None] * len(lines)
-    for limit, idx in by_limit(tr, lines):
-        results = ct2.translate_batch(
-            [sp.encode(lines[i], out_type=str) for i in idx],
-            beam_size=beam,
-            length_penalty=0.0,
-            max_decoding_length=limit - 1,  # CTranslate2 does not count the EOS
-            suppress_sequences=[[sp.id_to_piece(i)] for i in SUPPRESS],
-            return_scores=True,
-            max_batch_size=64,
-        )
-        for i, r in zip(idx, results):
-            out[i] = ([sp.piece_to_id(p) for p in r.hypotheses[0]], r.scores[0])
-    return out
+from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID
 
 
 def main() -> None:
@@ -90,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import ctranslate2
-    from transformers import MarianMTModel, MarianTokenizer
+    from transformers import MarianMTModel
 
     torch.manual_seed(0)
     lines = list(read_lines(args.src))
@@ -103,7 +55,6 @@ def main() -> None:
         export(args.checkpoint, "hf", Path(tmp) / "hf")
         export(args.checkpoint, "ctranslate2", Path(tmp) / "ct2")
         hf = MarianMTModel.from_pretrained(Path(tmp) / "hf").eval()
-        tokenizer = MarianTokenizer.from_pretrained(Path(tmp) / "hf")
         ct2 = ctranslate2.Translator(str(Path(tmp) / "ct2"), device="cpu")
 
         mtx_beam = tr.translate_ids(lines)
@@ -130,8 +81,8 @@ def main() -> None:
             expected = lp[b, torch.arange(len(target)), target]
             lprob_diff = max(lprob_diff, (expected - torch.tensor(r.log_probs)).abs().max().item())
 
-        hf_greedy = hf_translate(hf, tokenizer, tr, lines, 1)
-        hf_beam = hf_translate(hf, tokenizer, tr, lines, 4)
+        hf_greedy = hf_translate(hf, tr, lines, 1)
+        hf_beam = hf_translate(hf, tr, lines, 4)
         ct2_greedy = ct2_translate(ct2, tr, lines, 1)
         ct2_beam = ct2_translate(ct2, tr, lines, 4)
 

@@ -1,13 +1,15 @@
 """`mtx export`: the Hugging Face MarianMT and CTranslate2 exports compute what mtx computes."""
 
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import replace
 
 import ctranslate2
 import pytest
 import torch
-from conftest import tiny_model_config
+from conftest import ROOT, tiny_model_config
 from transformers import MarianMTModel, MarianTokenizer
 
 from mtx.config import Config, DecodeConfig
@@ -195,3 +197,23 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
     with pytest.raises(MtxError, match="already exists"):
         export(best, "hf", tmp_path / "taken")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # nothing half-written
+
+
+def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test, tmp_path):
+    """scripts/bench_decode.py: each engine translates the same batches; the peers (same
+    weights, alpha 0, mtx's length limit) give mtx's greedy output."""
+    src = tmp_path / "src.en"
+    src.write_text("".join(line + "\n" for line in toy_test[:40]), encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), "--checkpoint",
+         str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--beam", "1",
+         "--batch", "8", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = {r["engine"]: r for r in json.loads(out.stdout.splitlines()[-1])["results"]}
+    assert set(rows) == {"mtx", "hf", "ct2", "ct2-int8"}
+    assert all(r["lines"] == 40 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert rows["hf"]["same_as_mtx"] == rows["ct2"]["same_as_mtx"] == 1.0
+    assert rows["mtx"]["speedup_vs_hf"] == pytest.approx(
+        rows["mtx"]["tokens_per_s"] / rows["hf"]["tokens_per_s"]
+    )

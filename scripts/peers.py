@@ -1,0 +1,83 @@
+"""mtx's weights in the two peer engines, Hugging Face MarianMT (`mtx export --format hf`)
+and CTranslate2 (`--format ctranslate2`), decoding as mtx does: for scripts/check_export.py
+and scripts/bench_decode.py.
+
+Every engine gets mtx's output length limit (source tokens + 50, EOS included) and alpha 0 (the
+only setting at which the three length penalties rank alike), and never produces PAD, UNK or
+BOS. The limit is per sentence in mtx and per batch in the peers, so batches hold sentences of
+one source length (`batches`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from mtx.data.batching import pad
+from mtx.decode.translator import Translator
+from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+SUPPRESS = (PAD_ID, UNK_ID, BOS_ID)
+
+
+def batches(tr: Translator, lines: list[str], size: int) -> list[tuple[int, list[int]]]:
+    """(output length limit, line indices) of batches of at most `size` lines, each of one
+    source length, shortest first."""
+    groups = defaultdict(list)
+    for i, line in enumerate(lines):
+        groups[len(tr.encode(line)) - 1 + tr.cfg.decode.max_len_b].append(i)
+    return [
+        (limit, idx[j : j + size]) for limit, idx in sorted(groups.items())
+        for j in range(0, len(idx), size)
+    ]  # fmt: skip
+
+
+def hf_generate(hf, src: torch.Tensor, limit: int, beam: int) -> list[list[int]]:
+    """MarianMT `generate` on mtx-encoded sources (B, S) -> output ids without BOS and EOS."""
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=src,
+            attention_mask=src != PAD_ID,
+            num_beams=beam,
+            length_penalty=0.0,
+            early_stopping=True,
+            max_new_tokens=limit,
+            bad_words_ids=[[i] for i in SUPPRESS],
+        )
+    ids = []
+    for row in out[:, 1:].tolist():  # drop the decoder start (BOS)
+        ids.append(row[: row.index(EOS_ID)] if EOS_ID in row else [t for t in row if t != PAD_ID])
+    return ids
+
+
+def ct2_generate(ct2, tr: Translator, pieces: list[list[str]], limit: int, beam: int):
+    """CTranslate2 `translate_batch` on SentencePiece pieces -> (output ids, score) each."""
+    results = ct2.translate_batch(
+        pieces,
+        beam_size=beam,
+        length_penalty=0.0,
+        max_decoding_length=limit - 1,  # CTranslate2 does not count the EOS
+        suppress_sequences=[[tr.sp.id_to_piece(i)] for i in SUPPRESS],
+        return_scores=True,
+        max_batch_size=len(pieces),
+    )
+    return [([tr.sp.piece_to_id(p) for p in r.hypotheses[0]], r.scores[0]) for r in results]
+
+
+def hf_translate(hf, tr: Translator, lines: list[str], beam: int, size: int = 32) -> list[str]:
+    out = [""] * len(lines)
+    for limit, idx in batches(tr, lines, size):
+        src = pad([tr.encode(lines[i]) for i in idx])
+        for i, ids in zip(idx, hf_generate(hf, src, limit, beam)):
+            out[i] = tr.detokenize(ids)
+    return out
+
+
+def ct2_translate(ct2, tr: Translator, lines: list[str], beam: int, size: int = 64):
+    out: list = [None] * len(lines)
+    for limit, idx in batches(tr, lines, size):
+        pieces = [tr.sp.encode(lines[i], out_type=str) for i in idx]
+        for i, result in zip(idx, ct2_generate(ct2, tr, pieces, limit, beam)):
+            out[i] = result
+    return out
