@@ -27,7 +27,8 @@ def spm_proto():
 def test_translator_keeps_order_and_one_output_per_input(spm_proto):
     sp = spm.SentencePieceProcessor(model_proto=spm_proto)
     torch.manual_seed(0)
-    model = Transformer(tiny_model_config(), sp.get_piece_size())
+    # max_positions 100: the long line is cut to 100 tokens, which is no multiple of 8
+    model = Transformer(tiny_model_config(max_positions=100), sp.get_piece_size())
     cfg = Config()
     cfg.decode.batch_tokens = 16  # forces several batches
     translator = Translator(model, cfg, spm_proto, device="cpu")
@@ -154,6 +155,8 @@ def test_source_batches_hold_one_padded_length_within_the_budget():
         assert {-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET for i in idx} == {length}
         assert len(idx) == 1 or len(idx) * length <= 64
     assert [length for length, _ in batches] == sorted(length for length, _ in batches)
+    # never padded past the longest source the model takes
+    assert {length for length, _ in source_batches([3, 9, 10, 10], 64, limit=10)} == {8, 10}
 
 
 def test_nbest_sampling_and_dtype_through_the_api(spm_proto):

@@ -111,7 +111,8 @@ class Translator:
         self.check_nbest(nbest)
         ids = [self.encode(line) for line in lines]
         out: list[list[Hypothesis]] = [[] for _ in lines]
-        for length, batch in source_batches([len(x) for x in ids], self.cfg.decode.batch_tokens):
+        lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
+        for length, batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit):
             src = pad([ids[i] for i in batch], length=length).to(self.device)
             numbers = [first_line + i for i in batch]
             for i, hyps in zip(batch, self.search(src, nbest, numbers)):
@@ -150,16 +151,20 @@ class Translator:
 SOURCE_BUCKET = 8
 
 
-def source_batches(lengths: list[int], max_tokens: int) -> list[tuple[int, list[int]]]:
+def source_batches(
+    lengths: list[int], max_tokens: int, limit: int = 1 << 30
+) -> list[tuple[int, list[int]]]:
     """(padded length, line indices) of translation batches, shortest first.
 
-    Each source is padded to a multiple of SOURCE_BUCKET tokens, and a batch holds sources of
-    one padded length, at most `max_tokens` tokens of them (at least one source). A sentence
-    is then computed with the same shapes, and so the same numbers, alone or in any batch.
+    Each source is padded to a multiple of SOURCE_BUCKET tokens (at most `limit`, the longest
+    source the model takes), and a batch holds sources of one padded length, at most
+    `max_tokens` tokens of them (at least one source). A sentence is then computed with the
+    same shapes, and so the same numbers, alone or in any batch.
     """
     buckets: dict[int, list[int]] = {}
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        buckets.setdefault(-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET, []).append(i)
+        padded = min(-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET, max(limit, lengths[i]))
+        buckets.setdefault(padded, []).append(i)
     out = []
     for length, idx in sorted(buckets.items()):
         size = max(1, max_tokens // length)
