@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 import torch
+from peers import batches, ct2_generate, hf_generate
 
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
 from mtx.decode.translator import Translator
 from mtx.export import export
-from peers import batches, ct2_generate, hf_generate
 
 ENGINES = ("mtx", "hf", "ct2", "ct2-int8")
 
@@ -131,7 +131,9 @@ def main() -> None:
     if args.json:
         print(json.dumps({"device": args.device, "threads": args.threads, "results": results}))
         return
-    print(f"{len(order)} lines, batches of {args.batch}, device {args.device}, threads {args.threads}")
+    print(
+        f"{len(order)} lines, batches of {args.batch}, device {args.device}, threads {args.threads}"
+    )
     print("| engine | beam | seconds | sentences/s | tokens/s | same as mtx |")
     print("|---|---|---|---|---|---|")
     for r in results:

@@ -205,4 +205,5 @@ def test_the_packed_output_projection_equals_the_plain_one_row_for_row():
     torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
     for rows in (1, 2, 5, 17):
         assert torch.equal(model.output_projection(x[:rows]), packed[:rows])
+    assert torch.equal(model.train().output_projection(x), plain)  # training: the weights
     assert not model.to(torch.bfloat16).pack_output_projection() and model.packed_output is None

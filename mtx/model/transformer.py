@@ -107,7 +107,7 @@ class Transformer(nn.Module):
 
     def output_projection(self, x: Tensor) -> Tensor:
         """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection."""
-        if self.packed_output is None:
+        if self.packed_output is None or self.training:
             return linear(x, self.embed.weight)
         flat = x.reshape(-1, x.size(-1))
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_output, None, "none", [], "")
