@@ -360,7 +360,9 @@ def bench(
     config: ConfigOpt = None,
     set: SetOpt = None,
     steps: Annotated[int, typer.Option(min=1, help="Updates timed.")] = 20,
-    warmup: Annotated[int, typer.Option(min=0, help="Updates run before timing.")] = 5,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Updates run before timing, cycling through the timed ones.")
+    ] = 5,
     synthetic: Annotated[
         bool, typer.Option(help="Random token batches instead of RUN/prepared's training data.")
     ] = False,

@@ -2,7 +2,7 @@
 
     python scripts/bench_decode.py --checkpoint RUN/checkpoints/best.pt \
         --src ../shared/data/multi30k/test2016.en [--batch 32] [--beam 4 --beam 1] \
-        [--threads 2] [--device cpu] [--lines N] [--json]
+        [--threads 2] [--device cpu] [--dtype fp32] [--lines N] [--json]
 
 The checkpoint is exported both ways into a temporary directory (`mtx export`). Every engine
 then translates the same batches of pre-encoded sentences (at most --batch sentences of one
@@ -30,6 +30,13 @@ from mtx.decode.translator import Translator
 from mtx.export import export
 
 ENGINES = ("mtx", "hf", "ct2", "ct2-int8")
+# --dtype: torch's dtype (mtx, Hugging Face) and CTranslate2's compute type (its int8 engine
+# keeps int8 weights and computes the rest in this type)
+DTYPES = {
+    "fp32": (torch.float32, "float32", "int8_float32"),
+    "bf16": (torch.bfloat16, "bfloat16", "int8_bfloat16"),
+    "fp16": (torch.float16, "float16", "int8_float16"),
+}
 
 
 def timed(run, inputs) -> tuple[float, list[list[int]]]:
@@ -51,6 +58,7 @@ def main() -> None:
     ap.add_argument("--beam", type=int, action="append", help="beam sizes (default 4 and 1)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of every engine")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="every engine's")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -60,7 +68,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lines = list(read_lines(args.src))
     lines = lines[: args.lines] if args.lines else lines
-    tr = Translator.from_checkpoint(args.checkpoint, ["decode.alpha=0"], device=args.device)
+    overrides = ["decode.alpha=0", f"decode.dtype={args.dtype}"]
+    tr = Translator.from_checkpoint(args.checkpoint, overrides, device=args.device)
+    torch_dtype, ct2_type, ct2_int8_type = DTYPES[args.dtype]
     plan = batches(tr, lines, args.batch)
     order = [i for _, idx in plan for i in idx]
     srcs = [(pad([tr.encode(lines[i]) for i in idx]), limit) for limit, idx in plan]
@@ -75,41 +85,48 @@ def main() -> None:
                 tr.cfg.decode.beam = beam
                 return [h[0].tokens for h in tr.search(src.to(tr.device))]
 
-            runners["mtx"] = (run_mtx, srcs)
+            runners["mtx"] = (run_mtx, srcs, str(tr.dtype).removeprefix("torch."))
         if "hf" in engines:
             from transformers import MarianMTModel
 
             export(args.checkpoint, "hf", Path(tmp) / "hf")
-            hf = MarianMTModel.from_pretrained(Path(tmp) / "hf").to(args.device).eval()
+            hf = MarianMTModel.from_pretrained(Path(tmp) / "hf").to(args.device, torch_dtype).eval()
 
             def run_hf(src, limit, beam):
                 return hf_generate(hf, src.to(args.device), limit, beam)
 
-            runners["hf"] = (run_hf, srcs)
-        for name, quantization in (("ct2", None), ("ct2-int8", "int8")):
+            runners["hf"] = (run_hf, srcs, str(hf.dtype).removeprefix("torch."))
+        for name, quantization, compute in (
+            ("ct2", None, ct2_type),
+            ("ct2-int8", "int8", ct2_int8_type),
+        ):
             if name not in engines:
                 continue
             import ctranslate2
 
             export(args.checkpoint, "ctranslate2", Path(tmp) / name, quantization)
             model = ctranslate2.Translator(
-                str(Path(tmp) / name), device=args.device, intra_threads=args.threads
+                str(Path(tmp) / name),
+                device=args.device,
+                intra_threads=args.threads,
+                compute_type=compute,
             )
 
             def run_ct2(batch, limit, beam, model=model):
                 return [ids for ids, _ in ct2_generate(model, tr, batch, limit, beam)]
 
-            runners[name] = (run_ct2, pieces)
+            runners[name] = (run_ct2, pieces, model.compute_type)
 
         for beam in beams:
             reference = None
             for name in engines:
-                run, inputs = runners[name]
+                run, inputs, dtype = runners[name]
                 seconds, outputs = timed(run, [(*x, beam) for x in inputs])
                 tokens = sum(len(o) for o in outputs)
                 results.append(
                     {
                         "engine": name,
+                        "dtype": dtype,
                         "beam": beam,
                         "batch": args.batch,
                         "lines": len(order),
@@ -129,10 +146,20 @@ def main() -> None:
             if r["engine"] == "mtx" and (peer, r["beam"]) in by:
                 r[f"speedup_vs_{peer}"] = r["tokens_per_s"] / by[(peer, r["beam"])]["tokens_per_s"]
     if args.json:
-        print(json.dumps({"device": args.device, "threads": args.threads, "results": results}))
+        print(
+            json.dumps(
+                {
+                    "device": args.device,
+                    "dtype": args.dtype,
+                    "threads": args.threads,
+                    "results": results,
+                }
+            )
+        )
         return
     print(
-        f"{len(order)} lines, batches of {args.batch}, device {args.device}, threads {args.threads}"
+        f"{len(order)} lines, batches of {args.batch}, device {args.device}, {args.dtype}, "
+        f"threads {args.threads}"
     )
     print("| engine | beam | seconds | sentences/s | tokens/s | same as mtx |")
     print("|---|---|---|---|---|---|")

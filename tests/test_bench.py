@@ -174,3 +174,24 @@ def test_bench_reference_script_runs_and_reports_the_ratio(tmp_path, prepared):
     ratios = re.findall(r"mtx is (\d+\.\d\d)x", out.stdout)
     assert len(ratios) == 3 and ratios[0] == "1.00"
     assert out.stdout.count("round ") == 2
+
+
+def test_the_warm_up_cycles_through_the_timed_updates(monkeypatch):
+    """Work done once per batch shape must be over before the clock starts: every batch the
+    warm-up runs is one of the timed ones, and with warm-up >= steps each timed one is seen."""
+    import mtx.bench as mb
+
+    seen = []
+    monkeypatch.setattr(
+        mb,
+        "train_step",
+        lambda model, opt, group, cfg, step, prec: seen.append((step, [id(b) for b in group])),
+    )
+    cfg = Config()
+    cfg.model = tiny_model_config()
+    cfg.train.device, cfg.train.max_tokens, cfg.train.update_freq = "cpu", 64, 2
+    mb.bench(cfg, steps=3, warmup=4, synthetic=True, length=6)
+    warm, timed = seen[:4], seen[4:]
+    assert [s for s, _ in seen] == list(range(1, 8))
+    assert [g for _, g in warm] == [g for _, g in timed] + [timed[0][1]]
+    assert len({i for _, g in timed for i in g}) == 6  # 3 updates of 2 distinct batches

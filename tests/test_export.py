@@ -217,3 +217,19 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
     assert rows["mtx"]["speedup_vs_hf"] == pytest.approx(
         rows["mtx"]["tokens_per_s"] / rows["hf"]["tokens_per_s"]
     )
+    assert [rows[e]["dtype"] for e in ("mtx", "hf")] == ["float32"] * 2
+
+
+def test_the_decoding_race_runs_every_engine_in_the_dtype_asked(toy_run, toy_test, tmp_path):
+    src = tmp_path / "src.en"
+    src.write_text("".join(line + "\n" for line in toy_test[:16]), encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), "--checkpoint",
+         str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--beam", "1",
+         "--batch", "8", "--dtype", "bf16", "--engines", "mtx,hf", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["dtype"] == "bf16"
+    assert [r["dtype"] for r in report["results"]] == ["bfloat16"] * 2
+    assert all(r["lines"] == 16 and r["tokens_per_s"] > 0 for r in report["results"])
