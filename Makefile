@@ -28,6 +28,7 @@ demo: install
 	$(BIN)/mtx translate --checkpoint $(RUN)/checkpoints/best.pt < $(RUN)/toy-test.en > $(RUN)/toy-test.hyp.de
 	head -n 3 $(RUN)/toy-test.en $(RUN)/toy-test.hyp.de
 	$(BIN)/mtx evaluate --hyp $(RUN)/toy-test.hyp.de --ref $(RUN)/toy-test.de
+	$(BIN)/mtx plot $(RUN)
 
 test: install
 	$(BIN)/python -m pytest -m "not slow" -q

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -180,6 +181,16 @@ def translate(
     chunk_lines: Annotated[
         int, typer.Option(help="Most lines translated together from the stream.")
     ] = 512,
+    attention_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write each line's encoder-decoder attention here: NNNNNN.png (averaged over "
+            "layers and heads) and NNNNNN.json (subwords, weights, alignment)."
+        ),
+    ] = None,
+    every_head: Annotated[
+        bool, typer.Option("--every-head", help="With --attention-dir: also each layer and head.")
+    ] = False,
 ) -> None:
     """Translate stdin to stdout, one line per line, in order, as the input arrives."""
     translator = _translator(
@@ -188,13 +199,28 @@ def translate(
         top_k=top_k, top_p=top_p, seed=seed,
     )  # fmt: skip
     run(translator.check_nbest, nbest)
+    if every_head and attention_dir is None:
+        fail("--every-head needs --attention-dir")
+    if attention_dir is not None:
+        from mtx.plot import _pyplot
+
+        run(_pyplot)  # a missing matplotlib fails before any work
+        run(attention_dir.mkdir, parents=True, exist_ok=True)
 
     def write_all() -> None:
         out = sys.stdout
         lines = read_lines(sys.stdin.buffer)
+        sources: deque[str] = deque()  # lines read but not yet written (bounded by the stream)
+        if attention_dir is not None:
+            lines = _recorded(lines, sources)
         stream = translator.hypotheses_stream(lines, chunk_lines, STREAM_IDLE_S, nbest)
         try:
             for number, hyps in enumerate(stream):
+                if attention_dir is not None:
+                    from mtx.plot import write_attention
+
+                    record = translator.cross_attention(sources.popleft(), hyps[0].tokens)
+                    write_attention(attention_dir, number + 1, record, every_head)
                 for h in hyps:
                     text = translator.detokenize(h.tokens)
                     if nbest > 1:
@@ -205,6 +231,12 @@ def translate(
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     run(write_all)
+
+
+def _recorded(lines: Iterator[str], seen: deque) -> Iterator[str]:
+    for line in lines:
+        seen.append(line)
+        yield line
 
 
 def _read_text(path: Path) -> list[str]:
@@ -306,6 +338,21 @@ def info(
             f"data: {split} {data['source']} ({data['kept']:,} pairs, "
             f"sha256 {data.get('pairs_sha256', '?')[:12]})"
         )
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (holding metrics.jsonl).")],
+    output: Annotated[
+        Path | None, typer.Option(help="The PNG to write (default: RUN_DIR/curves.png).")
+    ] = None,
+) -> None:
+    """Draw a run's training and validation curves (loss, perplexity, BLEU where logged,
+    learning rate, tokens/s) into a PNG."""
+    from mtx.plot import plot_run
+
+    path, panels = run(plot_run, run_dir, output)
+    log(f"wrote {path} ({', '.join(panels)})")
 
 
 @app.command()

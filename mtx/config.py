@@ -46,6 +46,9 @@ class ModelConfig:
     attention_dropout: float = 0.0  # on attention weights (not in the paper)
     max_positions: int = 1024  # length of the sinusoidal position table
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon
+    norm: str = "post"  # residual placement: post (the paper: LN(x + f(x))) or pre (x + f(LN(x)))
+    positions: str = "sinusoidal"  # sinusoidal (the paper), learned, or relative (Shaw et al.)
+    max_relative_position: int = 16  # relative positions: distances clipped to [-k, k]
 
 
 @dataclass
@@ -152,6 +155,16 @@ class Config:
         if d.max_len + 1 > m.max_positions:
             raise MtxError(
                 f"data.max_len ({d.max_len}) plus EOS must fit model.max_positions ({m.max_positions})"
+            )
+        if m.norm not in ("post", "pre"):
+            raise MtxError(f"model.norm must be post or pre, got {m.norm!r}")
+        if m.positions not in ("sinusoidal", "learned", "relative"):
+            raise MtxError(
+                f"model.positions must be sinusoidal, learned or relative, got {m.positions!r}"
+            )
+        if m.max_relative_position < 0:
+            raise MtxError(
+                f"model.max_relative_position must be 0 or more, got {m.max_relative_position}"
             )
         dec = self.decode
         if dec.stopping not in ("k_finished", "exact", "never"):

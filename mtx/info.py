@@ -32,9 +32,14 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
     return {
         "source": target,
         "architecture": (
-            f"transformer post-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
+            f"transformer {m.norm}-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
             f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, "
-            f"shared embeddings, sinusoidal positions"
+            f"shared embeddings, {m.positions} positions"
+            + (
+                f" (distances clipped at {m.max_relative_position})"
+                if m.positions == "relative"
+                else ""
+            )
         ),
         "parameters": params,
         "vocab_size": vocab_size,

@@ -1,3 +1,6 @@
+import math
+
+import pytest
 import torch
 from torch import nn
 
@@ -108,8 +111,80 @@ def test_small_products_and_attention_give_each_row_the_numbers_of_a_large_batch
     q, k, v = torch.randn(200, 2, 1, 32), torch.randn(200, 2, 16, 32), torch.randn(200, 2, 16, 32)
     mask = torch.rand(200, 1, 1, 16) > 0.3
     mask[..., 0] = True
-    full = attention(q, k, v, mask, causal=False)
+    full = attention(q, k, v, mask, causal=False)[0]
     for batch in (1, 2, 3, 7, 64):
         assert torch.equal(
-            attention(q[:batch], k[:batch], v[:batch], mask[:batch], False), full[:batch]
+            attention(q[:batch], k[:batch], v[:batch], mask[:batch], False)[0], full[:batch]
         )
+
+
+def shaw_reference(mha: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Shaw et al. (2018) equations (3)-(5) with loops over sentences, heads and positions:
+    e_ij = x_i W^Q (x_j W^K + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (x_j W^V + a^V_ij),
+    a_ij = w_clip(j - i, k); mask (B, T, T) True = attend."""
+    B, T, d = x.shape
+    H, dk, k = mha.n_heads, mha.d_k, mha.relative.max_distance
+    wq, wk, wv = mha.in_proj.weight.split(d)
+    bq, bk, bv = mha.in_proj.bias.split(d)
+    out = torch.zeros(B, T, d, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            cols = slice(h * dk, (h + 1) * dk)
+            q = (x[b] @ wq.T + bq)[:, cols]
+            key = (x[b] @ wk.T + bk)[:, cols]
+            val = (x[b] @ wv.T + bv)[:, cols]
+            for i in range(T):
+                e = torch.full((T,), float("-inf"), dtype=torch.float64)
+                for j in range(T):
+                    if mask[b, i, j]:
+                        r = max(-k, min(k, j - i)) + k
+                        e[j] = q[i] @ (key[j] + mha.relative.keys[h, r]) / math.sqrt(dk)
+                alpha = torch.softmax(e, 0)
+                for j in range(T):
+                    r = max(-k, min(k, j - i)) + k
+                    out[b, i, cols] += alpha[j] * (val[j] + mha.relative.values[h, r])
+    return out @ mha.out_proj.weight.T.double() + mha.out_proj.bias.double()
+
+
+@pytest.mark.parametrize("k", [1, 2, 16])
+@pytest.mark.parametrize("training", [False, True])
+def test_relative_attention_equals_shaw_et_al_equations(k, training):
+    torch.manual_seed(k)
+    mha = MultiHeadAttention(16, 2, max_relative_position=k).double().train(training)
+    x = torch.randn(3, 6, 16, dtype=torch.float64)
+    mask = torch.ones(3, 6, 6, dtype=torch.bool)
+    mask[1, :, 4:] = False  # padding
+    mask[2] = causal_mask(6)
+    got = mha(x, mask=mask)
+    torch.testing.assert_close(got, shaw_reference(mha, x, mask), atol=1e-10, rtol=1e-10)
+
+
+def test_relative_attention_with_k_0_is_plain_attention_plus_a_constant_vector():
+    """k = 0: one distance, so a^K adds the same q_i a^K to every score of query i (the softmax
+    does not change) and a^V adds W^O concat_h(a^V_h) to every output."""
+    torch.manual_seed(0)
+    rel = MultiHeadAttention(32, 4, max_relative_position=0).eval()
+    plain = MultiHeadAttention(32, 4).eval()
+    plain.load_state_dict({n: p for n, p in rel.state_dict().items() if "relative" not in n})
+    x = torch.randn(2, 7, 32)
+    mask = (torch.rand(2, 1, 7) > 0.3) | (torch.arange(7) == 0)
+    constant = rel.out_proj.weight @ rel.relative.values[:, 0].reshape(-1)
+    diff = rel(x, mask=mask) - plain(x, mask=mask)
+    torch.testing.assert_close(diff, constant.expand_as(diff), atol=1e-5, rtol=1e-5)
+    assert constant.abs().max() > 0.1
+
+
+def test_relative_self_attention_cache_equals_causal():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, max_relative_position=2).eval()
+    x = torch.randn(2, 6, 32)
+    cache = {}
+    steps = [mha(x[:, t : t + 1], cache=cache) for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), mha(x, causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_relative_distances_are_clipped():
+    mha = MultiHeadAttention(8, 2, max_relative_position=2)
+    got = mha.relative.index(3, 6, start=1, device=torch.device("cpu"))
+    want = [[min(4, max(0, j - i + 2)) for j in range(6)] for i in range(1, 4)]
+    assert got.tolist() == want

@@ -25,10 +25,12 @@ runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "relative"])
 @pytest.mark.parametrize("src_len,tgt_len", [(7, 7), (5, 11)])
-def test_forward_flops_equal_what_torch_counts(src_len, tgt_len):
+def test_forward_flops_equal_what_torch_counts(src_len, tgt_len, positions):
     """The architecture's FLOPs formula against torch's FLOP counter on a real forward pass."""
     cfg = tiny_model_config(d_model=64, d_ff=96, encoder_layers=2, decoder_layers=3)
+    cfg.positions, cfg.max_relative_position = positions, 3
     model = Transformer(cfg, vocab_size=70).eval()
     # 4 sentences: at least 16 rows in every product (fewer are padded, see model/rows.py)
     src, tgt = torch.randint(4, 70, (4, src_len)), torch.randint(4, 70, (4, tgt_len))

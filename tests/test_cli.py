@@ -114,6 +114,14 @@ def test_info_reports_the_papers_parameter_counts():
     assert abs(base["parameters"] / 65e6 - 1) < 0.04
     assert abs(big["parameters"] / 213e6 - 1) < 0.04
     assert base["flops_per_token"] > 6 * base["parameters"] * 0.5
+    assert "post-norm" in base["architecture"] and "sinusoidal positions" in base["architecture"]
+    sets = ["--set", "model.norm=pre", "--set", "model.positions=relative"]
+    variant = json.loads(mtx("info", ROOT / "configs/base.yaml", *sets, "--json").stdout)
+    assert "pre-norm" in variant["architecture"]
+    assert "relative positions (distances clipped at 16)" in variant["architecture"]
+    # two LayerNorms more; in each of the 12 self-attention layers 2 x 8 heads x 33 x 64
+    extra = 2 * 2 * 512 + 12 * 2 * 8 * 33 * 64
+    assert variant["parameters"] == base["parameters"] + extra
 
 
 def test_info_on_a_checkpoint(toy_run):

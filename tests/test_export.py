@@ -193,6 +193,12 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
         export(best, "hf", tmp_path / "x", "int8")
     with pytest.raises(MtxError, match="--quantization must be one of"):
         export(best, "ctranslate2", tmp_path / "x", "int3")
+    variant = torch.load(best, weights_only=False)
+    variant["config"]["model"]["norm"] = "pre"
+    torch.save(variant, tmp_path / "pre.pt")
+    with pytest.raises(MtxError, match="model.norm=pre"):
+        export(tmp_path / "pre.pt", "ctranslate2", tmp_path / "x")
+    (tmp_path / "pre.pt").unlink()
     (tmp_path / "taken").mkdir()
     with pytest.raises(MtxError, match="already exists"):
         export(best, "hf", tmp_path / "taken")

@@ -24,12 +24,13 @@ def _copy_ffn_norms(ref, ours, norms) -> None:
         ref_norm.load_state_dict(our_norm.state_dict())
 
 
-def test_encoder_layer_equals_torch_post_norm():
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_encoder_layer_equals_torch(norm):
     torch.manual_seed(0)
-    cfg = tiny_model_config()
+    cfg = tiny_model_config(norm=norm)
     ours = EncoderLayer(cfg).eval()
     ref = nn.TransformerEncoderLayer(
-        32, 4, 64, dropout=0.0, batch_first=True, norm_first=False
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm == "pre"
     ).eval()
     with torch.no_grad():
         _copy_attn(ref.self_attn, ours.self_attn)
@@ -41,12 +42,13 @@ def test_encoder_layer_equals_torch_post_norm():
     torch.testing.assert_close(got[keep], want[keep], atol=1e-5, rtol=1e-5)
 
 
-def test_decoder_layer_equals_torch_post_norm():
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_decoder_layer_equals_torch(norm):
     torch.manual_seed(0)
-    cfg = tiny_model_config()
+    cfg = tiny_model_config(norm=norm)
     ours = DecoderLayer(cfg).eval()
     ref = nn.TransformerDecoderLayer(
-        32, 4, 64, dropout=0.0, batch_first=True, norm_first=False
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm == "pre"
     ).eval()
     with torch.no_grad():
         _copy_attn(ref.self_attn, ours.self_attn)
@@ -87,8 +89,18 @@ def _model(**kw) -> Transformer:
     return Transformer(tiny_model_config(**kw), vocab_size=50).eval()
 
 
-def test_future_target_tokens_never_change_earlier_outputs():
-    model = _model()
+VARIANTS = [
+    {},
+    {"norm": "pre"},
+    {"positions": "learned"},
+    {"positions": "relative", "max_relative_position": 2},
+    {"norm": "pre", "positions": "relative", "max_relative_position": 0},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_future_target_tokens_never_change_earlier_outputs(variant):
+    model = _model(**variant)
     src = torch.randint(4, 50, (2, 6))
     tgt = torch.randint(4, 50, (2, 8))
     out = model(src, tgt)
@@ -99,8 +111,9 @@ def test_future_target_tokens_never_change_earlier_outputs():
     assert not torch.allclose(out2[:, 5:], out[:, 5:])
 
 
-def test_padding_never_changes_unpadded_outputs():
-    model = _model()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_never_changes_unpadded_outputs(variant):
+    model = _model(**variant)
     src, tgt = torch.randint(4, 50, (1, 5)), torch.randint(4, 50, (1, 4))
     alone = model(src, tgt)
     src_padded = torch.cat([src, torch.full((1, 3), PAD_ID)], 1)
@@ -110,8 +123,9 @@ def test_padding_never_changes_unpadded_outputs():
     torch.testing.assert_close(batch[0, :4], alone[0], atol=1e-5, rtol=1e-5)
 
 
-def test_cached_decoding_equals_full_prefix():
-    model = _model()
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_decoding_equals_full_prefix(variant):
+    model = _model(**variant)
     src = torch.randint(4, 50, (3, 7))
     src[2, 4:] = PAD_ID
     tgt = torch.cat([torch.full((3, 1), BOS_ID), torch.randint(4, 50, (3, 6))], 1)
@@ -207,3 +221,42 @@ def test_the_packed_output_projection_equals_the_plain_one_row_for_row():
         assert torch.equal(model.output_projection(x[:rows]), packed[:rows])
     assert torch.equal(model.train().output_projection(x), plain)  # training: the weights
     assert not model.to(torch.bfloat16).pack_output_projection() and model.packed_output is None
+
+
+def test_pre_norm_stacks_end_with_a_layer_norm():
+    model = _model(norm="pre")
+    src = torch.randint(4, 50, (2, 5))
+    memory, _ = model.encode(src)
+    torch.testing.assert_close(memory.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        model.decoder_norm.bias.fill_(0.5)
+        model.decoder_norm.weight.zero_()  # every logit is then 0.5 * the embedding's row sum
+    logits = model(src, torch.randint(4, 50, (2, 3)))
+    want = 0.5 * model.embed.weight.sum(-1)
+    torch.testing.assert_close(logits, want.expand_as(logits), atol=1e-5, rtol=1e-5)
+    assert _model().encoder_norm is None and "encoder_norm.weight" not in _model().state_dict()
+
+
+@pytest.mark.parametrize("positions", ["learned", "relative"])
+def test_learned_and_relative_positions_replace_the_sinusoids(positions):
+    """Learned: the model reads its own table (changing one row changes that position only);
+    relative: no absolute position at all, so the encoder is permutation-equivariant up to
+    the relative terms, which we switch off by zeroing them."""
+    model = _model(positions=positions)
+    src = torch.randint(4, 50, (1, 6))
+    if positions == "learned":
+        before, _ = model.encode(src)
+        with torch.no_grad():
+            model.position_embed.weight[3] += 1.0
+        after, _ = model.encode(src)
+        assert not torch.allclose(before, after)
+        assert model.position_embed.weight.shape == (model.cfg.max_positions, 32)
+    else:
+        for layer in model.encoder_layers:
+            with torch.no_grad():
+                layer.self_attn.relative.keys.zero_()
+                layer.self_attn.relative.values.zero_()
+        perm = torch.tensor([5, 2, 0, 1, 4, 3])
+        out, _ = model.encode(src)
+        out_perm, _ = model.encode(src[:, perm])
+        torch.testing.assert_close(out_perm, out[:, perm], atol=1e-5, rtol=1e-5)

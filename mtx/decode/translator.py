@@ -30,7 +30,7 @@ from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.errors import MtxError
-from mtx.model.transformer import EOS_ID, Transformer
+from mtx.model.transformer import BOS_ID, EOS_ID, Transformer
 from mtx.train import checkpoint
 from mtx.train.trainer import pick_device
 
@@ -122,6 +122,33 @@ class Translator:
     def translate(self, lines: list[str]) -> list[str]:
         """One detokenized translation per input string, in input order."""
         return [self.detokenize(hyps[0].tokens) for hyps in self.translate_ids(lines)]
+
+    def cross_attention(self, line: str, tokens: list[int]) -> dict:
+        """The encoder-decoder attention while the decoder reads output `tokens` for source
+        `line` (teacher-forced: the weights the search saw for that output, up to rounding).
+        Returns the source and output subwords (each ending with EOS) and "weights", a float32
+        tensor (decoder layers, heads, outputs, sources): row t is the attention when
+        predicting output subword t."""
+        src_ids = self.encode(line)
+        src = torch.tensor([src_ids], device=self.device)
+        tgt_in = torch.tensor([[BOS_ID, *tokens]], device=self.device)
+        layers = [layer.cross_attn for layer in self.model.decoder_layers]
+        for attn in layers:
+            attn.keep_weights = True
+        try:
+            with torch.no_grad():
+                memory, src_mask = self.model.encode(src)
+                self.model.decode(tgt_in, memory, src_mask)
+            weights = torch.stack([attn.weights[0] for attn in layers]).float().cpu()
+        finally:
+            for attn in layers:
+                attn.keep_weights, attn.weights = False, None
+        piece = self.sp.id_to_piece
+        return {
+            "source": [piece(i) for i in src_ids[:-1]] + ["</s>"],
+            "output": [piece(i) for i in tokens] + ["</s>"],
+            "weights": weights,
+        }
 
     def detokenize(self, ids: list[int]) -> str:
         return " ".join(self.sp.decode(ids).split())  # never a newline inside a line

@@ -22,6 +22,9 @@ from mtx.train import checkpoint
 FORMATS = ("hf", "ctranslate2")
 
 
+PAPER_ARCHITECTURE = {"norm": "post", "positions": "sinusoidal"}
+
+
 def export(
     path: Path, fmt: str, output: Path, quantization: str | None = None
 ) -> dict[str, object]:
@@ -32,6 +35,13 @@ def export(
     if output.exists():
         raise MtxError(f"{output} already exists: remove it or choose another --output")
     ckpt = checkpoint.load(path)
+    arch = {k: ckpt["config"]["model"].get(k, v) for k, v in PAPER_ARCHITECTURE.items()}
+    if arch != PAPER_ARCHITECTURE:
+        found = ", ".join(f"model.{k}={v}" for k, v in arch.items())
+        raise MtxError(
+            f"{path}: export supports the paper's Transformer only (post-norm, sinusoidal "
+            f"positions); this model has {found}"
+        )
     model, cfg, spm_proto = checkpoint.build_model(ckpt, path)
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

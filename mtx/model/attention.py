@@ -12,6 +12,17 @@ keys and values in one). In training, the softmax and weighted sum run in
 a mask of None lets it take the fastest of them. In inference they are written out
 (`attention`), so that a sentence gets the same numbers in any batch. Masks are boolean, True
 where a query may attend.
+
+Relative position representations (Shaw et al. 2018, `model.positions: relative`), in
+self-attention: with a^K_ij = w^K_clip(j - i, k) and a^V_ij = w^V_clip(j - i, k), learned
+per head for the 2k + 1 clipped distances,
+
+    e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_k),   z_i = sum_j softmax(e_i)_j (v_j + a^V_ij)
+
+computed without loops over positions: q_i w^K_r for every distance r is one (T, 2k + 1)
+product, gathered into the (T, S) scores; the attention weights of each query are summed per
+distance (scatter-add) and multiplied by w^V. Shaw et al. share w across heads; here each head
+has its own. These run written out in training too (the fused kernels have no value term).
 """
 
 from __future__ import annotations
@@ -25,9 +36,37 @@ from torch import Tensor, nn
 from mtx.model.rows import linear
 
 
+class RelativePositions(nn.Module):
+    """The learned w^K and w^V of Shaw et al., (H, 2k + 1, d_k) each, for distances -k..k."""
+
+    def __init__(self, n_heads: int, d_k: int, max_distance: int) -> None:
+        super().__init__()
+        self.max_distance = max_distance
+        self.keys = nn.Parameter(torch.empty(n_heads, 2 * max_distance + 1, d_k))
+        self.values = nn.Parameter(torch.empty(n_heads, 2 * max_distance + 1, d_k))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.keys, self.values):
+            nn.init.normal_(w, std=w.size(-1) ** -0.5)
+
+    def index(self, T: int, S: int, start: int, device: torch.device) -> Tensor:
+        """(T, S) long: clip(j - i, -k, k) + k for queries at positions start.. start + T - 1
+        and keys at positions 0.. S - 1."""
+        i = torch.arange(start, start + T, device=device).unsqueeze(1)
+        j = torch.arange(S, device=device).unsqueeze(0)
+        k = self.max_distance
+        return (j - i).clamp(-k, k) + k
+
+
 class MultiHeadAttention(nn.Module):
     def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, cross: bool = False
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        cross: bool = False,
+        max_relative_position: int | None = None,  # relative positions (self-attention only)
     ) -> None:
         super().__init__()
         self.cross = cross  # attends over a memory (encoder output) rather than its own input
@@ -38,6 +77,12 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: W^Q, W^K, W^V
         self.out_proj = nn.Linear(d_model, d_model)
+        self.relative = None
+        if max_relative_position is not None:
+            assert not cross, "relative positions are for self-attention"
+            self.relative = RelativePositions(n_heads, self.d_k, max_relative_position)
+        self.weights: Tensor | None = None  # the last attention weights, when keep_weights
+        self.keep_weights = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -47,6 +92,8 @@ class MultiHeadAttention(nn.Module):
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.in_proj.bias)
         nn.init.zeros_(self.out_proj.bias)
+        if self.relative is not None:
+            self.relative.reset_parameters()
 
     def _heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
         """(B, n, parts * d_model) -> `parts` tensors of (B, H, n, d_k)."""
@@ -79,9 +126,11 @@ class MultiHeadAttention(nn.Module):
         B = Bm * G query rows, each group of G consecutive query rows (the beams of one
         sentence) attends to one memory row, so a beam search computes and keeps the memory's
         keys/values once per sentence rather than once per beam."""
+        start = 0  # position of the first query (for relative positions)
         if not self.cross:
             q, k, v = self._heads(linear(query, self.in_proj.weight, self.in_proj.bias), 3)
             if cache is not None:
+                start = cache["k"].size(2) if "k" in cache else 0
                 if "k" in cache:
                     k = torch.cat([cache["k"], k], dim=2)
                     v = torch.cat([cache["v"], v], dim=2)
@@ -100,27 +149,54 @@ class MultiHeadAttention(nn.Module):
             q = q.view(-1, G, H, T, d_k).transpose(1, 2).reshape(-1, H, G * T, d_k)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S), broadcast over heads
-        if self.training:
+        if self.training and self.relative is None and not self.keep_weights:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout, is_causal=causal and mask is None
             )  # (B / G, H, G * T, d_k)
         else:
-            out = attention(q, k, v, mask, causal)
+            dropout = self.dropout if self.training else 0.0
+            out, weights = attention(q, k, v, mask, causal, self.relative, start, dropout)
+            if self.keep_weights:  # (B, H, T, S), a sentence's beams back as separate rows
+                S = weights.size(-1)
+                weights = weights.view(-1, H, G, T, S).transpose(1, 2).reshape(B, H, T, S)
+                self.weights = weights.detach()
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
         out = out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
         return linear(out, self.out_proj.weight, self.out_proj.bias)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-    """softmax(Q K^T / sqrt(d_k)) V written out, for inference: unlike the fused kernels,
-    whose choice of blocking and threads depends on the batch size, every (sentence, head)
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    relative: RelativePositions | None = None,
+    start: int = 0,
+    dropout: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V written out (with Shaw et al.'s terms given `relative`,
+    queries at positions start..), returning the output and the attention weights. Unlike the
+    fused kernels, whose blocking and threads depend on the batch size, every (sentence, head)
     here is computed the same way in any batch (see model/rows.py for why that matters).
     q (B, H, T, d_k), k and v (B, H, S, d_k), mask (B, 1, T or 1, S) True = attend."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # one layout, one kernel
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.size(-1)))
+    scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T, S)
+    B, H, T, S = scores.shape
+    if relative is not None:
+        index = relative.index(T, S, start, q.device).expand(B, H, T, S)
+        by_distance = torch.matmul(q, relative.keys.to(q.dtype).transpose(-1, -2))  # (B,H,T,R)
+        scores = scores + torch.gather(by_distance, -1, index)
+    scores = scores * (1.0 / math.sqrt(q.size(-1)))
     if causal and mask is None:
-        T, S = scores.shape[-2:]
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
     if mask is not None:
         scores = scores.masked_fill(~mask, -torch.inf)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    weights = torch.softmax(scores, dim=-1)
+    dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+    out = torch.matmul(dropped, v)
+    if relative is not None:
+        R = relative.keys.size(1)
+        per_distance = dropped.new_zeros(B, H, T, R).scatter_add_(-1, index, dropped)
+        out = out + torch.matmul(per_distance, relative.values.to(out.dtype))
+    return out, weights

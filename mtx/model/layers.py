@@ -1,9 +1,13 @@
-"""Encoder and decoder layers (paper section 3.1), post-norm as in the paper.
+"""Encoder and decoder layers (paper section 3.1).
 
 Shape legend: B batch, S source length, T target length, d = d_model.
 
-Each sublayer is LayerNorm(x + Dropout(Sublayer(x))); the feed-forward sublayer is
-FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3).
+Each sublayer is, with `model.norm`:
+- post (the paper): LayerNorm(x + Dropout(Sublayer(x)))
+- pre (Wang et al. 2019, Xiong et al. 2020): x + Dropout(Sublayer(LayerNorm(x))); the stacks
+  then end with a LayerNorm of their own (transformer.py).
+The feed-forward sublayer is FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3). With
+`model.positions: relative`, self-attention adds Shaw et al.'s relative terms (attention.py).
 """
 
 from __future__ import annotations
@@ -28,25 +32,49 @@ class FeedForward(nn.Module):
         return linear(h, self.fc2.weight, self.fc2.bias)
 
 
+def relative_distance(cfg: ModelConfig) -> int | None:
+    return cfg.max_relative_position if cfg.positions == "relative" else None
+
+
+def residual(x: Tensor, f, norm: nn.LayerNorm, dropout: nn.Dropout, pre: bool) -> Tensor:
+    """The residual connection around sublayer `f`, its LayerNorm after (post) or before (pre)."""
+    if pre:
+        return x + dropout(f(norm(x)))
+    return norm(x + dropout(f(x)))
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, cfg.attention_dropout,
+            max_relative_position=relative_distance(cfg),
+        )  # fmt: skip
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.pre = cfg.norm == "pre"
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
         # x: (B, S, d); src_mask: (B, 1, S), True on real tokens
-        x = self.self_attn_norm(x + self.dropout(self.self_attn(x, mask=src_mask)))
-        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+        x = residual(
+            x,
+            lambda h: self.self_attn(h, mask=src_mask),
+            self.self_attn_norm,
+            self.dropout,
+            self.pre,
+        )
+        return residual(x, self.ffn, self.ffn_norm, self.dropout, self.pre)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, cfg.attention_dropout,
+            max_relative_position=relative_distance(cfg),
+        )  # fmt: skip
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True
@@ -55,6 +83,7 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.pre = cfg.norm == "pre"
 
     def forward(
         self,
@@ -70,16 +99,21 @@ class DecoderLayer(nn.Module):
         the cross-attention keys/values of `memory` are computed once and kept there.
         """
         if cache is None:
-            h = self.self_attn(x, causal=True)
+            mask, causal = None, True
         else:
             # New positions attend to every cached position and causally among themselves.
             t, n = x.size(1), x.size(1) + (cache["k"].size(2) if "k" in cache else 0)
-            mask = None if t == 1 else _tail_causal_mask(t, n, x.device)
-            h = self.self_attn(x, mask=mask, cache=cache)
-        x = self.self_attn_norm(x + self.dropout(h))
-        h = self.cross_attn(x, memory, mask=src_mask, cache=cache)
-        x = self.cross_attn_norm(x + self.dropout(h))
-        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+            mask, causal = (None if t == 1 else _tail_causal_mask(t, n, x.device)), False
+
+        def self_attention(h: Tensor) -> Tensor:
+            return self.self_attn(h, mask=mask, causal=causal, cache=cache)
+
+        def cross_attention(h: Tensor) -> Tensor:
+            return self.cross_attn(h, memory, mask=src_mask, cache=cache)
+
+        x = residual(x, self_attention, self.self_attn_norm, self.dropout, self.pre)
+        x = residual(x, cross_attention, self.cross_attn_norm, self.dropout, self.pre)
+        return residual(x, self.ffn, self.ffn_norm, self.dropout, self.pre)
 
 
 def _tail_causal_mask(t: int, n: int, device: torch.device) -> Tensor:

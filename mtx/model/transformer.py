@@ -4,8 +4,11 @@ Shape legend: B batch, S source length, T target length, d = d_model, V vocabula
 
 - One embedding matrix is shared by the source, the target and the pre-softmax projection
   (section 3.4); embeddings are multiplied by sqrt(d_model).
-- Sinusoidal positions are added, then dropout (section 5.4).
-- Post-norm encoder and decoder stacks (layers.py); the decoder is causally masked.
+- Positions (`model.positions`): sinusoidal (section 3.5) or learned (section 3.5's
+  alternative; one embedding per position) are added, then dropout (section 5.4); relative
+  positions (Shaw et al. 2018) add nothing here and act inside self-attention (attention.py).
+- Post-norm encoder and decoder stacks (layers.py), or pre-norm (`model.norm: pre`), where
+  each stack ends with a LayerNorm; the decoder is causally masked.
 
 Token ids: sources are `tokens + [EOS]`; decoder inputs `[BOS] + tokens`; targets `tokens + [EOS]`.
 """
@@ -34,12 +37,18 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
-        self.register_buffer(
-            "positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False
-        )
+        table = sinusoidal_table(cfg.max_positions, cfg.d_model)
+        self.register_buffer("positions", table, persistent=False)
+        self.position_embed = None
+        if cfg.positions == "learned":
+            self.position_embed = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder_norm = self.decoder_norm = None  # pre-norm: each stack's last LayerNorm
+        if cfg.norm == "pre":
+            self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+            self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.packed_output: Tensor | None = None  # see pack_output_projection()
         self.reset_parameters()
 
@@ -47,7 +56,9 @@ class Transformer(nn.Module):
         """Xavier-uniform matrices, zero biases; embeddings N(0, d^-0.5) so that the
         sqrt(d)-scaled embeddings start at unit variance."""
         for name, p in self.named_parameters():
-            if name == "embed.weight":
+            if name == "position_embed.weight":
+                nn.init.normal_(p, mean=0.0, std=self.cfg.d_model**-0.5)
+            elif name == "embed.weight":
                 nn.init.normal_(p, mean=0.0, std=self.cfg.d_model**-0.5)
                 with torch.no_grad():
                     p[PAD_ID].zero_()
@@ -68,7 +79,11 @@ class Transformer(nn.Module):
                 f"({self.cfg.max_positions})"
             )
         x = self.embed(ids) * math.sqrt(self.cfg.d_model)
-        return self.dropout(x + self.positions[start : start + n].to(x.dtype))
+        if self.cfg.positions == "sinusoidal":
+            x = x + self.positions[start : start + n].to(x.dtype)
+        elif self.position_embed is not None:
+            x = x + self.position_embed.weight[start : start + n].to(x.dtype)
+        return self.dropout(x)
 
     def encode(self, src: Tensor, padded: bool = True) -> tuple[Tensor, Tensor | None]:
         """(B, S) source ids -> memory (B, S, d) and src_mask (B, 1, S), True on real tokens.
@@ -80,6 +95,8 @@ class Transformer(nn.Module):
         x = self.embed_tokens(src)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
         return x, src_mask
 
     def decode(
@@ -101,6 +118,8 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, memory, src_mask, None if cache is None else cache[i])
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
         return self.output_projection(x)

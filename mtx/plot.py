@@ -1,0 +1,150 @@
+"""Pictures: a run's training curves (`mtx plot`) and attention heatmaps (`mtx translate
+--attention-dir`). matplotlib is an optional dependency: `pip install 'mtx[plot]'`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from mtx.errors import MtxError
+
+# panel title -> (metrics.jsonl key, kind of record); BLEU appears only where a run logs it
+CURVES = [
+    ("loss (label-smoothed)", [("loss", "train"), ("valid_loss", "valid")]),
+    ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")]),
+    ("BLEU", [("bleu", "train"), ("valid_bleu", "valid")]),
+    ("learning rate", [("lr", "train")]),
+    ("tokens/s (source + target)", [("tokens_per_s", "train")]),
+]
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise MtxError("pictures need matplotlib: pip install 'mtx[plot]'") from None
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, output: Path) -> None:
+    """Write the figure whole or not at all."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp.png")
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise MtxError(f"{path}: no metrics log (is this a run directory?)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise MtxError(f"{path}:{n}: not a JSON line") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise MtxError(f"{path}:{n}: a metrics line needs a step")
+        rows.append(row)
+    return rows
+
+
+def plot_run(run_dir: Path, output: Path | None = None, dpi: int = 100) -> tuple[Path, list[str]]:
+    """Draw RUN_DIR/metrics.jsonl into a PNG (one panel per curve the log holds); returns the
+    file and the panels drawn."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    panels = []
+    for title, series in CURVES:
+        lines = []
+        for key, kind in series:
+            points = [(r["step"], r[key]) for r in rows if r.get("kind") == kind and key in r]
+            if points:
+                lines.append((f"{kind} {key}", points))
+        if lines:
+            panels.append((title, lines))
+    if not panels:
+        raise MtxError(f"{run_dir / 'metrics.jsonl'}: no curves to draw")
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.5 * len(panels)), dpi=dpi, sharex=True)
+    axes = axes if len(panels) > 1 else [axes]
+    for ax, (title, lines) in zip(axes, panels):
+        for label, points in lines:
+            steps, values = zip(*points)
+            ax.plot(steps, values, label=label, marker="o" if len(points) < 30 else None)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if title.startswith(("loss", "perplexity")):
+            ax.set_yscale("log")
+        ax.legend(loc="best", fontsize="small")
+    axes[-1].set_xlabel("update")
+    fig.tight_layout()
+    output = output or run_dir / "curves.png"
+    _save(fig, output)
+    plt.close(fig)
+    return output, [title for title, _ in panels]
+
+
+def attention_heatmap(
+    weights, source: list[str], target: list[str], output: Path, title: str = "", dpi: int = 100
+) -> None:
+    """weights (len(target), len(source)): one output subword per row, one source per column."""
+    plt = _pyplot()
+    rows, cols = len(target), len(source)
+    fig, ax = plt.subplots(figsize=(1 + 0.4 * max(cols, 4), 1 + 0.4 * max(rows, 4)), dpi=dpi)
+    ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(cols), source, rotation=90)
+    ax.set_yticks(range(rows), target)
+    ax.set_xlabel("source")
+    ax.set_ylabel("output")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    _save(fig, output)
+    plt.close(fig)
+
+
+def write_attention(directory: Path, number: int, record: dict, every_head: bool = False) -> None:
+    """For input line `number` (from 1): NNNNNN.png, the attention averaged over decoder layers
+    and heads, and NNNNNN.json with the subwords, that matrix and the alignment (for each
+    output subword, the source subword it attends to most); with `every_head`, also
+    NNNNNN.layerL.png (averaged over heads) and NNNNNN.layerL.headH.png, and the full
+    (layers, heads, outputs, sources) weights in the JSON."""
+    weights = record["weights"]  # (L, H, T, S)
+    mean = weights.mean(dim=(0, 1))
+    stem = f"{number:06d}"
+    src, out = record["source"], record["output"]
+    attention_heatmap(mean.numpy(), src, out, directory / f"{stem}.png", f"line {number}")
+    if every_head:
+        for layer in range(weights.size(0)):
+            name = f"{stem}.layer{layer + 1}"
+            title = f"line {number}, layer {layer + 1}"
+            attention_heatmap(
+                weights[layer].mean(0).numpy(), src, out, directory / f"{name}.png", title
+            )
+            for head in range(weights.size(1)):
+                attention_heatmap(
+                    weights[layer, head].numpy(), src, out,
+                    directory / f"{name}.head{head + 1}.png", f"{title}, head {head + 1}",
+                )  # fmt: skip
+    about = {
+        "line": number,
+        "source": src,
+        "output": out,
+        "attention": mean.tolist(),
+        "alignment": mean.argmax(dim=1).tolist(),
+    }
+    if every_head:
+        about["weights"] = weights.tolist()
+    tmp = directory / f"{stem}.json.tmp"
+    tmp.write_text(json.dumps(about) + "\n")
+    os.replace(tmp, directory / f"{stem}.json")
