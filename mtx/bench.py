@@ -23,8 +23,9 @@ import torch
 from mtx.config import Config
 from mtx.data.batching import BatchDataset, collate, lengths, token_batches
 from mtx.data.prepare import load_prepared, prepared_dir
+from mtx.model.build import make_model
 from mtx.model.flops import forward_flops
-from mtx.model.transformer import EOS_ID, PAD_ID, Transformer, count_parameters
+from mtx.model.transformer import EOS_ID, PAD_ID, count_parameters
 from mtx.train.trainer import Precision, make_optimizer, pick_device, train_step
 
 # Dense bf16/fp16 tensor-core peak of one GPU in TFLOP/s, from the vendors' data sheets (no
@@ -107,7 +108,7 @@ def bench(
         manifest = json.loads((prepared_dir(cfg) / "manifest.json").read_text())
         vocab_size = manifest["vocab_size"]
     torch.manual_seed(cfg.train.seed)
-    model = Transformer(cfg.model, vocab_size).to(device)
+    model = make_model(cfg.model, vocab_size).to(device)
     optimizer = make_optimizer(model, cfg)
     step_model = torch.compile(model, dynamic=True) if cfg.train.compile else model
     updates = [batches[i * U : (i + 1) * U] for i in range(steps)]

@@ -35,6 +35,9 @@ class DataConfig:
     character_coverage: float = 1.0  # SentencePiece character coverage
 
 
+ATTENTION_SCORES = ("additive", "general", "dot", "scaled_dot", "location")
+
+
 @dataclass
 class ModelConfig:
     d_model: int = 512  # model width
@@ -49,6 +52,11 @@ class ModelConfig:
     norm: str = "post"  # residual placement: post (the paper: LN(x + f(x))) or pre (x + f(LN(x)))
     positions: str = "sinusoidal"  # sinusoidal (the paper), learned, or relative (Shaw et al.)
     max_relative_position: int = 16  # relative positions: distances clipped to [-k, k]
+    # The recurrent baseline (`arch: rnn`, model/rnn.py) uses d_model, the layer counts,
+    # dropout and max_positions above, and these:
+    arch: str = "transformer"  # transformer (the paper) or rnn (an attentional RNN, Luong et al.)
+    rnn_cell: str = "lstm"  # rnn: lstm or gru
+    attention: str = "general"  # rnn: additive, general, dot, scaled_dot or location
 
 
 @dataclass
@@ -106,7 +114,9 @@ class Config:
     def validate(self) -> Config:
         """Reject impossible settings with a message naming the key."""
         m, t, d = self.model, self.train, self.data
-        if m.d_model % m.n_heads:
+        if m.arch not in ("transformer", "rnn"):
+            raise MtxError(f"model.arch must be transformer or rnn, got {m.arch!r}")
+        if m.arch == "transformer" and m.d_model % m.n_heads:
             raise MtxError(
                 f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"
             )
@@ -166,6 +176,26 @@ class Config:
             raise MtxError(
                 f"model.max_relative_position must be 0 or more, got {m.max_relative_position}"
             )
+        if m.rnn_cell not in ("lstm", "gru"):
+            raise MtxError(f"model.rnn_cell must be lstm or gru, got {m.rnn_cell!r}")
+        if m.attention not in ATTENTION_SCORES:
+            raise MtxError(
+                f"model.attention must be one of {', '.join(ATTENTION_SCORES)}, got {m.attention!r}"
+            )
+        if m.arch == "rnn":
+            if m.d_model % 2:
+                raise MtxError(
+                    f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
+                    "direction of the bidirectional encoder has d_model / 2 units)"
+                )
+            for key, value, default in (
+                ("norm", m.norm, "post"),
+                ("positions", m.positions, "sinusoidal"),
+            ):
+                if value != default:
+                    raise MtxError(
+                        f"model.{key} ({value}) is a transformer setting; model.arch is rnn"
+                    )
         dec = self.decode
         if dec.stopping not in ("k_finished", "exact", "never"):
             raise MtxError(

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
-from mtx.config import Config, apply_overrides, from_dict, load_config
+from mtx.config import Config, ModelConfig, apply_overrides, from_dict, load_config
+from mtx.model.build import make_model
 from mtx.model.flops import forward_flops, training_flops_per_token
-from mtx.model.transformer import Transformer, count_parameters
+from mtx.model.transformer import count_parameters
 from mtx.train import checkpoint
 
 
@@ -27,20 +28,11 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
         cfg, step, about = load_config(target, overrides), None, {}
         vocab_size = cfg.data.vocab_size
     with torch.device("meta"):
-        params = count_parameters(Transformer(cfg.model, vocab_size))
+        params = count_parameters(make_model(cfg.model, vocab_size))
     m = cfg.model
     return {
         "source": target,
-        "architecture": (
-            f"transformer {m.norm}-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
-            f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, "
-            f"shared embeddings, {m.positions} positions"
-            + (
-                f" (distances clipped at {m.max_relative_position})"
-                if m.positions == "relative"
-                else ""
-            )
-        ),
+        "architecture": architecture(m),
         "parameters": params,
         "vocab_size": vocab_size,
         "step": step,
@@ -50,3 +42,20 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
         "config": cfg.to_dict(),
         **about,
     }
+
+
+def architecture(m: ModelConfig) -> str:
+    """One line naming the model a config describes."""
+    if m.arch == "rnn":
+        return (
+            f"rnn {m.rnn_cell}, {m.encoder_layers}-layer bidirectional encoder, "
+            f"{m.decoder_layers}-layer decoder with input feeding, d_model {m.d_model}, "
+            f"{m.attention} attention, shared embeddings"
+        )
+    relative = m.positions == "relative"
+    return (
+        f"transformer {m.norm}-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
+        f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, shared embeddings, "
+        f"{m.positions} positions"
+        + (f" (distances clipped at {m.max_relative_position})" if relative else "")
+    )

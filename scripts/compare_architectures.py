@@ -1,7 +1,7 @@
 """Train each architecture variant on the same data, budget and seed, and compare them.
 
     python scripts/compare_architectures.py [--config configs/toy.yaml] [--set key=value ...]
-        [--variants post,pre,learned,relative] [--parallel 1] [--work DIR]
+        [--variants post,pre,...] [--parallel 1] [--work DIR]
         [--write BENCHMARKS.md --label toy-cpu] [--json]
 
 The data is prepared once (`mtx prepare`) and shared by every run. Each variant is a set of
@@ -32,6 +32,12 @@ VARIANTS = {
     "pre": ["model.norm=pre"],
     "learned": ["model.positions=learned"],
     "relative": ["model.positions=relative"],
+    # the recurrent baseline: an LSTM with each attention score, and a GRU
+    **{
+        f"rnn-lstm-{score}": ["model.arch=rnn", "model.rnn_cell=lstm", f"model.attention={score}"]
+        for score in ("additive", "general", "dot", "scaled_dot", "location")
+    },
+    "rnn-gru-general": ["model.arch=rnn", "model.rnn_cell=gru", "model.attention=general"],
 }
 MTX = [sys.executable, "-m", "mtx"]
 

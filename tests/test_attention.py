@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from mtx.model.attention import MultiHeadAttention, attention
+from mtx.config import ATTENTION_SCORES
+from mtx.model.attention import MultiHeadAttention, RecurrentAttention, attention
 from mtx.model.rows import linear
 
 
@@ -188,3 +189,43 @@ def test_relative_distances_are_clipped():
     got = mha.relative.index(3, 6, start=1, device=torch.device("cpu"))
     want = [[min(4, max(0, j - i + 2)) for j in range(6)] for i in range(1, 4)]
     assert got.tolist() == want
+
+
+def recurrent_reference(att: RecurrentAttention, h: torch.Tensor, hs: torch.Tensor, length: int):
+    """Bahdanau's and Luong's score functions for one decoder state h (d) over the first
+    `length` encoder states hs (S, d), one source position at a time."""
+    d, scores = h.size(0), []
+    for s in range(length):
+        if att.score == "dot":
+            e = h @ hs[s]
+        elif att.score == "scaled_dot":
+            e = h @ hs[s] / d**0.5
+        elif att.score == "general":
+            e = h @ (att.key_proj.weight @ hs[s])
+        elif att.score == "additive":
+            hidden = att.query_proj.weight @ h + att.query_proj.bias + att.key_proj.weight @ hs[s]
+            e = att.v @ torch.tanh(hidden)
+        else:  # location: W_a h + b, row s
+            e = att.location.weight[s] @ h + att.location.bias[s]
+        scores.append(e)
+    a = torch.softmax(torch.stack(scores), 0)
+    return sum(a[s] * hs[s] for s in range(length)), a
+
+
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+def test_recurrent_attention_scores_equal_their_equations(score):
+    torch.manual_seed(0)
+    att = RecurrentAttention(score, 8, max_positions=12).double()
+    for p in att.parameters():
+        nn.init.normal_(p)
+    B, G, S = 3, 2, 5  # two query rows (beams) per sentence
+    query, memory = torch.randn(B * G, 8).double(), torch.randn(B, S, 8).double()
+    lengths = [5, 3, 1]
+    mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]).unsqueeze(1)
+    context, weights = att(query, att.keys(memory), memory, mask)
+    for row in range(B * G):
+        b = row // G
+        want_c, want_a = recurrent_reference(att, query[row], memory[b], lengths[b])
+        torch.testing.assert_close(context[row], want_c, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(weights[row, : lengths[b]], want_a, rtol=1e-10, atol=1e-10)
+        assert torch.all(weights[row, lengths[b] :] == 0)

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from mtx.bench import batch_flops, synthetic_batches
 from mtx.cli import app
-from mtx.config import Config
+from mtx.config import ATTENTION_SCORES, Config
 from mtx.data.batching import collate
+from mtx.model.build import make_model
 from mtx.model.flops import forward_flops
 from mtx.model.transformer import Transformer
 
@@ -38,6 +39,17 @@ def test_forward_flops_equal_what_torch_counts(src_len, tgt_len, positions):
     with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         model(src, tgt)
     assert counter.get_total_flops() == 4 * forward_flops(cfg, 70, src_len, tgt_len)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+def test_rnn_forward_flops_equal_what_torch_counts(cell, score):
+    cfg = tiny_model_config(arch="rnn", rnn_cell=cell, attention=score, max_positions=16)
+    model = make_model(cfg, vocab_size=70).eval()
+    src, tgt = torch.randint(4, 70, (16, 7)), torch.randint(4, 70, (16, 5))  # 16 rows a step
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt)
+    assert counter.get_total_flops() == 16 * forward_flops(cfg, 70, 7, 5)
 
 
 def test_batch_flops_use_each_pairs_real_lengths():

@@ -122,6 +122,18 @@ def test_info_reports_the_papers_parameter_counts():
     # two LayerNorms more; in each of the 12 self-attention layers 2 x 8 heads x 33 x 64
     extra = 2 * 2 * 512 + 12 * 2 * 8 * 33 * 64
     assert variant["parameters"] == base["parameters"] + extra
+    sets = ["--set", "model.arch=rnn", "--set", "model.rnn_cell=gru"]
+    rnn = json.loads(mtx("info", ROOT / "configs/base.yaml", *sets, "--json").stdout)
+    assert rnn["architecture"] == (
+        "rnn gru, 6-layer bidirectional encoder, 6-layer decoder with input feeding, "
+        "d_model 512, general attention, shared embeddings"
+    )
+    d, V = 512, rnn["vocab_size"]
+    encoder = 6 * 2 * (3 * 256 * (512 + 256) + 2 * 3 * 256)
+    decoder = 3 * d * 3 * d + 2 * 3 * d + 5 * (3 * d * 2 * d + 2 * 3 * d)
+    others = V * d + d * 6 * d + 6 * d + 2 * d * d + d * d  # + bridge, W_c, W_a
+    assert rnn["parameters"] == encoder + decoder + others
+    assert rnn["flops_per_token"] > 0
 
 
 def test_info_on_a_checkpoint(toy_run):

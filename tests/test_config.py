@@ -60,11 +60,29 @@ def test_yaml_file_and_overrides_compose(tmp_path):
         ("model.n_heads=7", "divisible"),
         ("train.max_tokens=-1", "train.max_tokens must be positive"),
         ("nothing", "key=value"),
+        ("model.arch=lstm", "model.arch must be transformer or rnn"),
+        ("model.rnn_cell=elman", "model.rnn_cell must be lstm or gru"),
+        ("model.attention=cosine", "model.attention must be one of additive, general, dot"),
     ],
 )
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(MtxError, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.positions=relative"], r"model.positions \(relative\) is a transformer setting"),
+        (["model.norm=pre"], r"model.norm \(pre\) is a transformer setting"),
+        (["model.d_model=65", "model.n_heads=5"], "must be even with model.arch rnn"),
+    ],
+)
+def test_transformer_only_settings_are_refused_for_the_rnn(overrides, message):
+    with pytest.raises(MtxError, match=message):
+        load_config(None, ["model.arch=rnn", *overrides])
+    cfg = load_config(None, ["model.arch=rnn", "model.n_heads=7", "model.attention=location"])
+    assert cfg.model.arch == "rnn"  # n_heads means nothing to the rnn: 512 % 7 is no error
 
 
 def test_bad_yaml_names_the_file(tmp_path):

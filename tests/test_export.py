@@ -198,6 +198,10 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
     torch.save(variant, tmp_path / "pre.pt")
     with pytest.raises(MtxError, match="model.norm=pre"):
         export(tmp_path / "pre.pt", "ctranslate2", tmp_path / "x")
+    variant["config"]["model"].update(norm="post", arch="rnn")
+    torch.save(variant, tmp_path / "pre.pt")
+    with pytest.raises(MtxError, match="model.arch=rnn"):
+        export(tmp_path / "pre.pt", "hf", tmp_path / "x")
     (tmp_path / "pre.pt").unlink()
     (tmp_path / "taken").mkdir()
     with pytest.raises(MtxError, match="already exists"):

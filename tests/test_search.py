@@ -11,12 +11,19 @@ from mtx.decode.search import (
     length_penalty,
     max_lengths,
 )
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
+from mtx.model.build import make_model
+from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID
+
+ARCHS = {  # the models every search is tested with
+    "transformer": {},
+    "rnn-lstm-additive": {"arch": "rnn", "rnn_cell": "lstm", "attention": "additive"},
+    "rnn-gru-location": {"arch": "rnn", "rnn_cell": "gru", "attention": "location"},
+}
 
 
-def random_model(seed=0, vocab=24):
+def random_model(seed=0, vocab=24, arch="transformer"):
     torch.manual_seed(seed)
-    model = Transformer(tiny_model_config(), vocab_size=vocab).eval()
+    model = make_model(tiny_model_config(**ARCHS[arch]), vocab_size=vocab).eval()
     with torch.no_grad():  # sharpen the output so hypotheses end at various lengths
         model.embed.weight.mul_(3.0)
     return model
@@ -37,8 +44,9 @@ def test_length_penalty_formula():
     assert length_penalty(7, 0.0) == 1.0
 
 
-def test_beam_one_equals_greedy():
-    model, src = random_model(), random_src()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_beam_one_equals_greedy(arch):
+    model, src = random_model(arch=arch), random_src()
     greedy = greedy_search(model, src, 1.0, 6)
     beam = beam_search(model, src, beam=1, alpha=0.6, max_len_a=1.0, max_len_b=6)
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
@@ -92,8 +100,9 @@ def teacher_forced_logprob(model, src, tokens):
     return sum(lprobs[i, t].item() for i, t in enumerate(tokens + [EOS_ID]))
 
 
-def test_nbest_is_sorted_distinct_and_scores_are_the_models():
-    model, src = random_model(), random_src(batch=3)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_nbest_is_sorted_distinct_and_scores_are_the_models(arch):
+    model, src = random_model(arch=arch), random_src(batch=3)
     nbest = beam_search(model, src, beam=5, alpha=0.6, max_len_b=8, nbest=5)
     for i, hyps in enumerate(nbest):
         assert len(hyps) == 5
@@ -108,8 +117,9 @@ def test_nbest_is_sorted_distinct_and_scores_are_the_models():
             assert math.isclose(h.score, want, rel_tol=1e-4, abs_tol=1e-4)
 
 
-def test_output_does_not_depend_on_batching():
-    model, src = random_model(), random_src(batch=6)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_output_does_not_depend_on_batching(arch):
+    model, src = random_model(arch=arch), random_src(batch=6)
     together = beam_search(model, src, beam=4, max_len_b=8)
     for i in range(src.size(0)):
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
@@ -118,8 +128,9 @@ def test_output_does_not_depend_on_batching():
         assert math.isclose(alone.score, together[i][0].score, rel_tol=1e-4)
 
 
-def test_every_hypothesis_ends_within_the_max_length():
-    model, src = random_model(), random_src()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_hypothesis_ends_within_the_max_length(arch):
+    model, src = random_model(arch=arch), random_src()
     limits = max_lengths(src, 1.0, 2, 1000).tolist()
     for hyps, limit in zip(beam_search(model, src, beam=3, max_len_b=2, nbest=3), limits):
         assert len(hyps) == 3
@@ -158,8 +169,9 @@ def same_hypotheses(a, b):
         assert math.isclose(x.log_prob, y.log_prob, abs_tol=1e-4)
 
 
-def test_cached_decoding_equals_recomputing_the_prefix():
-    model, src = random_model(), random_src(batch=6)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_decoding_equals_recomputing_the_prefix(arch):
+    model, src = random_model(arch=arch), random_src(batch=6)
     slow = Uncached(model)
     for stopping in ("k_finished", "exact"):
         cached = beam_search(model, src, beam=3, max_len_b=8, nbest=3, stopping=stopping)
@@ -174,8 +186,9 @@ def test_cached_decoding_equals_recomputing_the_prefix():
     )
 
 
-def test_cross_attention_shares_one_memory_row_among_a_sentences_beams():
-    model, src = random_model(), random_src(batch=3)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cross_attention_shares_one_memory_row_among_a_sentences_beams(arch):
+    model, src = random_model(arch=arch), random_src(batch=3)
     memory, src_mask = model.encode(src)
     tgt = torch.randint(4, 24, (3 * 4, 5))
     shared = model.decode(tgt, memory, src_mask, model.new_cache())
@@ -185,7 +198,8 @@ def test_cross_attention_shares_one_memory_row_among_a_sentences_beams():
     torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
     cache = model.new_cache()
     model.decode(tgt[:, :1], memory, src_mask, cache)
-    assert cache[0]["memory_k"].size(0) == 3 and cache[0]["k"].size(0) == 12
+    memory_rows, beam_rows = ("memory_k", "k") if arch == "transformer" else ("memory_keys", "h0")
+    assert cache[0][memory_rows].size(0) == 3 and cache[0][beam_rows].size(0) == 12
 
 
 def test_exact_stopping_finds_what_running_to_the_maximum_length_finds():

@@ -4,9 +4,10 @@ Shape legend: B sentences still being decoded, K beam size, V vocabulary, t step
 
 The model is anything with `encode(src) -> (memory, src_mask)`, `new_cache()`, and
 `decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)`; the cache is a list
-of dicts of tensors (`reorder_cache` in transformer.py): self-attention keys/values with one
-row per hypothesis, and the encoder output's keys/values ("memory_*") with one row per
-sentence, computed at the first step and shared by the sentence's K beams.
+of dicts of tensors (`reorder_cache` in transformer.py): what each hypothesis has decoded
+(the Transformer's self-attention keys/values, the RNN's decoder state), one row per
+hypothesis, and what is computed from the encoder output ("memory_*"), one row per sentence,
+computed at the first step and shared by the sentence's K beams.
 
 Every search decodes incrementally, and a sentence leaves the batch as soon as it is done, so
 the work shrinks as sentences end. Nothing depends on the other sentences of a batch: the

@@ -30,7 +30,8 @@ from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.errors import MtxError
-from mtx.model.transformer import BOS_ID, EOS_ID, Transformer
+from mtx.model.build import Model
+from mtx.model.transformer import BOS_ID, EOS_ID
 from mtx.train import checkpoint
 from mtx.train.trainer import pick_device
 
@@ -46,9 +47,7 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
 
 
 class Translator:
-    def __init__(
-        self, model: Transformer, cfg: Config, spm_proto: bytes, device: str = "auto"
-    ) -> None:
+    def __init__(self, model: Model, cfg: Config, spm_proto: bytes, device: str = "auto") -> None:
         self.device = pick_device(device)
         self.dtype = decode_dtype(self.device, cfg.decode.dtype)
         self.model = model.to(self.device, self.dtype).eval()
@@ -132,7 +131,7 @@ class Translator:
         src_ids = self.encode(line)
         src = torch.tensor([src_ids], device=self.device)
         tgt_in = torch.tensor([[BOS_ID, *tokens]], device=self.device)
-        layers = [layer.cross_attn for layer in self.model.decoder_layers]
+        layers = self.model.cross_attention_modules()
         for attn in layers:
             attn.keep_weights = True
         try:

@@ -22,7 +22,7 @@ from mtx.train import checkpoint
 FORMATS = ("hf", "ctranslate2")
 
 
-PAPER_ARCHITECTURE = {"norm": "post", "positions": "sinusoidal"}
+PAPER_ARCHITECTURE = {"arch": "transformer", "norm": "post", "positions": "sinusoidal"}
 
 
 def export(

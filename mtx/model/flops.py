@@ -1,5 +1,6 @@
-"""FLOPs of the Transformer, counted from its architecture (matrix products, 2 FLOPs per
-multiply-add; attention scores and weighted sums included, causal masking not discounted).
+"""FLOPs of a model, counted from its architecture (matrix products, 2 FLOPs per multiply-add;
+attention scores and weighted sums included, causal masking not discounted; the recurrent
+baseline's gate nonlinearities are not matrix products and are not counted).
 
 Training costs 3x the forward pass (forward, and a backward of twice its cost).
 """
@@ -11,6 +12,8 @@ from mtx.config import ModelConfig
 
 def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int) -> int:
     """Forward FLOPs for one sentence pair of `src_len` source and `tgt_len` target tokens."""
+    if cfg.arch == "rnn":
+        return rnn_forward_flops(cfg, vocab_size, src_len, tgt_len)
     d, f, S, T = cfg.d_model, cfg.d_ff, src_len, tgt_len
     # relative positions: q w^K and (weights per distance) w^V over the 2k + 1 distances
     R = 2 * cfg.max_relative_position + 1 if cfg.positions == "relative" else 0
@@ -31,6 +34,26 @@ def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int)
     )
     output = 2 * d * vocab_size * T  # shared pre-softmax projection
     return encoder + decoder + output
+
+
+def rnn_forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int) -> int:
+    """`forward_flops` of the recurrent baseline (model/rnn.py); g gates of h units."""
+    d, S, T, g = cfg.d_model, src_len, tgt_len, (4 if cfg.rnn_cell == "lstm" else 3)
+    h = d // 2
+    encoder = cfg.encoder_layers * 2 * 2 * g * h * (d + h) * S  # two directions
+    bridge = 2 * d * cfg.decoder_layers * d
+    decoder = 2 * g * d * (2 * d + d) * T + (cfg.decoder_layers - 1) * 2 * g * d * (d + d) * T
+    scores = {
+        "dot": 2 * S * d * T,
+        "scaled_dot": 2 * S * d * T,
+        "general": 2 * d * d * S + 2 * S * d * T,
+        "additive": 2 * d * d * S + 2 * d * d * T + 2 * S * d * T,
+        "location": 2 * d * S * T,
+    }[cfg.attention]
+    context = 2 * S * d * T
+    combine = 2 * 2 * d * d * T
+    output = 2 * d * vocab_size * T
+    return encoder + bridge + decoder + scores + context + combine + output
 
 
 def training_flops_per_token(

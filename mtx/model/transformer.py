@@ -23,15 +23,15 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.layers import DecoderLayer, EncoderLayer
+from mtx.model.output import TiedOutput
 from mtx.model.positions import sinusoidal_table
-from mtx.model.rows import linear
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 
 
-class Transformer(nn.Module):
+class Transformer(TiedOutput, nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -124,34 +124,6 @@ class Transformer(nn.Module):
             x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
         return self.output_projection(x)
 
-    def output_projection(self, x: Tensor) -> Tensor:
-        """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection."""
-        if self.packed_output is None or self.training:
-            return linear(x, self.embed.weight)
-        flat = x.reshape(-1, x.size(-1))
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_output, None, "none", [], "")
-        return out.view(*x.shape[:-1], self.vocab_size)
-
-    def pack_output_projection(self) -> bool:
-        """For inference on CPU in fp32: keep a copy of the output projection in oneDNN's own
-        layout. The largest product of a decoding step then runs about twice as fast on our
-        CPUs as torch's default BLAS call, and gives every row the same numbers whatever the
-        number of rows (tests/test_transformer.py). The copy does not follow later changes of
-        the weights (training, `.to()`): call this last. False where it is not available."""
-        w = self.embed.weight
-        self.packed_output = None
-        if (
-            w.device.type != "cpu"
-            or w.dtype != torch.float32
-            or not torch.backends.mkldnn.is_available()
-        ):
-            return False
-        try:
-            self.packed_output = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-        except (AttributeError, RuntimeError):  # a torch build without the op
-            return False
-        return True
-
     def forward(
         self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None, src_padded: bool = True
     ) -> Tensor:
@@ -160,6 +132,10 @@ class Transformer(nn.Module):
 
     def new_cache(self) -> Cache:
         return [{} for _ in self.decoder_layers]
+
+    def cross_attention_modules(self) -> list[MultiHeadAttention]:
+        """The encoder-decoder attention of each decoder layer (for `keep_weights`)."""
+        return [layer.cross_attn for layer in self.decoder_layers]
 
 
 def reorder_cache(cache: Cache, rows: Tensor, sentences: Tensor | None = None) -> Cache:

@@ -26,7 +26,7 @@ from mtx import __version__
 from mtx.config import Config, apply_overrides, from_dict
 from mtx.errors import MtxError
 from mtx.files import atomic_write
-from mtx.model.transformer import Transformer
+from mtx.model.build import Model, make_model
 
 FORMAT = "mtx-checkpoint-1"
 
@@ -91,19 +91,17 @@ def load(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def load_model(
-    path: str | Path, overrides: list[str] | None = None
-) -> tuple[Transformer, Config, bytes]:
+def load_model(path: str | Path, overrides: list[str] | None = None) -> tuple[Model, Config, bytes]:
     """The model (eval mode, on CPU), its config with `overrides` applied, and its SentencePiece model."""
     return build_model(load(path), path, overrides)
 
 
 def build_model(
     ckpt: dict[str, Any], path: str | Path, overrides: list[str] | None = None
-) -> tuple[Transformer, Config, bytes]:
+) -> tuple[Model, Config, bytes]:
     """`load_model` of a checkpoint already loaded from `path`."""
     cfg = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
-    model = Transformer(cfg.model, ckpt["vocab_size"])
+    model = make_model(cfg.model, ckpt["vocab_size"])
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError:

@@ -35,7 +35,8 @@ from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto, prepared_dir
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text, remove_stale_temporaries
-from mtx.model.transformer import PAD_ID, Transformer, count_parameters
+from mtx.model.build import make_model
+from mtx.model.transformer import PAD_ID, count_parameters
 from mtx.train import checkpoint
 from mtx.train.distributed import Dist
 from mtx.train.loss import label_smoothed_nll
@@ -237,7 +238,7 @@ class Trainer:
         self.manifest = load_manifest(cfg)
         self.vocab_size = self.manifest["vocab_size"]
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
-        self.model = Transformer(cfg.model, self.vocab_size).to(self.device)
+        self.model = make_model(cfg.model, self.vocab_size).to(self.device)
         if self.dist.rank:
             torch.manual_seed(cfg.train.seed + self.dist.rank)  # but its own dropout
         self.train_model: torch.nn.Module = self.model  # what the step runs: wrapped, compiled
