@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from mtx.cli import app
 from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.data import toy
+from mtx.decode.search import beam_search
 from mtx.decode.translator import Translator
 from mtx.model.rnn import RNN, BidirectionalLayer, Cell
 from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, count_parameters
@@ -223,3 +224,20 @@ def test_the_pipeline_trains_decodes_and_describes_an_rnn(prepared, tmp_path):
     assert (tmp_path / "att" / "000001.png").is_file()
     scores = json.loads(cli("evaluate", *sets, "--split", "test", "--json").splitlines()[-1])
     assert 0 <= scores["bleu"] <= 100
+
+
+@pytest.mark.parametrize(("cell", "score"), [("lstm", "additive"), ("gru", "location")])
+def test_a_sentence_gets_bit_identical_hypotheses_in_any_batch(cell, score):
+    """As the translator batches them (decode/translator.py): sources padded to one length.
+    Every product is row-stable (model/rows.py), so a sentence's beam search gives the same
+    tokens and the same float scores alone as among 11 others."""
+    model = rnn_model(cell, score, d_model=32)
+    with torch.no_grad():
+        model.embed.weight.mul_(3.0)  # sharper outputs: hypotheses of various lengths
+    src = padded_src([7, 3, 5, 1, 6, 2, 7, 4, 4, 6, 2, 3])
+    together = beam_search(model, src, beam=4, max_len_b=6, nbest=2)
+    for i in range(src.size(0)):
+        alone = beam_search(model, src[i : i + 1], beam=4, max_len_b=6, nbest=2)[0]
+        assert [(h.tokens, h.score, h.log_prob) for h in alone] == [
+            (h.tokens, h.score, h.log_prob) for h in together[i]
+        ]
