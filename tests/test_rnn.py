@@ -101,7 +101,8 @@ def test_the_decoder_follows_the_equations_step_by_step():
         cell = nn.GRUCell(2 * d, d)
         cell.load_state_dict(model.decoder_cells[0].state_dict())
         for t in range(2):
-            h = cell(torch.cat([model.embed(tgt[:, t]), feed], -1), h)
+            embedded = model.embed(tgt[:, t]) * d**0.5  # scaled as in the Transformer
+            h = cell(torch.cat([embedded, feed], -1), h)
             scores = torch.einsum("bd,bsd->bs", h, memory).masked_fill(~mask[:, 0], -torch.inf)
             context = torch.einsum("bs,bsd->bd", scores.softmax(-1), memory)
             feed = torch.tanh(model.combine(torch.cat([context, h], -1)))
@@ -161,12 +162,17 @@ def test_parameter_count_formula(cell):
         assert count_parameters(rnn_model(cell, score)) == encoder + decoder + rest + extra
 
 
-def test_lstm_forget_gates_start_open_and_padding_embeds_to_zero():
-    model = rnn_model("lstm", "general")
+def test_initialisation():
+    """uniform(-0.1, 0.1), LSTM forget gates open, embeddings N(0, 1/d) with PAD at zero."""
+    torch.manual_seed(0)
+    model = RNN(rnn_config("lstm", "general", d_model=256), vocab_size=500)
     cell = model.decoder_cells[0]
-    assert torch.all(cell.bias_ih[16:32] == 1.0) and torch.all(cell.bias_hh[16:32] == 0.0)
+    assert torch.all(cell.bias_ih[256:512] == 1.0) and torch.all(cell.bias_hh[256:512] == 0.0)
+    for name, p in model.named_parameters():
+        if name != "embed.weight" and not name.endswith("bias_ih"):
+            assert p.abs().max() <= 0.1 and p.abs().max() > 0.09, name
     assert torch.all(model.embed.weight[PAD_ID] == 0)
-    assert model.embed.weight.abs().max() <= 0.1
+    assert model.embed.weight[1:].std().item() == pytest.approx(256**-0.5, rel=0.02)
 
 
 def test_attention_weights_are_kept_per_step_when_asked():
