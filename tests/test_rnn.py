@@ -109,12 +109,15 @@ def test_the_decoder_follows_the_equations_step_by_step():
             torch.testing.assert_close(logits[:, t], feed @ model.embed.weight.T)
 
 
+def sources_and_targets(length):
+    src, tgt = padded_src([6, 2, 4]), torch.randint(4, 30, (3, length))
+    tgt[:, 0] = BOS_ID
+    return src, tgt
+
+
 @pytest.mark.parametrize(("cell", "score"), VARIANTS)
 def test_cached_decoding_equals_the_full_prefix(cell, score):
-    model = rnn_model(cell, score)
-    src = padded_src([6, 2, 4])
-    tgt = torch.randint(4, 30, (3, 6))
-    tgt[:, 0] = BOS_ID
+    model, (src, tgt) = rnn_model(cell, score), sources_and_targets(6)
     with torch.no_grad():
         full = model(src, tgt)
         memory, mask = model.encode(src)
@@ -126,10 +129,7 @@ def test_cached_decoding_equals_the_full_prefix(cell, score):
 
 @pytest.mark.parametrize(("cell", "score"), VARIANTS)
 def test_padding_never_changes_a_sentences_outputs(cell, score):
-    model = rnn_model(cell, score)
-    src = padded_src([6, 2, 4])
-    tgt = torch.randint(4, 30, (3, 5))
-    tgt[:, 0] = BOS_ID
+    model, (src, tgt) = rnn_model(cell, score), sources_and_targets(5)
     with torch.no_grad():
         together = model(src, tgt)
         for i in range(3):

@@ -20,7 +20,7 @@ d = d_model, L decoder layers, V vocabulary size.
 
   h~_t is fed to the next step's input ("input feeding"). The embedding matrix E is shared by
   the source, the target and the output projection, and inputs are e(y) = sqrt(d) E y, as in
-  the Transformer (output.py).
+  the Transformer (base.py).
 - Dropout (`model.dropout`) on embeddings, between layers, and on h~_t.
 - Initialisation: uniform(-0.1, 0.1) (Sutskever et al. 2014; Luong et al.), LSTM forget-gate
   biases 1 (Jozefowicz et al. 2015); E ~ N(0, 1 / d) as in the Transformer, so the scaled
@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from mtx.config import ModelConfig
 from mtx.model.attention import RecurrentAttention
-from mtx.model.output import TiedOutput
+from mtx.model.base import EncoderDecoder
 from mtx.model.rows import linear
 from mtx.model.transformer import PAD_ID, Cache
 
@@ -121,7 +121,7 @@ class BidirectionalLayer(nn.Module):
         return torch.cat(outputs, dim=-1)
 
 
-class RNN(TiedOutput, nn.Module):
+class RNN(EncoderDecoder, nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -251,12 +251,6 @@ class RNN(TiedOutput, nn.Module):
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)
         return self.output_projection(x)
-
-    def forward(
-        self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None, src_padded: bool = True
-    ) -> Tensor:
-        memory, src_mask = self.encode(src, src_padded)
-        return self.decode(tgt_in, memory, src_mask, keep=keep)
 
     def new_cache(self) -> Cache:
         return [{}]

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
+from mtx.model.base import EncoderDecoder
 from mtx.model.layers import DecoderLayer, EncoderLayer
-from mtx.model.output import TiedOutput
 from mtx.model.positions import sinusoidal_table
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -31,7 +31,7 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 
 
-class Transformer(TiedOutput, nn.Module):
+class Transformer(EncoderDecoder, nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
@@ -123,12 +123,6 @@ class Transformer(TiedOutput, nn.Module):
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
         return self.output_projection(x)
-
-    def forward(
-        self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None, src_padded: bool = True
-    ) -> Tensor:
-        memory, src_mask = self.encode(src, src_padded)
-        return self.decode(tgt_in, memory, src_mask, keep=keep)
 
     def new_cache(self) -> Cache:
         return [{} for _ in self.decoder_layers]

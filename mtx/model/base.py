@@ -1,6 +1,7 @@
-"""The pre-softmax projection that shares the embedding matrix (paper section 3.4), for every
-architecture: a model class that subclasses `TiedOutput` has `embed` (its nn.Embedding),
-`vocab_size` and `packed_output`."""
+"""What every architecture shares: `forward` (what the trainer calls) and the pre-softmax
+projection that shares the embedding matrix (paper section 3.4). A model class that
+subclasses `EncoderDecoder` has `encode`, `decode`, `embed` (its nn.Embedding), `vocab_size`
+and `packed_output`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from torch import Tensor
 from mtx.model.rows import linear
 
 
-class TiedOutput:
+class EncoderDecoder:
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None, src_padded: bool = True
+    ) -> Tensor:
+        """Training: logits (B, T, V) of decoder inputs `tgt_in` (B, T) given sources `src`
+        (B, S), or (N, V) at the N flat positions `keep` of (B * T)."""
+        memory, src_mask = self.encode(src, src_padded)
+        return self.decode(tgt_in, memory, src_mask, keep=keep)
+
     def output_projection(self, x: Tensor) -> Tensor:
         """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection."""
         if self.packed_output is None or self.training:
