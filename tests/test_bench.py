@@ -20,7 +20,7 @@ from mtx.config import ATTENTION_SCORES, Config
 from mtx.data.batching import collate
 from mtx.model.build import make_model
 from mtx.model.flops import forward_flops
-from mtx.model.transformer import Transformer
+from mtx.model.transformer import Transformer, count_parameters
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +109,14 @@ def test_bench_reports_throughput_flops_mfu_and_memory(tmp_path, prepared):
     )
     assert code == 0, out
     assert json.loads(out)["precision"] == "bf16"
+    # the recurrent baseline, its FLOPs from its own formula
+    code, out = bench("--config", config, "--set", "model.arch=rnn", "--steps", 1, "--json")
+    assert code == 0, out
+    r = json.loads(out)
+    rnn = Config(model=tiny_model_config(d_model=32, encoder_layers=1, decoder_layers=1))
+    rnn.model.arch = "rnn"
+    assert r["parameters"] == count_parameters(make_model(rnn.model, 200))
+    assert r["tflops"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / 1e12)
     code, out = bench("--config", config, "--set", f"run_dir={tmp_path / 'empty'}")
     assert code == 2 and out.strip().splitlines() == [
         f"mtx: error: no prepared data in {tmp_path / 'empty' / 'prepared'}: run `mtx prepare` "
