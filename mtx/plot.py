@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from mtx.errors import MtxError
+from mtx.files import atomic_write, atomic_write_text
 
 # panel title -> (metrics.jsonl key, kind of record); BLEU appears only where a run logs it
 CURVES = [
@@ -33,13 +33,7 @@ def _pyplot():
 
 def _save(fig, output: Path) -> None:
     """Write the figure whole or not at all."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(output.name + ".tmp.png")
-    try:
-        fig.savefig(tmp)
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(output, lambda f: fig.savefig(f, format="png"))
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -145,6 +139,4 @@ def write_attention(directory: Path, number: int, record: dict, every_head: bool
     }
     if every_head:
         about["weights"] = weights.tolist()
-    tmp = directory / f"{stem}.json.tmp"
-    tmp.write_text(json.dumps(about) + "\n")
-    os.replace(tmp, directory / f"{stem}.json")
+    atomic_write_text(directory / f"{stem}.json", json.dumps(about) + "\n")

@@ -27,6 +27,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mtx.config import ATTENTION_SCORES
+
 VARIANTS = {
     "post": [],  # the paper: post-norm, sinusoidal positions
     "pre": ["model.norm=pre"],
@@ -35,7 +37,7 @@ VARIANTS = {
     # the recurrent baseline: an LSTM with each attention score, and a GRU
     **{
         f"rnn-lstm-{score}": ["model.arch=rnn", "model.rnn_cell=lstm", f"model.attention={score}"]
-        for score in ("additive", "general", "dot", "scaled_dot", "location")
+        for score in ATTENTION_SCORES
     },
     "rnn-gru-general": ["model.arch=rnn", "model.rnn_cell=gru", "model.attention=general"],
 }

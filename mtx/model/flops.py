@@ -8,6 +8,7 @@ Training costs 3x the forward pass (forward, and a backward of twice its cost).
 from __future__ import annotations
 
 from mtx.config import ModelConfig
+from mtx.model.rnn import GATES
 
 
 def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int) -> int:
@@ -38,7 +39,7 @@ def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int)
 
 def rnn_forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int) -> int:
     """`forward_flops` of the recurrent baseline (model/rnn.py); g gates of h units."""
-    d, S, T, g = cfg.d_model, src_len, tgt_len, (4 if cfg.rnn_cell == "lstm" else 3)
+    d, S, T, g = cfg.d_model, src_len, tgt_len, GATES[cfg.rnn_cell]
     h = d // 2
     encoder = cfg.encoder_layers * 2 * 2 * g * h * (d + h) * S  # two directions
     bridge = 2 * d * cfg.decoder_layers * d
