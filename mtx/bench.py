@@ -23,10 +23,12 @@ import torch
 from mtx.config import Config
 from mtx.data.batching import BatchDataset, collate, lengths, token_batches
 from mtx.data.prepare import load_prepared, prepared_dir
+from mtx.device import pick_device
 from mtx.model.build import make_model
 from mtx.model.flops import forward_flops
-from mtx.model.transformer import EOS_ID, PAD_ID, count_parameters
-from mtx.train.trainer import Precision, make_optimizer, pick_device, train_step
+from mtx.model.transformer import count_parameters
+from mtx.tokens import EOS_ID, PAD_ID
+from mtx.train.step import Precision, make_optimizer, train_step
 
 # Dense bf16/fp16 tensor-core peak of one GPU in TFLOP/s, from the vendors' data sheets (no
 # sparsity); the first name contained in torch.cuda.get_device_name() wins.

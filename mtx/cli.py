@@ -386,7 +386,7 @@ def average(
     ] = None,
 ) -> None:
     """Average checkpoints' parameters (the paper averaged the last 5 base / 20 big)."""
-    from mtx.train import checkpoint as ckpt
+    from mtx import checkpoint as ckpt
 
     if last is not None:
         if len(inputs) != 1 or not inputs[0].is_dir():

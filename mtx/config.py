@@ -85,6 +85,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (pays off on GPUs; minutes to compile)
     workers: int = 1  # background processes building batches (0 = in the training process)
     threads: int = 0  # CPU threads for torch (0 = torch's default)
+    # torchrun: a collective that waits this many seconds fails and ends the job (a process
+    # died or hangs); raise it where rank 0 writes large checkpoints to a slow disk
+    dist_timeout: float = 60.0
 
 
 @dataclass
@@ -136,6 +139,7 @@ class Config:
             "train.log_every": t.log_every,
             "train.max_nonfinite": t.max_nonfinite,
             "train.max_oom": t.max_oom,
+            "train.dist_timeout": t.dist_timeout,
             "decode.beam": self.decode.beam,
             "decode.batch_tokens": self.decode.batch_tokens,
         }

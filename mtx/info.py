@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
+from mtx import checkpoint
 from mtx.config import Config, ModelConfig, apply_overrides, from_dict, load_config
 from mtx.model.build import make_model
 from mtx.model.flops import forward_flops, training_flops_per_token
 from mtx.model.transformer import count_parameters
-from mtx.train import checkpoint
 
 
 def describe(target: str, overrides: list[str] | None = None, length: int = 32) -> dict:

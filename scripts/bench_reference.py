@@ -27,10 +27,12 @@ from torch import nn
 from mtx.bench import prepared_batches, synchronize, synthetic_batches
 from mtx.config import load_config
 from mtx.data.prepare import prepared_dir
+from mtx.device import pick_device
 from mtx.model.positions import sinusoidal_table
-from mtx.model.transformer import PAD_ID, Transformer
+from mtx.model.transformer import Transformer
+from mtx.tokens import PAD_ID
 from mtx.train.schedule import rate
-from mtx.train.trainer import Precision, make_optimizer, pick_device, train_step
+from mtx.train.step import Precision, make_optimizer, train_step
 
 
 class Reference(nn.Module):

@@ -30,7 +30,7 @@ from mtx.data.batching import pad
 from mtx.data.sources import read_lines
 from mtx.decode.translator import Translator
 from mtx.export import export
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import torch
 
 from mtx.data.batching import pad
 from mtx.decode.translator import Translator
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SUPPRESS = (PAD_ID, UNK_ID, BOS_ID)
 

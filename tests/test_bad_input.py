@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from mtx import checkpoint
 from mtx.cli import app, read_lines
 from mtx.data import sources
 from mtx.decode.translator import Translator
-from mtx.train import checkpoint
 from mtx.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

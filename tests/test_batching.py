@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from mtx.data.batching import collate, token_batches
-from mtx.model.transformer import BOS_ID, PAD_ID
+from mtx.tokens import BOS_ID, PAD_ID
 
 
 def test_batches_respect_the_token_budget_and_cover_every_sentence_once():

@@ -5,8 +5,8 @@ import json
 import torch
 from typer.testing import CliRunner
 
+from mtx import checkpoint
 from mtx.cli import app
-from mtx.train import checkpoint
 
 runner = CliRunner()
 

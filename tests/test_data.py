@@ -8,7 +8,7 @@ from mtx.config import load_config
 from mtx.data import sources, toy
 from mtx.data.prepare import load_prepared, prepare
 from mtx.errors import MtxError
-from mtx.model.transformer import EOS_ID
+from mtx.tokens import EOS_ID
 
 
 def write_pair(prefix, src_lines, tgt_lines, newline="\n"):

@@ -1,96 +1,266 @@
-"""Data-parallel training through torchrun: 2 CPU processes (gloo) train exactly as 1 process
-accumulating 2 batches per update, and a process that dies takes the job down with it."""
+"""Training through torchrun on CPU processes (gloo), as on several machines: each process in its
+own directory with its own copy of the prepared data (as machines with their own disks), or
+all in one (a shared disk).
+
+- 2 processes train exactly as 1 process accumulating 2 batches per update (bit-identical);
+- only rank 0 writes the run's files, and the job resumes, stops and restarts from them alone;
+- a worker SIGKILLed at a random step, with torchrun's --max-restarts, ends like an
+  uninterrupted job;
+- different prepared data, a dead process and a hung process end the job with one line.
+"""
 
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
-from conftest import run_config
+from conftest import TINY_RUN, run_config
 
-from mtx.train import checkpoint
+from mtx import checkpoint
+from mtx.config import load_config
+from mtx.data.prepare import prepare
 from mtx.train.trainer import train
 
-STEPS = 8
 SAME = ["model.dropout=0.0", "train.threads=1", "train.valid_every=4", "train.log_every=2"]
+HELPERS = Path(__file__).parent / "helpers"
 
 
-def torchrun(nproc: int, cfg, **kwargs) -> subprocess.Popen:
-    """`torchrun --nproc_per_node=N -m mtx train --config RUN/job.yaml` for the config `cfg`."""
-    config = Path(cfg.run_dir) / "job.yaml"
-    config.write_text(yaml.safe_dump(cfg.to_dict()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={nproc}", "-m", "mtx", "train", "--config", str(config)]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
+def job_config(root: Path, prepared: Path, *extra: str, shared: bool = False) -> Path:
+    """root/job.yaml for TINY_RUN plus `extra`; run_dir is root/run on a shared disk, else the
+    relative `run`, which each process finds in its own root/nodeR/ with its own copy of the
+    prepared data."""
+    root.mkdir(parents=True, exist_ok=True)
+    for node in ["."] if shared else ["node0", "node1"]:
+        if not (root / node / "run" / "prepared").exists():
+            shutil.copytree(prepared, root / node / "run" / "prepared", symlinks=False)
+    run_dir = str(root / "run") if shared else "run"
+    cfg = load_config(None, [f"run_dir={run_dir}", *TINY_RUN, *extra])
+    (root / "job.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    return root / "job.yaml"
+
+
+def torchrun(
+    root: Path, *args: str, shared=False, restarts=0, program=("-m", "mtx"), env=None, **popen
+):
+    """torchrun with 2 processes running `python PROGRAM train --config root/job.yaml ARGS`,
+    each in root/node$LOCAL_RANK unless `shared`."""
+    where = "." if shared else "node$LOCAL_RANK"
+    script = f'cd "{root}/{where}" && exec "$PYTHON" "$@"'
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [f"--max-restarts={restarts}", "--monitor-interval=0.1", "--no-python"]
+    cmd += ["sh", "-c", script, "sh", *program, "train", "--config", str(root / "job.yaml"), *args]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHON": sys.executable} | (env or {})
+    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS), env.get("PYTHONPATH", "")])
     return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     )
 
 
-def records(run, kind):
+def finish(job: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    _, err = job.communicate(timeout=timeout)
+    return job.returncode, err
+
+
+def run_dir(root: Path, node: int = 0) -> Path:
+    return root / f"node{node}" / "run"
+
+
+def records(run: Path, kind: str) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
-def test_two_processes_train_as_one_with_twice_the_update_freq(tmp_path, prepared):
-    one, two = tmp_path / "one", tmp_path / "two"
+def assert_same_parameters(a: Path, b: Path) -> None:
+    x, y = checkpoint.load(a), checkpoint.load(b)
+    assert x["step"] == y["step"]
+    assert x["model"].keys() == y["model"].keys()
+    different = [k for k in x["model"] if not torch.equal(x["model"][k], y["model"][k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
+    for p, q in zip(x["optimizer"]["state"].values(), y["optimizer"]["state"].values()):
+        assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+def assert_rank1_wrote_nothing(root: Path) -> None:
+    assert sorted(p.name for p in run_dir(root, 1).iterdir()) == ["prepared"]
+
+
+def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepared):
+    one = tmp_path / "one"
     threads = torch.get_num_threads()
     try:
         train(
-            run_config(one, prepared, f"train.max_steps={STEPS}", "train.update_freq=2", *SAME),
+            run_config(one, prepared, "train.max_steps=8", "train.update_freq=2", *SAME),
             log=lambda *_: None,
         )
     finally:
         torch.set_num_threads(threads)  # train.threads=1 must not leak into later tests
-    job = torchrun(2, run_config(two, prepared, f"train.max_steps={STEPS}", *SAME))
-    out, err = job.communicate(timeout=300)
-    assert job.returncode == 0, err[-3000:]
+    for attempt in range(3):
+        root = tmp_path / f"two{attempt}"
+        job_config(root, prepared, "train.max_steps=8", *SAME)
+        code, err = finish(torchrun(root))
+        assert code == 0, err[-3000:]
+        two = run_dir(root)
+        assert_same_parameters(one / "checkpoints" / "last.pt", two / "checkpoints" / "last.pt")
+        a, b = (checkpoint.load(r / "checkpoints" / "last.pt") for r in (one, two))
+        assert a["batch"] == b["batch"]  # the same position in the data order
+        assert len(b["process_rngs"]) == 2
+        # Losses and token counts are summed over both processes before rank 0 logs them,
+        # and the validation is split between them and added up: as the single process.
+        for kind, keys in [("train", ["loss", "nll"]), ("valid", ["valid_loss", "valid_nll"])]:
+            ra, rb = records(one, kind), records(two, kind)
+            assert [r["step"] for r in ra] == [r["step"] for r in rb]
+            for x, y in zip(ra, rb):
+                for key in keys:
+                    assert abs(x[key] - y[key]) < 1e-6, (kind, key, x, y)
+        assert all(0 < r["padding"] < 1 for r in records(two, "train"))
+        assert "2 processes" in err
+        assert_rank1_wrote_nothing(root)
 
-    a = checkpoint.load(one / "checkpoints" / "last.pt")
-    b = checkpoint.load(two / "checkpoints" / "last.pt")
-    assert a["step"] == b["step"] == STEPS
-    assert a["batch"] == b["batch"]  # the same position in the data order
-    worst = max((b["model"][k] - v).abs().max().item() for k, v in a["model"].items())
-    print(f"largest parameter difference: {worst:.2e}")
-    assert worst <= 1e-5
-    assert len(b["process_rngs"]) == 2
-    # Losses and token counts are summed over both processes before they are logged, and the
-    # validation is split between them and added up: the records match the single process.
-    for kind, keys in [("train", ["loss", "nll"]), ("valid", ["valid_loss", "valid_nll"])]:
-        ra, rb = records(one, kind), records(two, kind)
-        assert [r["step"] for r in ra] == [r["step"] for r in rb]  # written once, by rank 0
-        for x, y in zip(ra, rb):
-            for key in keys:
-                assert abs(x[key] - y[key]) < 1e-5, (kind, key, x, y)
-    assert all(0 < r["padding"] < 1 for r in records(two, "train"))
-    assert "2 processes" in err
+
+def test_a_job_on_a_shared_disk_finishes_ten_times_in_a_row(tmp_path, prepared):
+    root = tmp_path / "shared"
+    job_config(root, prepared, "train.max_steps=4", "train.valid_every=2", *SAME[:2], shared=True)
+    for attempt in range(10):
+        code, err = finish(torchrun(root, "--overwrite", shared=True))
+        assert code == 0, f"attempt {attempt}: {err[-3000:]}"
+        assert checkpoint.load(root / "run" / "checkpoints" / "last.pt")["step"] == 4
 
 
-def test_a_process_that_dies_ends_the_job_with_an_error(tmp_path, prepared):
-    run = tmp_path / "r"
-    cfg = run_config(run, prepared, "train.max_steps=100000", *SAME)
-    job = torchrun(2, cfg, start_new_session=True)
+def test_a_job_stopped_by_sigterm_resumes_to_the_uninterrupted_parameters(tmp_path, prepared):
+    """SIGTERM to torchrun mid-run (it passes it on to every worker): the workers agree to
+    stop, rank 0 saves, and `--resume` continues on the checkpoint of rank 0's disk alone."""
+    # Dropout on: each process's random stream must be restored too.
+    settings = ["model.dropout=0.1", "train.threads=1", "train.log_every=1", "train.valid_every=5"]
+    root = tmp_path / "stopped"
+    job_config(root, prepared, "train.max_steps=100000", *settings)
+    job = torchrun(root)
     try:
-        deadline = time.monotonic() + 120
-        while not (run / "metrics.jsonl").is_file() or not records(run, "train"):
+        while not (run_dir(root) / "metrics.jsonl").is_file() or not records(
+            run_dir(root), "train"
+        ):
             assert job.poll() is None, job.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.2)
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        code, err = finish(job, timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert "stopped by SIGTERM" in err, err[-3000:]
+    stopped = checkpoint.load(run_dir(root) / "checkpoints" / "last.pt")["step"]
+    assert 0 < stopped < 100000
+    assert_rank1_wrote_nothing(root)
+
+    end = f"train.max_steps={stopped + 4}"
+    job_config(root, prepared, end, *settings)  # the same run, now bounded
+    code, err = finish(torchrun(root, "--resume"))
+    assert code == 0, err[-3000:]
+    assert f"resuming from run/checkpoints/last.pt at step {stopped}" in err
+
+    reference = tmp_path / "uninterrupted"
+    job_config(reference, prepared, end, *settings)
+    code, err = finish(torchrun(reference))
+    assert code == 0, err[-3000:]
+    last = "checkpoints/last.pt"
+    assert_same_parameters(run_dir(root) / last, run_dir(reference) / last)
+    assert_rank1_wrote_nothing(root)
+
+
+ELASTIC = ["model.dropout=0.1", "train.threads=1", "train.valid_every=4", "train.max_steps=20"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, prepared) -> Path:
+    """rank 0's last.pt of a 2-process job with the ELASTIC settings that nothing interrupts."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    job_config(root, prepared, *ELASTIC)
+    code, err = finish(torchrun(root))
+    assert code == 0, err[-3000:]
+    return run_dir(root) / "checkpoints" / "last.pt"
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-disks", "shared-disk"])
+def test_an_elastic_job_survives_a_worker_killed_at_a_random_step(
+    tmp_path, prepared, uninterrupted, shared
+):
+    """torchrun --max-restarts=2 ... mtx train --resume: rank 1 SIGKILLs itself at a random
+    step; torchrun restarts both workers, which continue from rank 0's newest checkpoint and
+    end with the parameters of a job that was never interrupted (dropout on, so each
+    process's random stream is restored too)."""
+    die_at = random.Random().randint(1, 19)
+    print(f"rank 1 dies before update {die_at + 1}")
+    root = tmp_path / "elastic"
+    job_config(root, prepared, *ELASTIC, shared=shared)
+    die = {"MTX_DIE_AT_STEP": str(die_at), "MTX_DIE_RANK": "1"}
+    program = ("-m", "die_at_step")
+    job = torchrun(root, "--resume", shared=shared, restarts=2, program=program, env=die)
+    code, err = finish(job)
+    assert code == 0, err[-3000:]
+    assert "exitcode: -9" in err or "SIGKILL" in err, err[-3000:]  # torchrun saw it die
+    checkpointed = 4 * (die_at // 4)  # rank 0's newest checkpoint when rank 1 died
+    if checkpointed:
+        assert f"run/checkpoints/last.pt at step {checkpointed}" in err, err[-3000:]
+    run = root / "run" if shared else run_dir(root)
+    assert_same_parameters(run / "checkpoints" / "last.pt", uninterrupted)
+    if not shared:
+        assert_rank1_wrote_nothing(root)
+
+
+def test_different_prepared_data_is_one_line_on_every_process(tmp_path, prepared):
+    root = tmp_path / "mismatch"
+    job_config(root, prepared, "train.max_steps=4", *SAME)
+    other = root / "node1" / "run"
+    shutil.rmtree(other / "prepared")
+    prepare(load_config(None, [f"run_dir={other}", *TINY_RUN, "data.vocab_size=150"]), log=print)
+    start = time.monotonic()
+    code, err = finish(torchrun(root), timeout=60)
+    print(f"the job ended {time.monotonic() - start:.1f} s after its start")
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.startswith("mtx: error:")]
+    assert len(lines) == 2, err[-3000:]  # one line from each process, the same
+    assert lines[0] == lines[1]
+    assert "process 1's prepared data differs from process 0's: spm.model sha256" in lines[0]
+    assert not (run_dir(root) / "checkpoints").exists()
+
+
+def start_and_wait_for_training(root: Path, *args: str) -> subprocess.Popen:
+    job = torchrun(root, *args, start_new_session=True)
+    while not (run_dir(root) / "metrics.jsonl").is_file() or not records(run_dir(root), "train"):
+        assert job.poll() is None, job.stderr.read()[-3000:]
+        time.sleep(0.05)
+    return job
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"], ids=["dies", "hangs"])
+def test_a_process_that_dies_or_hangs_ends_the_job_naming_it(tmp_path, prepared, fault):
+    """A dead worker is seen by the others' next collective; a hung one (SIGSTOP) by the
+    collective's timeout, train.dist_timeout. Rank 0 names it from the heartbeats."""
+    root = tmp_path / "r"
+    job_config(root, prepared, "train.max_steps=100000", "train.dist_timeout=5", *SAME)
+    job = start_and_wait_for_training(root)
+    try:
         workers = subprocess.run(
             ["pgrep", "-P", str(job.pid)], capture_output=True, text=True
         ).stdout.split()
         assert len(workers) == 2
-        os.kill(int(workers[-1]), signal.SIGKILL)
+        rank1 = int(workers[-1])  # torchrun starts rank 0 first
+        os.kill(rank1, getattr(signal, fault))
         killed = time.monotonic()
-        job.wait(timeout=90)  # a hang fails here
-        print(f"the job ended {time.monotonic() - killed:.1f} s after the kill")
+        # the bound: dist_timeout (5 s) + 3 heartbeats + torchrun's 30 s before it SIGKILLs
+        # a process that does not end on SIGTERM (a stopped one)
+        code, err = finish(job, timeout=60)
+        print(f"the job ended {time.monotonic() - killed:.1f} s after the {fault}")
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    assert job.returncode != 0
-    assert "SIGKILL" in job.stderr.read()  # torchrun names the process that failed
+    assert code != 0
+    assert "mtx: error: process 0 of 2: process 1 stopped answering (died or hangs)" in err, err[
+        -3000:
+    ]

@@ -12,6 +12,7 @@ import torch
 from conftest import ROOT, tiny_model_config
 from transformers import MarianMTModel, MarianTokenizer
 
+from mtx import checkpoint
 from mtx.config import Config, DecodeConfig
 from mtx.data import toy
 from mtx.decode.translator import Translator
@@ -19,8 +20,8 @@ from mtx.errors import MtxError
 from mtx.export import export
 from mtx.export.marian import marian_permutation, to_marian
 from mtx.model.positions import sinusoidal_table
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer
-from mtx.train import checkpoint
+from mtx.model.transformer import Transformer
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 LINES = 200  # toy test lines translated by each engine
 

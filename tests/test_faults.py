@@ -14,13 +14,15 @@ import torch
 import yaml
 from conftest import run_config, run_overrides, tiny_model_config
 
+from mtx import checkpoint
 from mtx.config import Config, load_config
 from mtx.data.batching import collate
 from mtx.errors import MtxError
 from mtx.files import atomic_write
 from mtx.model.transformer import Transformer
-from mtx.train import checkpoint, trainer
-from mtx.train.trainer import make_optimizer, train, train_step
+from mtx.train import step as train_step_module
+from mtx.train.step import make_optimizer, train_step
+from mtx.train.trainer import train
 
 
 def quiet(*_):
@@ -104,7 +106,7 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
     cfg = Config()
     cfg.train.warmup_steps = 1
     optimizer = make_optimizer(model, cfg)
-    fp32 = trainer.Precision.choose(torch.device("cpu"), "fp32")
+    fp32 = train_step_module.Precision.choose(torch.device("cpu"), "fp32")
 
     def step(n):
         return train_step(model, optimizer, [tiny_batch()], cfg, n, fp32)
@@ -114,9 +116,11 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
     state = optimizer_state(optimizer)
 
     if fault == "nan_loss":
-        real = trainer.label_smoothed_nll
+        real = train_step_module.label_smoothed_nll
         monkeypatch.setattr(
-            trainer, "label_smoothed_nll", lambda *a: tuple(x * math.nan for x in real(*a))
+            train_step_module,
+            "label_smoothed_nll",
+            lambda *a: tuple(x * math.nan for x in real(*a)),
         )
         hook = None
     else:
@@ -139,7 +143,7 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
 
 def nan_on_updates(monkeypatch, bad: set[int]):
     """Make the training loss NaN on the given calls (counted from 1; validation not counted)."""
-    real, calls = trainer.label_smoothed_nll, [0]
+    real, calls = train_step_module.label_smoothed_nll, [0]
 
     def loss(*args):
         out = real(*args)
@@ -149,7 +153,7 @@ def nan_on_updates(monkeypatch, bad: set[int]):
                 return tuple(x * math.nan for x in out)
         return out
 
-    monkeypatch.setattr(trainer, "label_smoothed_nll", loss)
+    monkeypatch.setattr(train_step_module, "label_smoothed_nll", loss)
 
 
 def test_a_few_non_finite_updates_are_skipped_and_logged(tmp_path, prepared, monkeypatch):

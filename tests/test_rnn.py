@@ -16,7 +16,8 @@ from mtx.data import toy
 from mtx.decode.search import beam_search
 from mtx.decode.translator import Translator
 from mtx.model.rnn import RNN, BidirectionalLayer, Cell
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, count_parameters
+from mtx.model.transformer import count_parameters
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 VARIANTS = [(cell, score) for cell in ("lstm", "gru") for score in ATTENTION_SCORES]
 

@@ -12,7 +12,7 @@ from mtx.decode.search import (
     max_lengths,
 )
 from mtx.model.build import make_model
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 ARCHS = {  # the models every search is tested with
     "transformer": {},

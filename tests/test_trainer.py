@@ -6,12 +6,13 @@ import pytest
 import torch
 from conftest import run_config, tiny_model_config
 
+from mtx import checkpoint
 from mtx.config import Config
 from mtx.data.batching import collate
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
-from mtx.train import checkpoint
-from mtx.train.trainer import Precision, make_optimizer, train, train_step
+from mtx.train.step import Precision, make_optimizer, train_step
+from mtx.train.trainer import train
 
 
 def params(run):

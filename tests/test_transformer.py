@@ -7,7 +7,8 @@ from torch import nn
 
 from mtx.model.layers import DecoderLayer, EncoderLayer
 from mtx.model.positions import sinusoidal_table
-from mtx.model.transformer import BOS_ID, PAD_ID, Transformer, count_parameters
+from mtx.model.transformer import Transformer, count_parameters
+from mtx.tokens import BOS_ID, PAD_ID
 
 
 def _copy_attn(ref: nn.MultiheadAttention, ours) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtx.model.transformer import BOS_ID, PAD_ID
+from mtx.tokens import BOS_ID, PAD_ID
 
 
 def token_batches(

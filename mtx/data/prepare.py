@@ -28,7 +28,7 @@ from mtx.config import Config
 from mtx.data import sources, vocab
 from mtx.data.clean import TextCleaner, length_reason
 from mtx.errors import MtxError
-from mtx.model.transformer import EOS_ID
+from mtx.tokens import EOS_ID
 
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> hub default split
 ENCODED = datasets.Features(

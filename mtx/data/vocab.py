@@ -1,6 +1,6 @@
 """The joint SentencePiece BPE model shared by source and target.
 
-Ids 0-3 are fixed (pad, unk, bos, eos), matching `mtx.model.transformer`.
+Ids 0-3 are fixed (pad, unk, bos, eos): `mtx.tokens`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import sentencepiece as spm
 
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def train_bpe(

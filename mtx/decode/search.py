@@ -41,7 +41,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, reorder_cache
+from mtx.model.transformer import reorder_cache
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 STOPPING = ("k_finished", "exact", "never")
 assert sorted((PAD_ID, UNK_ID, BOS_ID)) == [0, 1, 2]  # the never-produced ids are a slice

@@ -25,15 +25,15 @@ from pathlib import Path
 
 import torch
 
+from mtx import checkpoint
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
+from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.model.build import Model
-from mtx.model.transformer import BOS_ID, EOS_ID
-from mtx.train import checkpoint
-from mtx.train.trainer import pick_device
+from mtx.tokens import BOS_ID, EOS_ID
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,7 +48,7 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
 
 class Translator:
     def __init__(self, model: Model, cfg: Config, spm_proto: bytes, device: str = "auto") -> None:
-        self.device = pick_device(device)
+        self.device = pick_device(device, "--device")
         self.dtype = decode_dtype(self.device, cfg.decode.dtype)
         self.model = model.to(self.device, self.dtype).eval()
         self.model.pack_output_projection()

@@ -15,9 +15,8 @@ import shutil
 import warnings
 from pathlib import Path
 
-from mtx import __version__
+from mtx import __version__, checkpoint
 from mtx.errors import MtxError
-from mtx.train import checkpoint
 
 FORMATS = ("hf", "ctranslate2")
 

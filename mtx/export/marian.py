@@ -29,7 +29,8 @@ from torch import Tensor
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.errors import MtxError
-from mtx.model.transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Transformer
+from mtx.model.transformer import Transformer
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which MarianMT always uses
 

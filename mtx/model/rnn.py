@@ -44,7 +44,8 @@ from mtx.config import ModelConfig
 from mtx.model.attention import RecurrentAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.rows import linear
-from mtx.model.transformer import PAD_ID, Cache
+from mtx.model.transformer import Cache
+from mtx.tokens import PAD_ID
 
 GATES = {"lstm": 4, "gru": 3}
 

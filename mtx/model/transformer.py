@@ -25,8 +25,7 @@ from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.layers import DecoderLayer, EncoderLayer
 from mtx.model.positions import sinusoidal_table
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from mtx.tokens import PAD_ID
 
 Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 

@@ -1,29 +1,26 @@
-"""`mtx train`: the training loop; the step, validation and checkpointing are what it calls.
+"""`mtx train`: the training loop, and the run it advances.
 
-One update (`train_step`) consumes `update_freq` token-budget batches on each process,
-normalises the summed label-smoothed loss by the number of target tokens of the whole update,
-clips the gradient norm if asked, and sets the learning rate from the paper's schedule. The
-loss is read back from the device only when logging, so the step has no host-device
-synchronisation. Under torchrun (distributed.py) each process takes its own share of every
-update's batches, and N processes train exactly as one process with N times the update_freq.
+The loop (`Trainer.loop`) takes each process's share of every update's batches, calls the step
+(step.py), logs (metrics.py), validates (validate.py) and checkpoints (resume.py). Under
+torchrun (distributed.py) each process takes its own share of every update's batches, N
+processes train exactly as one process with N times the update_freq, and every decision the
+processes must take alike (whether to stop, whether a checkpoint exists) comes from rank 0 or
+a collective.
 
 Faults lose nothing: an update with a non-finite loss or gradient is skipped on the device
-(the fused Adam step is told `found_inf`) and counted; a batch that runs out of GPU memory is
-skipped; SIGTERM/SIGINT save a resumable checkpoint at the next step boundary and end the run
-cleanly. Too many of either fault in a row stop the run with advice.
+and counted; a batch that runs out of GPU memory is skipped; SIGTERM/SIGINT save a resumable
+checkpoint at the next step boundary and end the run cleanly. Too many of either fault in a
+row stop the run with advice. A process that dies or stops answering ends the job with an
+error naming it, within train.dist_timeout seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
-import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,203 +29,29 @@ from tqdm import tqdm
 
 from mtx.config import Config
 from mtx.data.batching import BatchDataset, lengths, token_batches
-from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto, prepared_dir
+from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto
+from mtx.device import pick_device
 from mtx.errors import MtxError
-from mtx.files import atomic_write_text, remove_stale_temporaries
+from mtx.files import atomic_write_text
 from mtx.model.build import make_model
-from mtx.model.transformer import PAD_ID, count_parameters
-from mtx.train import checkpoint
-from mtx.train.distributed import Dist
-from mtx.train.loss import label_smoothed_nll
-from mtx.train.schedule import rate
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # updates done
-    epoch: int = 0  # current pass over the data
-    batch: int = 0  # batches of the current epoch already consumed
-    best_valid_loss: float = math.inf
-
-
-def pick_device(name: str) -> torch.device:
-    """The device a config names; under torchrun, CUDA means this process's GPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise MtxError(f"train.device is {name!r} but no CUDA device is available")
-    if name.startswith("cuda") and "WORLD_SIZE" in os.environ:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device(name)
-
-
-@dataclass
-class Precision:
-    """How a step computes: autocast to `dtype` (None: plain fp32), and for fp16 the dynamic
-    loss scaler that keeps small gradients from underflowing."""
-
-    device: torch.device
-    dtype: torch.dtype | None = None
-    scaler: torch.amp.GradScaler | None = None
-
-    @classmethod
-    def choose(cls, device: torch.device, name: str) -> Precision:
-        """bf16 autocast on GPUs that support it for "auto", else what `name` says."""
-        if name == "auto":
-            cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-            name = "bf16" if cuda_bf16 else "fp32"
-        if name == "bf16":
-            return cls(device, torch.bfloat16)
-        if name == "fp16":
-            return cls(device, torch.float16, torch.amp.GradScaler(device.type))
-        return cls(device)
-
-    @property
-    def name(self) -> str:
-        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
-
-    def autocast(self):
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
-    """Adam as in the paper; fused, so that a non-finite update is skipped on the device."""
-    return torch.optim.Adam(
-        model.parameters(),
-        lr=0.0,
-        betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
-        eps=cfg.train.adam_eps,
-        fused=True,
-    )
-
-
-def forward_loss(model, batch: dict, cfg: Config, precision: Precision) -> tuple:
-    """Summed label-smoothed loss and NLL of a batch (still on the host when passed in); the
-    output projection runs only at target tokens, and a source without padding goes unmasked."""
-    src_padded = bool((batch["src"] == PAD_ID).any())  # read on the host: no device sync
-    b = {k: v.to(precision.device, non_blocking=True) for k, v in batch.items()}
-    with precision.autocast():
-        logits = model(b["src"], b["tgt_in"], b["tgt_index"], src_padded)  # (N, V)
-    target = b["tgt_out"].flatten()[b["tgt_index"]]  # (N,)
-    return label_smoothed_nll(logits, target, cfg.train.label_smoothing, PAD_ID)
-
-
-def train_step(
-    model,
-    optimizer,
-    batches: list[dict],
-    cfg: Config,
-    step: int,
-    precision: Precision,
-    ntokens: int | None = None,
-    world: int = 1,
-) -> dict:
-    """One update from `batches`; returns device tensors (summed losses, whether the update was
-    skipped for a non-finite loss or gradient) and host token counts.
-
-    `ntokens` is the number of target tokens of the whole update, all processes together
-    (default: those of `batches`). DistributedDataParallel averages gradients over the `world`
-    processes, so each scales its loss by world / ntokens: the sum is the gradient of the
-    update's per-token loss, as one process with all the batches would compute it.
-    """
-    lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    local_tokens = sum(len(b["tgt_index"]) for b in batches)  # counted on the host
-    factor = world / (ntokens or local_tokens)
-    scaler = precision.scaler
-    loss_sum = nll_sum = torch.zeros((), device=precision.device)
-    for i, b in enumerate(batches):
-        # Gradients are averaged across processes once, on the update's last batch.
-        last = i == len(batches) - 1
-        accumulate = model.no_sync() if hasattr(model, "no_sync") and not last else None
-        with accumulate or contextlib.nullcontext():
-            loss, nll = forward_loss(model, b, cfg, precision)
-            (scaler.scale(loss * factor) if scaler else loss * factor).backward()
-        loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
-    if scaler:
-        scaler.unscale_(optimizer)  # records inf/NaN for the scaler's update() below
-    if cfg.train.clip_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm(
-            [p.grad for p in model.parameters() if p.grad is not None]
-        )
-    finite = torch.isfinite(norm)  # the same on every process: gradients are already averaged
-    if world == 1:
-        finite = finite & torch.isfinite(loss_sum)
-    skipped = ~finite
-    # The fused Adam kernels read `found_inf` on the device and leave parameters, moments and
-    # step count untouched when it is 1 (the mechanism torch.amp.GradScaler uses): no sync.
-    optimizer.found_inf = skipped.float()
-    optimizer.step()
-    if scaler:
-        scaler.update()  # halve the scale after an overflow, grow it after a long calm
-    optimizer.zero_grad(set_to_none=True)
-    return {
-        "loss": torch.where(skipped, 0.0, loss_sum),
-        "nll": torch.where(skipped, 0.0, nll_sum),
-        "skipped": skipped,
-        "tgt_tokens": local_tokens,
-        "src_tokens": sum(int((b["src"] != PAD_ID).sum()) for b in batches),
-        "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),
-        "lr": lr,
-    }
-
-
-@torch.no_grad()
-def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> dict[str, float]:
-    """Label-smoothed loss, NLL and perplexity per target token on the validation split (each
-    process takes every world-th batch; the sums are added up across processes)."""
-    model.eval()
-    batches = token_batches(*lengths(valid_ds), cfg.train.max_tokens)[dist.rank :: dist.world]
-    loss_sum = nll_sum = torch.zeros((), device=precision.device, dtype=torch.float64)
-    ntokens = 0
-    for b in BatchDataset(valid_ds, batches):
-        ntokens += len(b["tgt_index"])
-        loss, nll = forward_loss(model, b, cfg, precision)
-        loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
-    model.train()
-    loss_sum, nll_sum, ntokens = dist.sum(
-        [loss_sum.item(), nll_sum.item(), float(ntokens)], precision.device
-    )
-    nll = nll_sum / max(ntokens, 1)
-    return {
-        "valid_loss": loss_sum / max(ntokens, 1),
-        "valid_nll": nll,
-        "valid_ppl": math.exp(min(nll, 100.0)),
-    }
-
-
-class MetricsLog:
-    """Appends one JSON object per line to RUN/metrics.jsonl (path None: writes nothing, for
-    the processes other than the main one)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.file = open(path, "a", encoding="utf-8") if path else None
-
-    def write(self, **record) -> None:
-        if self.file:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file:
-            self.file.close()
+from mtx.model.transformer import count_parameters
+from mtx.train.distributed import Dist, fingerprint
+from mtx.train.metrics import MetricsLog, Window
+from mtx.train.resume import TrainState, prepare_run_dir, save_checkpoints
+from mtx.train.step import Precision, make_optimizer, train_step
+from mtx.train.validate import validate
 
 
 class Trainer:
     """A run: its data, model, optimizer and position, and the loop that advances them."""
 
-    def __init__(self, cfg: Config, log=print) -> None:
+    def __init__(self, cfg: Config, dist: Dist, log=print) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.device = pick_device(cfg.train.device)
-        self.dist = Dist.from_env(self.device)
-        self.log = log if self.dist.main else (lambda *_: None)
+        self.device = dist.device
+        self.dist = dist
+        self.log = log if dist.main else (lambda *_: None)
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         self.precision = Precision.choose(self.device, cfg.train.precision)
@@ -236,13 +59,14 @@ class Trainer:
         self.train_tgt_lens = lengths(self.train_ds)[1]
         self.spm_proto = load_spm_proto(cfg)
         self.manifest = load_manifest(cfg)
+        dist.check_same_data(fingerprint(self.manifest, self.spm_proto))
         self.vocab_size = self.manifest["vocab_size"]
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         self.model = make_model(cfg.model, self.vocab_size).to(self.device)
-        if self.dist.rank:
-            torch.manual_seed(cfg.train.seed + self.dist.rank)  # but its own dropout
+        if dist.rank:
+            torch.manual_seed(cfg.train.seed + dist.rank)  # but its own dropout
         self.train_model: torch.nn.Module = self.model  # what the step runs: wrapped, compiled
-        if self.dist.enabled:
+        if dist.enabled:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
                 self.model,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -293,6 +117,7 @@ class Trainer:
             prefetch_factor=4 if workers else None,
             pin_memory=self.device.type == "cuda",
             generator=torch.Generator(),  # keeps the global RNG (dropout) untouched by loaders
+            worker_init_fn=leave_stop_signals_to_the_trainer,
         )
         return loader, update_tokens
 
@@ -300,8 +125,8 @@ class Trainer:
         """Train until train.max_steps, train.max_minutes or a stop signal; returns the last
         validation (empty if the run was stopped before validating)."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(
                 self.run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False)
             )
@@ -371,26 +196,28 @@ class Trainer:
                     result = self.validate_and_save()
                 if stop:
                     if self.saved_step != state.step:
-                        self.save(is_best=False)
+                        save_checkpoints(self, is_best=False)
                     return result
                 if finished:
                     break
             else:
                 state.epoch, state.batch = state.epoch + 1, 0
-        if not (self.ckpt_dir / "best.pt").is_file():  # resumed a finished run
+        # A resumed finished run: validate if no best.pt was written (rank 0's disk decides).
+        if self.dist.decide(lambda: not (self.ckpt_dir / "best.pt").is_file()):
             result = self.validate_and_save()
         return result
 
     def should_stop(self, start: float) -> tuple[bool, bool]:
         """(time is up, a stop signal came). Processes must agree on both, so under torchrun
-        they compare notes, at log and validation steps only (a collective costs a sync)."""
+        they compare notes at log and validation steps only (a collective costs a sync): time
+        is rank 0's clock, a stop signal to any process stops all."""
         time_up = time.monotonic() - start >= (self.cfg.train.max_minutes * 60 or math.inf)
         stop = self.stop_signal is not None
         if self.dist.enabled:
             step, t = self.state.step, self.cfg.train
             if step % t.log_every and step % t.valid_every and step < t.max_steps:
                 return False, False
-            time_up, stop = self.dist.any([time_up, stop], self.device)
+            time_up, stop = self.dist.any([time_up and self.dist.main, stop])
             if stop and not self.stop_signal:
                 self.stop_signal = "a stop signal to another process"
         return time_up, stop
@@ -493,7 +320,7 @@ class Trainer:
         is_best = result["valid_loss"] < self.state.best_valid_loss
         if is_best:
             self.state.best_valid_loss = result["valid_loss"]
-        self.save(is_best)
+        save_checkpoints(self, is_best)
         self.metrics.write(kind="valid", step=self.state.step, best=is_best, **result)
         self.say(
             f"step {self.state.step}: valid loss {result['valid_loss']:.3f}, "
@@ -501,186 +328,29 @@ class Trainer:
         )
         return result
 
-    def save(self, is_best: bool) -> None:
-        """best.pt (weights) if best, then step-N.pt and last.pt (resumable: optimizer, loss
-        scale, data position, RNG of every process). In this order a crash between two writes
-        leaves a consistent run: resuming from the older last.pt replays the steps and
-        rewrites the newer files. Only the main process writes; all must call this."""
-        cuda = torch.cuda.is_available()
-        rngs = self.dist.gather(
-            (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else [])
-        )
-        self.saved_step = self.state.step
-        if not self.dist.main:
-            return
-        common = {
-            "config": self.cfg.to_dict(),
-            "spm_model": self.spm_proto,
-            "vocab_size": self.vocab_size,
-            "manifest": self.manifest,
-            "model": self.model.state_dict(),
-            "step": self.state.step,
-            "best_valid_loss": self.state.best_valid_loss,
-        }
-        scaler = self.precision.scaler
-        resume = {
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": scaler.state_dict() if scaler else None,
-            "epoch": self.state.epoch,
-            "batch": self.state.batch,
-            "rng": rngs[0][0],
-            "cuda_rng": rngs[0][1],
-            "process_rngs": rngs,  # (CPU, CUDA) RNG states of each torchrun process
-        }
-        if is_best:
-            checkpoint.save(self.ckpt_dir / "best.pt", common)
-        if self.cfg.train.keep_last > 0:
-            checkpoint.save(checkpoint.step_path(self.ckpt_dir, self.state.step), common | resume)
-            checkpoint.prune(self.ckpt_dir, self.cfg.train.keep_last)
-        checkpoint.save(self.ckpt_dir / "last.pt", common | resume)
 
-    def prepare_run_dir(self, resume: bool, overwrite: bool) -> None:
-        """A run directory that already holds checkpoints is never silently overwritten:
-        resume it, or say `overwrite` to delete its checkpoints and metrics and start again."""
-        old = [self.ckpt_dir, self.run_dir / "metrics.jsonl"]
-        if not resume and any(p.exists() for p in old):
-            if not overwrite:
-                raise MtxError(
-                    f"{self.run_dir} already holds a training run: pass --resume to continue "
-                    "it, --overwrite to start again, or choose another run_dir"
-                )
-            self.dist.barrier()  # every process has looked before the main one deletes
-            if self.dist.main:
-                shutil.rmtree(old[0], ignore_errors=True)
-                old[1].unlink(missing_ok=True)
-        if resume:
-            self.restore()
-        self.dist.barrier()
-
-    def restore(self) -> None:
-        """Continue from the newest loadable checkpoint, or start afresh if there is none."""
-        if self.dist.main:
-            stale = remove_stale_temporaries(self.ckpt_dir)
-            stale += remove_stale_temporaries(self.run_dir)
-            for path in stale:
-                self.log(f"removed {path}, left by an interrupted write")
-        self.dist.barrier()
-        found = checkpoint.load_resumable(self.ckpt_dir, self.log)
-        if found is None:
-            self.log(f"no checkpoint in {self.ckpt_dir}: starting from step 0")
-            if self.dist.main:
-                truncate_metrics(self.run_dir / "metrics.jsonl", 0)
-            return
-        path, ckpt = found
-        if ckpt["spm_model"] != self.spm_proto or ckpt["vocab_size"] != self.vocab_size:
-            raise MtxError(
-                f"{path} was trained with another SentencePiece vocabulary than "
-                f"{prepared_dir(self.cfg)}: the data was prepared again since; train a new "
-                "run_dir or pass --overwrite"
-            )
-        try:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        except (RuntimeError, ValueError, KeyError):
-            raise MtxError(
-                f"{path}: its weights do not fit the model config (were model.* keys changed?)"
-            ) from None
-        scaler = self.precision.scaler
-        if scaler and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        rngs = ckpt.get("process_rngs") or [(ckpt["rng"], ckpt["cuda_rng"])]
-        if len(rngs) == self.dist.world:
-            cpu_rng, cuda_rng = rngs[self.dist.rank]
-            torch.set_rng_state(cpu_rng)
-            if cuda_rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(cuda_rng)
-        else:  # another number of processes than before: fresh dropout streams
-            torch.manual_seed(self.cfg.train.seed + 1000 * ckpt["step"] + self.dist.rank)
-        self.state = TrainState(ckpt["step"], ckpt["epoch"], ckpt["batch"], ckpt["best_valid_loss"])
-        if self.dist.main:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.state.step)
-        self.log(f"resuming from {path} at step {ckpt['step']}")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the complete metrics records up to `step`: a resumed run rewrites what follows."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        if line.endswith("\n") and record.get("step", 0) <= step:
-            kept.append(line)
-    atomic_write_text(path, "".join(kept))
-
-
-class Window:
-    """Loss and token sums since the last log line, kept on the device until read."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.streak = torch.zeros((), dtype=torch.long, device=device)  # skipped in a row
-        self.reset()
-
-    def reset(self) -> None:
-        zero = torch.zeros((), device=self.device)
-        self.loss = self.nll = self.good_tgt_tokens = zero
-        self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
-        self.worst = self.streak.clone()
-        self.tgt_tokens = self.src_tokens = self.padded_tokens = 0
-        self.t = time.monotonic()
-
-    def add(self, stats: dict) -> None:
-        skipped = stats["skipped"].long()
-        self.loss, self.nll = self.loss + stats["loss"], self.nll + stats["nll"]
-        self.good_tgt_tokens = self.good_tgt_tokens + (1 - skipped) * stats["tgt_tokens"]
-        self.skipped = self.skipped + skipped
-        self.streak = (self.streak + 1) * skipped
-        self.worst = torch.maximum(self.worst, self.streak)
-        self.tgt_tokens += stats["tgt_tokens"]
-        self.src_tokens += stats["src_tokens"]
-        self.padded_tokens += stats["padded_tokens"]
-
-    def worst_streak(self) -> int:
-        return int(self.worst)  # the same on every process: skipping is decided together
-
-    def flush(self, step: int, lr: float, dist: Dist) -> dict:
-        """The window's record, summed over all processes, and a fresh window."""
-        elapsed = max(time.monotonic() - self.t, 1e-9)
-        loss, nll, good, skipped = torch.stack(
-            [self.loss, self.nll, self.good_tgt_tokens, self.skipped.float()]
-        ).tolist()  # the only host-device synchronisation
-        skipped = int(skipped)
-        loss, nll, good, tgt, src, padded = dist.sum(
-            [loss, nll, good, self.tgt_tokens, self.src_tokens, self.padded_tokens], self.device
-        )
-        nll = nll / good if good else None  # None (JSON null): every update was skipped
-        record = {
-            "step": step,
-            "loss": loss / good if good else None,
-            "nll": nll,
-            "ppl": math.exp(min(nll, 100.0)) if good else None,
-            "lr": lr,
-            "tokens_per_s": (tgt + src) / elapsed,
-            "tgt_tokens_per_s": tgt / elapsed,
-            "padding": 1 - (tgt + src) / padded if padded else 0.0,
-            "skipped": skipped,
-        }
-        self.reset()
-        return record
+def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """A batch-building process ignores SIGTERM and SIGINT: torchrun and a terminal send them to
+    the whole process group, and the trainer, not its loader, decides when to stop (the loader
+    ends its processes; they also exit when the trainer dies)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def train(
     cfg: Config, resume: bool = False, overwrite: bool = False, log=print
 ) -> dict[str, float]:
     """`mtx train`: train on RUN/prepared, from scratch or from the run's newest checkpoint;
-    one process, or one of those torchrun started."""
-    trainer = Trainer(cfg, log)
+    one process, or one of those torchrun started. A collective that fails (a process died or
+    stopped answering) becomes one line naming the process."""
+    dist = Dist.from_env(pick_device(cfg.train.device), cfg.train.dist_timeout)
     try:
-        trainer.prepare_run_dir(resume, overwrite)
+        trainer = Trainer(cfg, dist, log)
+        prepare_run_dir(trainer, resume, overwrite)
         return trainer.run()
+    except RuntimeError as e:
+        if dist.enabled and dist.is_collective_failure(e):
+            raise dist.failure(e) from None
+        raise
     finally:
-        trainer.dist.close()
+        dist.close()

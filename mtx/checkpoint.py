@@ -9,13 +9,12 @@ temporary file, fsync, rename.
 
 A run's checkpoints directory holds `last.pt` (resumable), `best.pt` (weights of the lowest
 validation loss) and the last `train.keep_last` step checkpoints `step-N.pt` (resumable, and
-what `average()` reads). `--resume` takes the newest of these that loads.
+what `average()` reads). How a run writes and resumes them: mtx/train/resume.py.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,27 +53,6 @@ def prune(directory: Path, keep: int) -> None:
     """Delete all but the newest `keep` step checkpoints."""
     for path in step_checkpoints(directory)[keep:]:
         path.unlink(missing_ok=True)
-
-
-def load_resumable(directory: Path, log: Callable[[str], None]) -> tuple[Path, dict] | None:
-    """The newest checkpoint in `directory` that loads and holds optimizer state, or None if
-    there is no checkpoint at all. Unloadable ones are skipped, saying why."""
-    candidates = [directory / "last.pt", *step_checkpoints(directory)]
-    problems = []
-    for path in candidates:
-        if not path.is_file():
-            continue
-        try:
-            ckpt = load(path)
-        except MtxError as e:
-            problems.append(str(e))
-            log(f"warning: {e}; trying an older checkpoint")
-            continue
-        if "optimizer" in ckpt:
-            return path, ckpt
-    if problems:
-        raise MtxError(f"no loadable checkpoint to resume from in {directory}: {problems[0]}")
-    return None
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -1,0 +1,21 @@
+"""Which device a command runs on: shared by training and translation."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mtx.errors import MtxError
+
+
+def pick_device(name: str, key: str = "train.device") -> torch.device:
+    """The device `name` says ("auto": CUDA if there is one, else the CPU); under torchrun,
+    CUDA means this process's GPU. `key` names the setting in the error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise MtxError(f"{key} is {name!r} but no CUDA device is available")
+    if name.startswith("cuda") and "WORLD_SIZE" in os.environ:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(name)

@@ -1,0 +1,102 @@
+"""What a run reports: RUN/metrics.jsonl, and the window of losses and token counts between two
+log lines, kept on the device until read."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from mtx.files import atomic_write_text
+from mtx.train.distributed import Dist
+
+
+class MetricsLog:
+    """Appends one JSON object per line to RUN/metrics.jsonl (path None: writes nothing, for
+    the processes other than the main one)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.file = open(path, "a", encoding="utf-8") if path else None
+
+    def write(self, **record) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the complete metrics records up to `step`: a resumed run rewrites what follows."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if line.endswith("\n") and record.get("step", 0) <= step:
+            kept.append(line)
+    atomic_write_text(path, "".join(kept))
+
+
+class Window:
+    """Loss and token sums since the last log line, kept on the device until read."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.streak = torch.zeros((), dtype=torch.long, device=device)  # skipped in a row
+        self.reset()
+
+    def reset(self) -> None:
+        zero = torch.zeros((), device=self.device)
+        self.loss = self.nll = self.good_tgt_tokens = zero
+        self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
+        self.worst = self.streak.clone()
+        self.tgt_tokens = self.src_tokens = self.padded_tokens = 0
+        self.t = time.monotonic()
+
+    def add(self, stats: dict) -> None:
+        skipped = stats["skipped"].long()
+        self.loss, self.nll = self.loss + stats["loss"], self.nll + stats["nll"]
+        self.good_tgt_tokens = self.good_tgt_tokens + (1 - skipped) * stats["tgt_tokens"]
+        self.skipped = self.skipped + skipped
+        self.streak = (self.streak + 1) * skipped
+        self.worst = torch.maximum(self.worst, self.streak)
+        self.tgt_tokens += stats["tgt_tokens"]
+        self.src_tokens += stats["src_tokens"]
+        self.padded_tokens += stats["padded_tokens"]
+
+    def worst_streak(self) -> int:
+        return int(self.worst)  # the same on every process: skipping is decided together
+
+    def flush(self, step: int, lr: float, dist: Dist) -> dict:
+        """The window's record, summed over all processes, and a fresh window."""
+        elapsed = max(time.monotonic() - self.t, 1e-9)
+        loss, nll, good, skipped = torch.stack(
+            [self.loss, self.nll, self.good_tgt_tokens, self.skipped.float()]
+        ).tolist()  # the only host-device synchronisation
+        skipped = int(skipped)
+        loss, nll, good, tgt, src, padded = dist.sum(
+            [loss, nll, good, self.tgt_tokens, self.src_tokens, self.padded_tokens]
+        )
+        nll = nll / good if good else None  # None (JSON null): every update was skipped
+        record = {
+            "step": step,
+            "loss": loss / good if good else None,
+            "nll": nll,
+            "ppl": math.exp(min(nll, 100.0)) if good else None,
+            "lr": lr,
+            "tokens_per_s": (tgt + src) / elapsed,
+            "tgt_tokens_per_s": tgt / elapsed,
+            "padding": 1 - (tgt + src) / padded if padded else 0.0,
+            "skipped": skipped,
+        }
+        self.reset()
+        return record

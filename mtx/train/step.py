@@ -1,0 +1,137 @@
+"""One training update: the forward pass, the label-smoothed loss, the backward pass and Adam.
+
+One update (`train_step`) consumes `update_freq` token-budget batches on each process,
+normalises the summed label-smoothed loss by the number of target tokens of the whole update,
+clips the gradient norm if asked, and sets the learning rate from the paper's schedule. The
+loss stays on the device (the trainer reads it back only when logging), so the step has no
+host-device synchronisation. An update with a non-finite loss or gradient is skipped on the
+device: the fused Adam step is told `found_inf`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from mtx.config import Config
+from mtx.tokens import PAD_ID
+from mtx.train.loss import label_smoothed_nll
+from mtx.train.schedule import rate
+
+
+@dataclass
+class Precision:
+    """How a step computes: autocast to `dtype` (None: plain fp32), and for fp16 the dynamic
+    loss scaler that keeps small gradients from underflowing."""
+
+    device: torch.device
+    dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
+
+    @classmethod
+    def choose(cls, device: torch.device, name: str) -> Precision:
+        """bf16 autocast on GPUs that support it for "auto", else what `name` says."""
+        if name == "auto":
+            cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+            name = "bf16" if cuda_bf16 else "fp32"
+        if name == "bf16":
+            return cls(device, torch.bfloat16)
+        if name == "fp16":
+            return cls(device, torch.float16, torch.amp.GradScaler(device.type))
+        return cls(device)
+
+    @property
+    def name(self) -> str:
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
+    """Adam as in the paper; fused, so that a non-finite update is skipped on the device."""
+    return torch.optim.Adam(
+        model.parameters(),
+        lr=0.0,
+        betas=(cfg.train.adam_beta1, cfg.train.adam_beta2),
+        eps=cfg.train.adam_eps,
+        fused=True,
+    )
+
+
+def forward_loss(model, batch: dict, cfg: Config, precision: Precision) -> tuple:
+    """Summed label-smoothed loss and NLL of a batch (still on the host when passed in); the
+    output projection runs only at target tokens, and a source without padding goes unmasked."""
+    src_padded = bool((batch["src"] == PAD_ID).any())  # read on the host: no device sync
+    b = {k: v.to(precision.device, non_blocking=True) for k, v in batch.items()}
+    with precision.autocast():
+        logits = model(b["src"], b["tgt_in"], b["tgt_index"], src_padded)  # (N, V)
+    target = b["tgt_out"].flatten()[b["tgt_index"]]  # (N,)
+    return label_smoothed_nll(logits, target, cfg.train.label_smoothing, PAD_ID)
+
+
+def train_step(
+    model,
+    optimizer,
+    batches: list[dict],
+    cfg: Config,
+    step: int,
+    precision: Precision,
+    ntokens: int | None = None,
+    world: int = 1,
+) -> dict:
+    """One update from `batches`; returns device tensors (summed losses, whether the update was
+    skipped for a non-finite loss or gradient) and host token counts.
+
+    `ntokens` is the number of target tokens of the whole update, all processes together
+    (default: those of `batches`). DistributedDataParallel averages gradients over the `world`
+    processes, so each scales its loss by world / ntokens: the sum is the gradient of the
+    update's per-token loss, as one process with all the batches would compute it.
+    """
+    lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    local_tokens = sum(len(b["tgt_index"]) for b in batches)  # counted on the host
+    factor = world / (ntokens or local_tokens)
+    scaler = precision.scaler
+    loss_sum = nll_sum = torch.zeros((), device=precision.device)
+    for i, b in enumerate(batches):
+        # Gradients are averaged across processes once, on the update's last batch.
+        last = i == len(batches) - 1
+        accumulate = model.no_sync() if hasattr(model, "no_sync") and not last else None
+        with accumulate or contextlib.nullcontext():
+            loss, nll = forward_loss(model, b, cfg, precision)
+            (scaler.scale(loss * factor) if scaler else loss * factor).backward()
+        loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
+    if scaler:
+        scaler.unscale_(optimizer)  # records inf/NaN for the scaler's update() below
+    if cfg.train.clip_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters() if p.grad is not None]
+        )
+    finite = torch.isfinite(norm)  # the same on every process: gradients are already averaged
+    if world == 1:
+        finite = finite & torch.isfinite(loss_sum)
+    skipped = ~finite
+    # The fused Adam kernels read `found_inf` on the device and leave parameters, moments and
+    # step count untouched when it is 1 (the mechanism torch.amp.GradScaler uses): no sync.
+    optimizer.found_inf = skipped.float()
+    optimizer.step()
+    if scaler:
+        scaler.update()  # halve the scale after an overflow, grow it after a long calm
+    optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": torch.where(skipped, 0.0, loss_sum),
+        "nll": torch.where(skipped, 0.0, nll_sum),
+        "skipped": skipped,
+        "tgt_tokens": local_tokens,
+        "src_tokens": sum(int((b["src"] != PAD_ID).sum()) for b in batches),
+        "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),
+        "lr": lr,
+    }
