@@ -41,10 +41,11 @@ def launch(work: Path, nproc: int, config: str, restarts: int) -> subprocess.Pop
 
 def train_records(metrics: Path) -> list[dict]:
     try:
-        lines = metrics.read_text().splitlines()
+        lines = metrics.read_text().splitlines(keepends=True)
     except FileNotFoundError:
         return []
-    return [r for r in map(json.loads, lines) if r.get("kind") == "train"]
+    complete = [json.loads(line) for line in lines if line.endswith("\n")]  # being written
+    return [r for r in complete if r.get("kind") == "train"]
 
 
 def wait_for(condition, job: subprocess.Popen, what: str, limit: float = 300) -> None:

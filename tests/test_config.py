@@ -59,6 +59,7 @@ def test_yaml_file_and_overrides_compose(tmp_path):
         ("model.dropout=yes", "model.dropout expects float"),
         ("model.n_heads=7", "divisible"),
         ("train.max_tokens=-1", "train.max_tokens must be positive"),
+        ("train.dist_timeout=0", "train.dist_timeout must be positive"),
         ("nothing", "key=value"),
         ("model.arch=lstm", "model.arch must be transformer or rnn"),
         ("model.rnn_cell=elman", "model.rnn_cell must be lstm or gru"),
