@@ -90,7 +90,8 @@ def one_trial(work: Path, nproc: int, config: str, restarts: int) -> float:
             path = run / "metrics.jsonl"
             if not path.exists() or path.stat().st_ino == inode:
                 return False
-            return bool(train_records(path)) and train_records(path)[-1]["step"] > 20
+            records = train_records(path)
+            return bool(records) and records[-1]["step"] > 20
 
         wait_for(resumed_and_stepped, job, "update after the restart")
         return time.monotonic() - killed

@@ -40,7 +40,7 @@ def job_config(root: Path, prepared: Path, *extra: str, shared: bool = False) ->
     root.mkdir(parents=True, exist_ok=True)
     for node in ["."] if shared else ["node0", "node1"]:
         if not (root / node / "run" / "prepared").exists():
-            shutil.copytree(prepared, root / node / "run" / "prepared", symlinks=False)
+            shutil.copytree(prepared, root / node / "run" / "prepared")
     run_dir = str(root / "run") if shared else "run"
     cfg = load_config(None, [f"run_dir={run_dir}", *TINY_RUN, *extra])
     (root / "job.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
@@ -86,7 +86,9 @@ def assert_same_parameters(a: Path, b: Path) -> None:
     assert x["model"].keys() == y["model"].keys()
     different = [k for k in x["model"] if not torch.equal(x["model"][k], y["model"][k])]
     assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
-    for p, q in zip(x["optimizer"]["state"].values(), y["optimizer"]["state"].values()):
+    states = x["optimizer"]["state"], y["optimizer"]["state"]
+    assert len(states[0]) == len(states[1]) == len(x["model"])  # Adam state for every weight
+    for p, q in zip(states[0].values(), states[1].values()):
         assert all(torch.equal(p[k], q[k]) for k in p)
 
 

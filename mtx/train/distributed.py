@@ -60,13 +60,15 @@ class Heartbeat:
     def silent(self) -> list[int] | None:
         """The other ranks whose counters did not move over 3 beats (None: no store)."""
         try:
-            counts = lambda: [self.store.add(str(r), 0) for r in range(self.world)]  # noqa: E731
-            before = counts()
+            before = self._counts()
             time.sleep(3 * BEAT_S)
-            after = counts()
+            after = self._counts()
         except Exception:
             return None
         return [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
+
+    def _counts(self) -> list[int]:
+        return [self.store.add(str(r), 0) for r in range(self.world)]  # add 0: read
 
     def stop(self) -> None:
         self.stopped.set()

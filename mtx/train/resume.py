@@ -1,9 +1,9 @@
 """A run's checkpoints: what the trainer writes into them and how a run continues from one.
 
 Only the main process (rank 0) touches the run directory: it decides whether the directory may
-be used (`prepare_run_dir`), writes the checkpoints (`save_checkpoints`), finds and reads the newest one
-that loads (`restore`) and sends its contents to the other processes, which need nothing on
-disk but the prepared data. So a job whose machines have their own disks resumes as one on a
+be used (`prepare_run_dir`), writes the checkpoints (`save_checkpoints`), finds and reads the
+newest one that loads (`restore`) and sends its contents to the other processes, which need
+nothing on disk but the prepared data. So a job whose machines have their own disks resumes as one on a
 shared disk does, and rank 1's disk never holds a checkpoint.
 
 A resumable checkpoint holds the model, the optimizer, the loss scale, the step, the position
