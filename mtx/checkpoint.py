@@ -7,8 +7,8 @@ manifest (what `mtx prepare` read and kept, with hashes) and the mtx version (so
 optimizer state, the step, the position in the data order and the RNG state. Files are written atomically: a
 temporary file, fsync, rename.
 
-A run's checkpoints directory holds `last.pt` (resumable), `best.pt` (weights of the lowest
-validation loss) and the last `train.keep_last` step checkpoints `step-N.pt` (resumable, and
+A run's checkpoints directory holds `last.pt` (resumable), `best.pt` (weights of the best
+validation by train.best_metric: lowest loss or highest BLEU) and the last `train.keep_last` step checkpoints `step-N.pt` (resumable, and
 what `average()` reads). How a run writes and resumes them: mtx/train/resume.py.
 """
 

@@ -33,8 +33,12 @@ SetOpt = Annotated[
     typer.Option("--set", "-s", help="Override a config key: key=value (repeatable)."),
 ]
 CkptOpt = Annotated[
-    Path | None,
-    typer.Option("--checkpoint", help="A checkpoint (embeds its config and vocabulary)."),
+    list[Path] | None,
+    typer.Option(
+        "--checkpoint",
+        help="A checkpoint (embeds its config and vocabulary). Repeat it to decode with the "
+        "ensemble of several: the mean of their probabilities at each step.",
+    ),
 ]
 
 
@@ -83,15 +87,15 @@ def _config(config: Path | None, overrides: list[str] | None):
     return run(load_config, config, overrides)
 
 
-def _checkpoint_path(
-    checkpoint: Path | None, config: Path | None, overrides: list[str] | None
-) -> Path:
-    """The checkpoint given, or RUN/checkpoints/best.pt of the config's run."""
-    if checkpoint is not None:
-        return checkpoint
+def _checkpoint_paths(
+    checkpoints: list[Path] | None, config: Path | None, overrides: list[str] | None
+) -> list[Path]:
+    """The checkpoints given, or RUN/checkpoints/best.pt of the config's run."""
+    if checkpoints:
+        return checkpoints
     if config is None:
         fail("give --checkpoint, or --config to use RUN/checkpoints/best.pt")
-    return Path(_config(config, overrides).run_dir) / "checkpoints" / "best.pt"
+    return [Path(_config(config, overrides).run_dir) / "checkpoints" / "best.pt"]
 
 
 @app.command()
@@ -132,8 +136,8 @@ def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, **de
     overrides = list(set or [])
     options = dict(beam=beam, alpha=alpha, batch_tokens=batch_tokens, **decode)
     overrides += [f"decode.{key}={value}" for key, value in options.items() if value is not None]
-    path = _checkpoint_path(checkpoint, config, set)
-    return run(Translator.from_checkpoint, path, overrides, device)
+    paths = _checkpoint_paths(checkpoint, config, set)
+    return run(Translator.from_checkpoints, paths, overrides, device)
 
 
 BeamOpt = Annotated[
@@ -193,6 +197,8 @@ def translate(
     ] = False,
 ) -> None:
     """Translate stdin to stdout, one line per line, in order, as the input arrives."""
+    if attention_dir is not None and checkpoint and len(checkpoint) > 1:
+        fail("--attention-dir shows one model's attention: give one --checkpoint")
     translator = _translator(
         checkpoint, config, set, beam, alpha, batch_tokens, device, dtype=dtype,
         stopping=stopping, sampling=True if sample else None, temperature=temperature,

@@ -74,6 +74,15 @@ class TrainConfig:
     clip_norm: float = 0.0  # clip the gradient norm to this (0 = off, as in the paper)
     seed: int = 1  # seeds initialisation, dropout and batch order
     valid_every: int = 1000  # validate and checkpoint every this many updates
+    # Translate the validation split with decode.* and score it with sacreBLEU (BLEU, chrF) at
+    # every this many validations, and at the last (0 = never: loss only)
+    bleu_every: int = 1
+    valid_bleu_lines: int = 0  # translate only the first N validation lines (0 = all)
+    best_metric: str = "loss"  # what best.pt is best by: loss (lowest) or bleu (highest)
+    patience: int = 0  # stop after this many validations without a better best_metric (0 = off)
+    tensorboard: bool = (
+        False  # also write every metric to RUN/tensorboard (pip install tensorboard)
+    )
     keep_last: int = 5  # step checkpoints (step-N.pt) kept beside last.pt and best.pt
     max_nonfinite: int = 10  # stop after this many updates in a row with a NaN/inf loss or gradient
     max_oom: int = 3  # stop after this many batches in a row run out of GPU memory
@@ -153,8 +162,18 @@ class Config:
         }.items():
             if not 0.0 <= value < 1.0:
                 raise MtxError(f"{key} must be in [0, 1), got {value}")
-        if t.keep_last < 0:
-            raise MtxError(f"train.keep_last must be 0 or more, got {t.keep_last}")
+        for key, value in {
+            "train.keep_last": t.keep_last,
+            "train.bleu_every": t.bleu_every,
+            "train.valid_bleu_lines": t.valid_bleu_lines,
+            "train.patience": t.patience,
+        }.items():
+            if value < 0:
+                raise MtxError(f"{key} must be 0 or more, got {value}")
+        if t.best_metric not in ("loss", "bleu"):
+            raise MtxError(f"train.best_metric must be loss or bleu, got {t.best_metric!r}")
+        if t.best_metric == "bleu" and t.bleu_every == 0:
+            raise MtxError("train.best_metric bleu needs train.bleu_every above 0")
         if t.warmup_steps < 1:
             raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
         if t.precision not in ("auto", "fp32", "bf16", "fp16"):

@@ -14,8 +14,9 @@ from mtx.files import atomic_write, atomic_write_text
 CURVES = [
     ("loss (label-smoothed)", [("loss", "train"), ("valid_loss", "valid")]),
     ("perplexity", [("ppl", "train"), ("valid_ppl", "valid")]),
-    ("BLEU", [("bleu", "train"), ("valid_bleu", "valid")]),
+    ("BLEU and chrF", [("valid_bleu", "valid"), ("valid_chrf", "valid")]),
     ("learning rate", [("lr", "train")]),
+    ("gradient norm", [("grad_norm", "train")]),
     ("tokens/s (source + target)", [("tokens_per_s", "train")]),
 ]
 

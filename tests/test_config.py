@@ -60,6 +60,10 @@ def test_yaml_file_and_overrides_compose(tmp_path):
         ("model.n_heads=7", "divisible"),
         ("train.max_tokens=-1", "train.max_tokens must be positive"),
         ("train.dist_timeout=0", "train.dist_timeout must be positive"),
+        ("train.patience=-1", "train.patience must be 0 or more"),
+        ("train.bleu_every=-2", "train.bleu_every must be 0 or more"),
+        ("train.valid_bleu_lines=-1", "train.valid_bleu_lines must be 0 or more"),
+        ("train.best_metric=ter", "train.best_metric must be loss or bleu"),
         ("nothing", "key=value"),
         ("model.arch=lstm", "model.arch must be transformer or rnn"),
         ("model.rnn_cell=elman", "model.rnn_cell must be lstm or gru"),
@@ -101,6 +105,14 @@ def test_bad_yaml_names_the_file(tmp_path):
 def test_shipped_configs_load():
     for name in ("toy", "multi30k", "base", "big"):
         load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
+
+
+def test_best_by_bleu_needs_bleu_and_the_demo_is_bounded_by_steps_not_the_clock():
+    with pytest.raises(MtxError, match="train.best_metric bleu needs train.bleu_every above 0"):
+        load_config(None, ["train.best_metric=bleu", "train.bleu_every=0"])
+    toy = load_config(Path(__file__).parents[1] / "configs" / "toy.yaml")
+    assert toy.train.max_minutes == 0  # `make demo` trains the same model on any machine
+    assert (toy.train.best_metric, toy.train.patience) == ("bleu", 3)
 
 
 @given(st.one_of(st.sampled_from(all_keys()), st.text(max_size=30)), st.text(max_size=20))

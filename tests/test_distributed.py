@@ -99,16 +99,18 @@ def assert_rank1_wrote_nothing(root: Path) -> None:
 def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepared):
     one = tmp_path / "one"
     threads = torch.get_num_threads()
+    # validation BLEU on 41 lines: the processes translate 21 and 20 of them
+    bleu = ["train.bleu_every=1", "train.valid_bleu_lines=41", "decode.max_len_b=8"]
     try:
         train(
-            run_config(one, prepared, "train.max_steps=8", "train.update_freq=2", *SAME),
+            run_config(one, prepared, "train.max_steps=8", "train.update_freq=2", *SAME, *bleu),
             log=lambda *_: None,
         )
     finally:
         torch.set_num_threads(threads)  # train.threads=1 must not leak into later tests
     for attempt in range(3):
         root = tmp_path / f"two{attempt}"
-        job_config(root, prepared, "train.max_steps=8", *SAME)
+        job_config(root, prepared, "train.max_steps=8", *SAME, *bleu)
         code, err = finish(torchrun(root))
         assert code == 0, err[-3000:]
         two = run_dir(root)
@@ -124,6 +126,14 @@ def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepar
             for x, y in zip(ra, rb):
                 for key in keys:
                     assert abs(x[key] - y[key]) < 1e-6, (kind, key, x, y)
+        # validation BLEU: shared translating, rank 0 scoring, the same as one process
+        bleus = [
+            [(r["valid_bleu"], r["valid_chrf"]) for r in records(x, "valid")] for x in (one, two)
+        ]
+        assert len(bleus[1]) == 2 and bleus[0] == bleus[1]
+        hyps = (two / "valid.hyp").read_text().splitlines()
+        assert len(hyps) == 41 and hyps == (one / "valid.hyp").read_text().splitlines()
+        assert len(set(hyps)) > 1
         assert all(0 < r["padding"] < 1 for r in records(two, "train"))
         assert "2 processes" in err
         assert_rank1_wrote_nothing(root)

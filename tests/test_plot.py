@@ -39,11 +39,13 @@ def test_plot_draws_one_panel_per_logged_curve(tmp_path):
     assert image.shape[:2] == (4 * 250, 800)  # 4 panels of 8 x 2.5 inches at 100 dpi
     assert image[..., :3].std() > 0.05  # something is drawn
 
-    rows.append({"kind": "valid", "step": 100, "valid_bleu": 12.5})
+    rows.append({"kind": "valid", "step": 100, "valid_bleu": 12.5, "valid_chrf": 30.0})
+    rows.append({"kind": "train", "step": 110, "grad_norm": 0.7})
     write_metrics(tmp_path / "metrics.jsonl", rows)
     result = invoke("plot", tmp_path, "--output", tmp_path / "sub" / "x.png")
-    assert result.exit_code == 0 and "BLEU" in result.output
-    assert matplotlib.image.imread(tmp_path / "sub" / "x.png").shape[:2] == (5 * 250, 800)
+    assert result.exit_code == 0 and "BLEU and chrF" in result.output
+    assert "gradient norm" in result.output
+    assert matplotlib.image.imread(tmp_path / "sub" / "x.png").shape[:2] == (6 * 250, 800)
 
 
 def test_plot_refuses_a_bad_metrics_log_and_writes_nothing(tmp_path):

@@ -3,7 +3,8 @@
 Shape legend: B sentences still being decoded, K beam size, V vocabulary, t steps so far.
 
 The model is anything with `encode(src) -> (memory, src_mask)`, `new_cache()`, and
-`decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)`; the cache is a list
+`decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)` (log-probabilities
+if it says `gives_log_probs`, as an ensemble does: decode/ensemble.py); the cache is a list
 of dicts of tensors (`reorder_cache` in transformer.py): what each hypothesis has decoded
 (the Transformer's self-attention keys/values, the RNN's decoder state), one row per
 hypothesis, and what is computed from the encoder output ("memory_*"), one row per sentence,
@@ -69,8 +70,8 @@ def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
 def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[int]) -> Tensor:
     """(N, V) next-token log-probabilities of the N hypotheses whose last tokens are `last`
     (N, 1): PAD, UNK and BOS never; rows `force_eos` may only end."""
-    logits = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
-    lprobs = torch.log_softmax(logits, dim=-1)
+    out = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
+    lprobs = out if getattr(model, "gives_log_probs", False) else torch.log_softmax(out, dim=-1)
     lprobs[:, :3] = -torch.inf  # PAD, UNK, BOS
     if force_eos:
         rows = torch.tensor(force_eos, device=lprobs.device)

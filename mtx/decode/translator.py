@@ -29,6 +29,7 @@ from mtx import checkpoint
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.data.batching import pad
+from mtx.decode.ensemble import Ensemble
 from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.device import pick_device
 from mtx.errors import MtxError
@@ -47,11 +48,24 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
 
 
 class Translator:
-    def __init__(self, model: Model, cfg: Config, spm_proto: bytes, device: str = "auto") -> None:
-        self.device = pick_device(device, "--device")
-        self.dtype = decode_dtype(self.device, cfg.decode.dtype)
-        self.model = model.to(self.device, self.dtype).eval()
-        self.model.pack_output_projection()
+    def __init__(
+        self,
+        model: Model | Ensemble,
+        cfg: Config,
+        spm_proto: bytes,
+        device: str = "auto",
+        as_is: bool = False,
+    ) -> None:
+        """`as_is`: translate with the model where and as it is (its device and dtype, in
+        whatever mode it is in; the trainer's validation sets eval mode and autocast)."""
+        if as_is:
+            weight = next(model.parameters())
+            self.device, self.dtype, self.model = weight.device, weight.dtype, model
+        else:
+            self.device = pick_device(device, "--device")
+            self.dtype = decode_dtype(self.device, cfg.decode.dtype)
+            self.model = model.to(self.device, self.dtype).eval()
+            self.model.pack_output_projection()
         self.cfg = cfg
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:
@@ -66,6 +80,27 @@ class Translator:
     ) -> Translator:
         model, cfg, spm_proto = checkpoint.load_model(path, overrides)
         return cls(model, cfg, spm_proto, device)
+
+    @classmethod
+    def from_checkpoints(
+        cls, paths: list[Path], overrides: list[str] | None = None, device: str = "auto"
+    ) -> Translator:
+        """One checkpoint's translator, or the ensemble of several (ensemble.py): decode.*
+        settings come from the first, and every checkpoint must hold the same vocabulary."""
+        if len(paths) == 1:
+            return cls.from_checkpoint(paths[0], overrides, device)
+        models, cfg, spm_proto = [], None, b""
+        for path in paths:
+            model, model_cfg, proto = checkpoint.load_model(path, overrides)
+            if cfg is None:
+                cfg, spm_proto = model_cfg, proto
+            elif proto != spm_proto or model.vocab_size != models[0].vocab_size:
+                raise MtxError(
+                    f"{path}: another vocabulary (SentencePiece model) than {paths[0]}; the "
+                    "checkpoints of an ensemble must share one"
+                )
+            models.append(model)
+        return cls(Ensemble(models), cfg, spm_proto, device)
 
     def encode(self, line: str) -> list[int]:
         ids = self.sp.encode(" ".join(line.split()))[: self.model.cfg.max_positions - 1]

@@ -10,25 +10,62 @@ from pathlib import Path
 
 import torch
 
+from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.train.distributed import Dist
 
 
 class MetricsLog:
     """Appends one JSON object per line to RUN/metrics.jsonl (path None: writes nothing, for
-    the processes other than the main one)."""
+    the processes other than the main one), and with `tensorboard` (a directory) writes every
+    number of every record there too, as TensorBoard scalars: record kind "train" to
+    DIR/train, "valid" to DIR/valid, tagged by the key without its "valid_" prefix (so
+    TensorBoard draws train/loss and valid/loss in one chart). A run resumed at step S
+    continues from `first_step` = S + 1: what an earlier attempt wrote from there is dropped."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, tensorboard: Path | None = None, first_step: int = 0):
         self.file = open(path, "a", encoding="utf-8") if path else None
+        self.tensorboard, self.first_step = (tensorboard if path else None), first_step
+        self.writers: dict = {}
 
     def write(self, **record) -> None:
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        if self.tensorboard:
+            self.write_scalars(record)
+
+    def write_scalars(self, record: dict) -> None:
+        kind, step = record["kind"], record["step"]
+        if kind not in self.writers:
+            SummaryWriter = summary_writer()
+            self.writers[kind] = SummaryWriter(
+                str(self.tensorboard / kind), purge_step=self.first_step or None
+            )
+        writer = self.writers[kind]
+        for key, value in record.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if number and key not in ("kind", "step"):
+                writer.add_scalar(key.removeprefix(f"{kind}_"), value, step)
+        writer.flush()
 
     def close(self) -> None:
         if self.file:
             self.file.close()
+        for writer in self.writers.values():
+            writer.close()
+
+
+def summary_writer():
+    """torch.utils.tensorboard's SummaryWriter, or an error saying what to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise MtxError(
+            "train.tensorboard needs the tensorboard package: pip install tensorboard "
+            "(or `pip install mtx[tensorboard]`)"
+        ) from None
+    return SummaryWriter
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -56,10 +93,10 @@ class Window:
 
     def reset(self) -> None:
         zero = torch.zeros((), device=self.device)
-        self.loss = self.nll = self.good_tgt_tokens = zero
+        self.loss = self.nll = self.good_tgt_tokens = self.grad_norm = zero
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
         self.worst = self.streak.clone()
-        self.tgt_tokens = self.src_tokens = self.padded_tokens = 0
+        self.tgt_tokens = self.src_tokens = self.padded_tokens = self.updates = 0
         self.t = time.monotonic()
 
     def add(self, stats: dict) -> None:
@@ -67,6 +104,8 @@ class Window:
         self.loss, self.nll = self.loss + stats["loss"], self.nll + stats["nll"]
         self.good_tgt_tokens = self.good_tgt_tokens + (1 - skipped) * stats["tgt_tokens"]
         self.skipped = self.skipped + skipped
+        self.grad_norm = self.grad_norm + stats["grad_norm"]
+        self.updates += 1
         self.streak = (self.streak + 1) * skipped
         self.worst = torch.maximum(self.worst, self.streak)
         self.tgt_tokens += stats["tgt_tokens"]
@@ -79,10 +118,11 @@ class Window:
     def flush(self, step: int, lr: float, dist: Dist) -> dict:
         """The window's record, summed over all processes, and a fresh window."""
         elapsed = max(time.monotonic() - self.t, 1e-9)
-        loss, nll, good, skipped = torch.stack(
-            [self.loss, self.nll, self.good_tgt_tokens, self.skipped.float()]
+        loss, nll, good, skipped, grad_norm = torch.stack(
+            [self.loss, self.nll, self.good_tgt_tokens, self.skipped.float(), self.grad_norm]
         ).tolist()  # the only host-device synchronisation
         skipped = int(skipped)
+        applied = self.updates - skipped  # the gradient norm is the same on every process
         loss, nll, good, tgt, src, padded = dist.sum(
             [loss, nll, good, self.tgt_tokens, self.src_tokens, self.padded_tokens]
         )
@@ -93,6 +133,7 @@ class Window:
             "nll": nll,
             "ppl": math.exp(min(nll, 100.0)) if good else None,
             "lr": lr,
+            "grad_norm": grad_norm / applied if applied else None,
             "tokens_per_s": (tgt + src) / elapsed,
             "tgt_tokens_per_s": tgt / elapsed,
             "padding": 1 - (tgt + src) / padded if padded else 0.0,

@@ -40,6 +40,26 @@ class TrainState:
     epoch: int = 0  # current pass over the data
     batch: int = 0  # batches of the current epoch already consumed
     best_valid_loss: float = math.inf
+    best_valid_bleu: float = -math.inf
+    best_step: int = 0  # the step of the best validation by train.best_metric
+    stale: int = 0  # validations since then that measured train.best_metric (train.patience)
+
+    def observe(self, result: dict[str, float], metric: str) -> bool:
+        """Note a validation's results; True if it is the best yet by `metric` (loss: the
+        lowest valid_loss; bleu: the highest valid_bleu; a validation without BLEU does not
+        count for bleu)."""
+        better = {"loss": result["valid_loss"] < self.best_valid_loss}
+        self.best_valid_loss = min(self.best_valid_loss, result["valid_loss"])
+        if "valid_bleu" in result:
+            better["bleu"] = result["valid_bleu"] > self.best_valid_bleu
+            self.best_valid_bleu = max(self.best_valid_bleu, result["valid_bleu"])
+        if metric not in better:
+            return False
+        if better[metric]:
+            self.best_step, self.stale = self.step, 0
+        else:
+            self.stale += 1
+        return better[metric]
 
 
 def prepare_run_dir(trainer: Trainer, resume: bool, overwrite: bool) -> None:
@@ -49,7 +69,7 @@ def prepare_run_dir(trainer: Trainer, resume: bool, overwrite: bool) -> None:
     run_dir, ckpt_dir, log = trainer.run_dir, trainer.ckpt_dir, trainer.log
 
     def check() -> None:  # rank 0 alone
-        old = [ckpt_dir, run_dir / "metrics.jsonl"]
+        old = [ckpt_dir, run_dir / "metrics.jsonl", run_dir / "tensorboard"]
         if not resume and any(p.exists() for p in old):
             if not overwrite:
                 raise MtxError(
@@ -58,6 +78,7 @@ def prepare_run_dir(trainer: Trainer, resume: bool, overwrite: bool) -> None:
                 )
             shutil.rmtree(old[0], ignore_errors=True)
             old[1].unlink(missing_ok=True)
+            shutil.rmtree(old[2], ignore_errors=True)
         if resume:
             for path in remove_stale_temporaries(ckpt_dir) + remove_stale_temporaries(run_dir):
                 log(f"removed {path}, left by an interrupted write")
@@ -131,7 +152,15 @@ def restore(trainer: Trainer) -> None:
             torch.cuda.set_rng_state_all(cuda_rng)
     else:  # another number of processes than before: fresh dropout streams
         torch.manual_seed(t.cfg.train.seed + 1000 * ckpt["step"] + t.dist.rank)
-    t.state = TrainState(ckpt["step"], ckpt["epoch"], ckpt["batch"], ckpt["best_valid_loss"])
+    t.state = TrainState(
+        ckpt["step"],
+        ckpt["epoch"],
+        ckpt["batch"],
+        ckpt["best_valid_loss"],
+        ckpt.get("best_valid_bleu", -math.inf),
+        ckpt.get("best_step", 0),
+        ckpt.get("stale_validations", 0),
+    )
     if t.dist.main:
         truncate_metrics(t.run_dir / "metrics.jsonl", t.state.step)
     t.log(f"resuming from {path} at step {ckpt['step']}")
@@ -156,6 +185,9 @@ def save_checkpoints(trainer: Trainer, is_best: bool) -> None:
         "model": t.model.state_dict(),
         "step": t.state.step,
         "best_valid_loss": t.state.best_valid_loss,
+        "best_valid_bleu": t.state.best_valid_bleu,
+        "best_step": t.state.best_step,
+        "stale_validations": t.state.stale,
     }
     scaler = t.precision.scaler
     resume = {

@@ -130,6 +130,7 @@ def train_step(
         "loss": torch.where(skipped, 0.0, loss_sum),
         "nll": torch.where(skipped, 0.0, nll_sum),
         "skipped": skipped,
+        "grad_norm": torch.where(skipped, 0.0, norm.float()),  # before clipping
         "tgt_tokens": local_tokens,
         "src_tokens": sum(int((b["src"] != PAD_ID).sum()) for b in batches),
         "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),

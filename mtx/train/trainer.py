@@ -36,10 +36,10 @@ from mtx.files import atomic_write_text
 from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
 from mtx.train.distributed import Dist, fingerprint
-from mtx.train.metrics import MetricsLog, Window
+from mtx.train.metrics import MetricsLog, Window, summary_writer
 from mtx.train.resume import TrainState, prepare_run_dir, save_checkpoints
 from mtx.train.step import Precision, make_optimizer, train_step
-from mtx.train.validate import validate
+from mtx.train.validate import valid_bleu, validate
 
 
 class Trainer:
@@ -125,6 +125,8 @@ class Trainer:
         """Train until train.max_steps, train.max_minutes or a stop signal; returns the last
         validation (empty if the run was stopped before validating)."""
         cfg = self.cfg
+        if cfg.train.tensorboard:
+            summary_writer()  # a missing package fails before any work
         if self.dist.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(
@@ -136,7 +138,12 @@ class Trainer:
             f"model: {params:,} parameters, vocabulary {self.vocab_size}, {where}device "
             f"{self.device}, {self.precision.name}"
         )
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl" if self.dist.main else None)
+        tensorboard = self.run_dir / "tensorboard" if cfg.train.tensorboard else None
+        self.metrics = MetricsLog(
+            self.run_dir / "metrics.jsonl" if self.dist.main else None,
+            tensorboard,
+            self.state.step + 1 if self.state.step else 0,
+        )
         self.progress = tqdm(
             total=cfg.train.max_steps,
             initial=self.state.step,
@@ -153,24 +160,35 @@ class Trainer:
         finally:
             self.progress.close()
             self.metrics.close()
-        minutes = (time.monotonic() - start) / 60
+        self.log(self.ending((time.monotonic() - start) / 60))
+        return result
+
+    def ending(self, minutes: float) -> str:
+        """The run's last line: why it stopped, and where its checkpoints are."""
+        s, t = self.state, self.cfg.train
+        if self.out_of_patience() and s.step < t.max_steps:
+            best = (
+                f"{s.best_valid_bleu:.2f}"
+                if t.best_metric == "bleu"
+                else f"{s.best_valid_loss:.3f}"
+            )
+            return (
+                f"stopped early at step {s.step}: valid {t.best_metric} has not improved for "
+                f"{s.stale} validations (train.patience {t.patience}); the best, {best} at "
+                f"step {s.best_step}, is {self.ckpt_dir / 'best.pt'}"
+            )
         if self.stop_signal:
-            self.log(
-                f"stopped by {self.stop_signal} at step {self.state.step}; saved "
+            return (
+                f"stopped by {self.stop_signal} at step {s.step}; saved "
                 f"{self.ckpt_dir / 'last.pt'}. Resume with: "
                 f"mtx train --config {self.run_dir / 'config.yaml'} --resume"
             )
-        else:
-            self.log(
-                f"trained {self.state.step} steps in {minutes:.1f} min; "
-                f"checkpoints in {self.ckpt_dir}"
-            )
-        return result
+        return f"trained {s.step} steps in {minutes:.1f} min; checkpoints in {self.ckpt_dir}"
 
     def loop(self, start: float) -> dict[str, float]:
         cfg, state = self.cfg, self.state
         result: dict[str, float] = {}
-        finished = state.step >= cfg.train.max_steps
+        finished = state.step >= cfg.train.max_steps or self.out_of_patience()
         self.model.train()
         while not finished:
             loader, update_tokens = self.batches()
@@ -193,7 +211,8 @@ class Trainer:
                 time_up, stop = self.should_stop(start)
                 finished = state.step >= cfg.train.max_steps or time_up
                 if state.step % cfg.train.valid_every == 0 or finished:
-                    result = self.validate_and_save()
+                    result = self.validate_and_save(last=finished)
+                    finished = finished or self.out_of_patience()
                 if stop:
                     if self.saved_step != state.step:
                         save_checkpoints(self, is_best=False)
@@ -204,8 +223,13 @@ class Trainer:
                 state.epoch, state.batch = state.epoch + 1, 0
         # A resumed finished run: validate if no best.pt was written (rank 0's disk decides).
         if self.dist.decide(lambda: not (self.ckpt_dir / "best.pt").is_file()):
-            result = self.validate_and_save()
+            result = self.validate_and_save(last=True)
         return result
+
+    def out_of_patience(self) -> bool:
+        """train.patience validations in a row did not improve train.best_metric (the same
+        on every process: the metrics are)."""
+        return 0 < self.cfg.train.patience <= self.state.stale
 
     def should_stop(self, start: float) -> tuple[bool, bool]:
         """(time is up, a stop signal came). Processes must agree on both, so under torchrun
@@ -314,17 +338,32 @@ class Trainer:
                 f"{self.ckpt_dir / 'last.pt'} once changed"
             )
 
-    def validate_and_save(self) -> dict[str, float]:
+    def validate_and_save(self, last: bool = False) -> dict[str, float]:
+        """Validate (loss; BLEU and chrF every train.bleu_every validations and at the `last`),
+        note the best, checkpoint, and report."""
         self.check_nonfinite()
-        result = validate(self.model, self.valid_ds, self.cfg, self.precision, self.dist)
-        is_best = result["valid_loss"] < self.state.best_valid_loss
-        if is_best:
-            self.state.best_valid_loss = result["valid_loss"]
+        cfg, t = self.cfg, self.cfg.train
+        start = time.monotonic()
+        result = validate(self.model, self.valid_ds, cfg, self.precision, self.dist)
+        number = self.state.step // t.valid_every  # validations so far, this one included
+        if t.bleu_every and (last or number % t.bleu_every == 0):
+            bleu_start = time.monotonic()
+            args = (self.valid_ds, self.spm_proto, cfg, self.precision, self.dist)
+            scores, hyps = valid_bleu(self.model, *args)
+            result |= scores
+            if self.dist.main:
+                atomic_write_text(self.run_dir / "valid.hyp", "".join(h + "\n" for h in hyps))
+            result["bleu_seconds"] = time.monotonic() - bleu_start
+        result["valid_seconds"] = time.monotonic() - start
+        is_best = self.state.observe(result, t.best_metric)
         save_checkpoints(self, is_best)
         self.metrics.write(kind="valid", step=self.state.step, best=is_best, **result)
+        bleu = ""
+        if "valid_bleu" in result:
+            bleu = f", BLEU {result['valid_bleu']:.2f}, chrF {result['valid_chrf']:.2f}"
         self.say(
             f"step {self.state.step}: valid loss {result['valid_loss']:.3f}, "
-            f"ppl {result['valid_ppl']:.2f}" + (" (best)" if is_best else "")
+            f"ppl {result['valid_ppl']:.2f}{bleu}" + (" (best)" if is_best else "")
         )
         return result
 

@@ -1,4 +1,6 @@
-"""Validation: the label-smoothed loss, NLL and perplexity of the validation split."""
+"""Validation: the label-smoothed loss, NLL and perplexity of the validation split, and its
+BLEU and chrF: the split translated with the run's decode.* settings (decode/translator.py)
+and scored by sacreBLEU against the raw references (evaluate.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import torch
 
 from mtx.config import Config
 from mtx.data.batching import BatchDataset, lengths, token_batches
+from mtx.decode.translator import Translator
+from mtx.evaluate import score
 from mtx.train.distributed import Dist
 from mtx.train.step import Precision, forward_loss
 
@@ -32,3 +36,43 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
         "valid_nll": nll,
         "valid_ppl": math.exp(min(nll, 100.0)),
     }
+
+
+def valid_translations(
+    model, valid_ds, spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
+) -> list[str]:
+    """The detokenized translations of the first train.valid_bleu_lines (0: all) validation
+    sources, on every process. Process r translates lines r, r + world, ...: a sentence's
+    translation does not depend on the others in its batch, so the result is the same as
+    one process's."""
+    n = cfg.train.valid_bleu_lines or len(valid_ds)
+    sources = valid_ds.select(range(min(n, len(valid_ds))))["src"]
+    translator = Translator(model, cfg, spm_proto, as_is=True)
+    model.eval()
+    model.pack_output_projection()  # a copy of the current weights, dropped below
+    try:
+        with precision.autocast():
+            mine = translator.translate(sources[dist.rank :: dist.world])
+    finally:
+        model.packed_output = None  # training changes the weights: never use a stale copy
+        model.train()
+    parts = dist.gather(mine)
+    out: list[str] = [""] * len(sources)
+    for rank, part in enumerate(parts):
+        out[rank :: dist.world] = part
+    return out
+
+
+def valid_bleu(
+    model, valid_ds, spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
+) -> tuple[dict[str, float], list[str]]:
+    """sacreBLEU's BLEU and chrF of `valid_translations` (scored by rank 0 and sent to every
+    process), and the translations."""
+    hyps = valid_translations(model, valid_ds, spm_proto, cfg, precision, dist)
+    refs = valid_ds.select(range(len(hyps)))["tgt"]
+
+    def scored() -> dict[str, float]:
+        result = score(hyps, refs)
+        return {"valid_bleu": result["bleu"], "valid_chrf": result["chrf"]}
+
+    return dist.decide(scored), hyps

@@ -1,0 +1,93 @@
+"""Several models decoding as one: `mtx translate --checkpoint A --checkpoint B ...`.
+
+At every step the ensemble's next-token distribution is the mean of the models' probabilities,
+p(y | x, prefix) = (1/M) sum_m p_m(y | x, prefix), as fairseq's ensembles do (the mean of
+probabilities, not of log-probabilities: a token that one model rules out keeps the others'
+mass). `decode` returns its log, computed as r + log(mean_m exp(log p_m - r)) with r the
+largest log p_m: M copies of one model then give exactly that model's log-probabilities, and
+the search (told by `gives_log_probs`) uses them as they are.
+
+An `Ensemble` has the model interface the search uses (search.py): `encode` gives each model's
+memory and mask, `new_cache` one cache that is every model's caches one after the other (each
+a list of per-layer dicts, so `reorder_cache` moves them all), `decode` runs each model on its
+part. Each model computes a sentence alone (batch-independent), and the mean is taken per row,
+so an ensemble is as independent of the batch as one model. The models may differ in
+architecture (a Transformer with the RNN); they must share the vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Limits:
+    """What the translator reads of a model's config: the longest sequence every model takes."""
+
+    max_positions: int
+
+
+class Masks:
+    """Each model's source mask (or None), selected by rows together, as the search does with
+    one model's mask."""
+
+    def __init__(self, masks: list[Tensor | None]) -> None:
+        self.masks = masks
+
+    def __getitem__(self, index) -> Masks:
+        return Masks([None if m is None else m[index] for m in self.masks])
+
+
+class Ensemble:
+    gives_log_probs = True  # decode() returns normalised log-probabilities, not logits
+
+    def __init__(self, models: list) -> None:
+        if len(models) < 2:
+            raise ValueError("an ensemble takes at least two models")
+        vocab = {m.vocab_size for m in models}
+        if len(vocab) != 1:
+            raise ValueError(f"the models' vocabulary sizes differ: {sorted(vocab)}")
+        self.models = models
+        self.vocab_size = models[0].vocab_size
+        self.cfg = Limits(min(m.cfg.max_positions for m in models))
+        self.cache_sizes = [len(m.new_cache()) for m in models]
+
+    def to(self, *args, **kwargs) -> Ensemble:
+        self.models = [m.to(*args, **kwargs) for m in self.models]
+        return self
+
+    def eval(self) -> Ensemble:
+        for m in self.models:
+            m.eval()
+        return self
+
+    def pack_output_projection(self) -> bool:
+        return all([m.pack_output_projection() for m in self.models])
+
+    def encode(self, src: Tensor) -> tuple[list[Tensor], Masks]:
+        out = [m.encode(src) for m in self.models]
+        return [memory for memory, _ in out], Masks([mask for _, mask in out])
+
+    def new_cache(self) -> list[dict[str, Tensor]]:
+        return [layer for m in self.models for layer in m.new_cache()]
+
+    def decode(
+        self, tgt_in: Tensor, memory: list[Tensor] | None, masks: Masks, cache: list
+    ) -> Tensor:
+        """(N, T) decoder inputs -> (N, T, V) log of the mean of the models' probabilities."""
+        lprobs, start = [], 0
+        for i, (m, size) in enumerate(zip(self.models, self.cache_sizes)):
+            part = cache[start : start + size]  # the same dicts: the model extends them in place
+            start += size
+            logits = m.decode(tgt_in, None if memory is None else memory[i], masks.masks[i], part)
+            lprobs.append(torch.log_softmax(logits.float(), dim=-1))
+        stacked = torch.stack(lprobs)  # (M, N, T, V)
+        r = stacked.max(dim=0).values
+        r = r.masked_fill(r == -torch.inf, 0.0)  # no model allows the token: stays -inf
+        return r + torch.log(torch.exp(stacked - r).mean(dim=0))
+
+    def cross_attention_modules(self) -> list:
+        raise ValueError("an ensemble has no single attention to show")
