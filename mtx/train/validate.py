@@ -38,15 +38,12 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
     }
 
 
-def valid_translations(
-    model, valid_ds, spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
+def translate_shared(
+    model, sources: list[str], spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
 ) -> list[str]:
-    """The detokenized translations of the first train.valid_bleu_lines (0: all) validation
-    sources, on every process. Process r translates lines r, r + world, ...: a sentence's
-    translation does not depend on the others in its batch, so the result is the same as
-    one process's."""
-    n = cfg.train.valid_bleu_lines or len(valid_ds)
-    sources = valid_ds.select(range(min(n, len(valid_ds))))["src"]
+    """The detokenized translations of `sources` with the model being trained, on every
+    process. Process r translates lines r, r + world, ...: a sentence's translation does not
+    depend on the others in its batch, so the result is the same as one process's."""
     translator = Translator(model, cfg, spm_proto, as_is=True)
     model.eval()
     model.pack_output_projection()  # a copy of the current weights, dropped below
@@ -56,9 +53,8 @@ def valid_translations(
     finally:
         model.packed_output = None  # training changes the weights: never use a stale copy
         model.train()
-    parts = dist.gather(mine)
     out: list[str] = [""] * len(sources)
-    for rank, part in enumerate(parts):
+    for rank, part in enumerate(dist.gather(mine)):
         out[rank :: dist.world] = part
     return out
 
@@ -66,13 +62,14 @@ def valid_translations(
 def valid_bleu(
     model, valid_ds, spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
 ) -> tuple[dict[str, float], list[str]]:
-    """sacreBLEU's BLEU and chrF of `valid_translations` (scored by rank 0 and sent to every
-    process), and the translations."""
-    hyps = valid_translations(model, valid_ds, spm_proto, cfg, precision, dist)
-    refs = valid_ds.select(range(len(hyps)))["tgt"]
+    """sacreBLEU's BLEU and chrF of the first train.valid_bleu_lines (0: all) validation
+    lines, translated by every process together and scored by rank 0 (the scores are sent
+    to every process), and the translations."""
+    lines = valid_ds.select(range(min(cfg.train.valid_bleu_lines or len(valid_ds), len(valid_ds))))
+    hyps = translate_shared(model, lines["src"], spm_proto, cfg, precision, dist)
 
     def scored() -> dict[str, float]:
-        result = score(hyps, refs)
+        result = score(hyps, lines["tgt"])
         return {"valid_bleu": result["bleu"], "valid_chrf": result["chrf"]}
 
     return dist.decide(scored), hyps
