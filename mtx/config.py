@@ -47,6 +47,10 @@ class ModelConfig:
     decoder_layers: int = 6  # decoder stack depth
     dropout: float = 0.1  # on sublayer outputs and on embedding + position sums (the paper's)
     attention_dropout: float = 0.0  # on attention weights (not in the paper)
+    # Transformer weights: fairseq (Q/K/V Xavier with gain 1/sqrt(2), feed-forward layers and
+    # Q/K/V biases as torch's nn.Linear; it learns more per update) or xavier (every matrix
+    # Xavier, zero biases); the paper does not say (model/transformer.py)
+    init: str = "fairseq"
     max_positions: int = 1024  # length of the sinusoidal position table
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon
     norm: str = "post"  # residual placement: post (the paper: LN(x + f(x))) or pre (x + f(LN(x)))
@@ -189,6 +193,8 @@ class Config:
             raise MtxError(
                 f"data.max_len ({d.max_len}) plus EOS must fit model.max_positions ({m.max_positions})"
             )
+        if m.init not in ("fairseq", "xavier"):
+            raise MtxError(f"model.init must be fairseq or xavier, got {m.init!r}")
         if m.norm not in ("post", "pre"):
             raise MtxError(f"model.norm must be post or pre, got {m.norm!r}")
         if m.positions not in ("sinusoidal", "learned", "relative"):
@@ -214,6 +220,7 @@ class Config:
             for key, value, default in (
                 ("norm", m.norm, "post"),
                 ("positions", m.positions, "sinusoidal"),
+                ("init", m.init, "fairseq"),
             ):
                 if value != default:
                     raise MtxError(

@@ -65,15 +65,24 @@ def test_masked_keys_have_no_influence():
     torch.testing.assert_close(ours(q, mem2, mask=keep.unsqueeze(1)), a)
 
 
-def test_projections_start_as_separate_xavier_matrices():
-    """W^Q, W^K, W^V are stored as one matrix but each is initialised as a square Xavier one."""
+@pytest.mark.parametrize("init, gain", [("xavier", 1.0), ("fairseq", 2**-0.5)])
+def test_projections_start_as_separate_xavier_matrices(init, gain):
+    """W^Q, W^K, W^V are stored as one matrix but each is initialised as a square Xavier one
+    (fairseq's init: with gain 1/sqrt(2), and nn.Linear's biases); W^O is Xavier, bias 0."""
     torch.manual_seed(0)
-    attn = MultiHeadAttention(256, 4)
-    bound = (6 / (2 * 256)) ** 0.5
+    d = 256
+    attn = MultiHeadAttention(d, 4, init=init)
+    bound = gain * (6 / (2 * d)) ** 0.5
     for w in attn.in_proj.weight.chunk(3):
         assert w.abs().max() <= bound
         assert w.abs().max() > 0.95 * bound  # not the smaller bound of a (768, 256) matrix
-    assert not attn.in_proj.bias.any()
+    bias = attn.in_proj.bias.abs()
+    if init == "xavier":
+        assert not bias.any()
+    else:
+        assert bias.max() <= d**-0.5 and bias.max() > 0.95 * d**-0.5
+    assert attn.out_proj.weight.abs().max() > 0.95 * (6 / (2 * d)) ** 0.5
+    assert not attn.out_proj.bias.any()
 
 
 def test_incremental_self_attention_cache_equals_causal():

@@ -66,6 +66,7 @@ def test_yaml_file_and_overrides_compose(tmp_path):
         ("train.best_metric=ter", "train.best_metric must be loss or bleu"),
         ("nothing", "key=value"),
         ("model.arch=lstm", "model.arch must be transformer or rnn"),
+        ("model.init=normal", "model.init must be fairseq or xavier"),
         ("model.rnn_cell=elman", "model.rnn_cell must be lstm or gru"),
         ("model.attention=cosine", "model.attention must be one of additive, general, dot"),
     ],
@@ -80,6 +81,7 @@ def test_bad_overrides_name_the_key(override, message):
     [
         (["model.positions=relative"], r"model.positions \(relative\) is a transformer setting"),
         (["model.norm=pre"], r"model.norm \(pre\) is a transformer setting"),
+        (["model.init=xavier"], r"model.init \(xavier\) is a transformer setting"),
         (["model.d_model=65", "model.n_heads=5"], "must be even with model.arch rnn"),
     ],
 )

@@ -158,6 +158,34 @@ def test_embeddings_are_shared_and_scaled():
     torch.testing.assert_close(logits, hidden["h"] @ model.embed.weight.t())
 
 
+@pytest.mark.parametrize("init", ["fairseq", "xavier"])
+def test_initialisation_follows_model_init(init):
+    """Embeddings N(0, d^-0.5) with a zero padding row in both schemes; the feed-forward layers
+    as nn.Linear (uniform in +-1/sqrt(fan_in), biases too) or Xavier-uniform with zero biases;
+    every attention layer of both stacks as its own init says (test_attention.py)."""
+    torch.manual_seed(0)
+    d, f = 256, 1024
+    cfg = tiny_model_config(d_model=d, d_ff=f, n_heads=4, init=init)
+    model = Transformer(cfg, vocab_size=4000)
+    assert not model.embed.weight[PAD_ID].any()
+    assert abs(model.embed.weight[PAD_ID + 1 :].std().item() - d**-0.5) < 0.02 * d**-0.5
+    layers = [*model.encoder_layers, *model.decoder_layers]
+    for layer in layers:
+        fc1, fc2 = layer.ffn.fc1, layer.ffn.fc2
+        if init == "fairseq":
+            bounds = [(fc1.weight, d**-0.5), (fc1.bias, d**-0.5), (fc2.weight, f**-0.5)]
+            bounds.append((fc2.bias, f**-0.5))
+        else:
+            xavier = (6 / (d + f)) ** 0.5
+            bounds = [(fc1.weight, xavier), (fc2.weight, xavier)]
+            assert not fc1.bias.any() and not fc2.bias.any()
+        for p, bound in bounds:
+            assert bound * 0.95 < p.abs().max() <= bound
+    attention = [a for layer in layers for a in layer.modules() if hasattr(a, "in_proj")]
+    assert len(attention) == cfg.encoder_layers + 2 * cfg.decoder_layers
+    assert {a.init for a in attention} == {init}
+
+
 def test_parameter_count_formula():
     cfg = tiny_model_config()
     model = Transformer(cfg, vocab_size=50)

@@ -67,6 +67,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         cross: bool = False,
         max_relative_position: int | None = None,  # relative positions (self-attention only)
+        init: str = "fairseq",  # model.init: fairseq or xavier (see reset_parameters)
     ) -> None:
         super().__init__()
         self.cross = cross  # attends over a memory (encoder output) rather than its own input
@@ -75,6 +76,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.d_k = d_model // n_heads
         self.dropout = dropout
+        self.init = init
         self.in_proj = nn.Linear(d_model, 3 * d_model)  # rows: W^Q, W^K, W^V
         self.out_proj = nn.Linear(d_model, d_model)
         self.relative = None
@@ -86,11 +88,17 @@ class MultiHeadAttention(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform for each of W^Q, W^K, W^V as a (d_model, d_model) matrix, zero biases."""
-        bound = math.sqrt(6.0 / (2 * self.d_model))
+        """Each of W^Q, W^K, W^V Xavier-uniform as a (d_model, d_model) matrix, W^O Xavier-uniform
+        with a zero bias. `init` "fairseq": W^Q, W^K, W^V with gain 1/sqrt(2) and their biases
+        uniform in +-1/sqrt(d_model) (nn.Linear's); "xavier": gain 1, zero biases."""
+        d, fairseq = self.d_model, self.init == "fairseq"
+        bound = math.sqrt(6.0 / (2 * d)) * (2**-0.5 if fairseq else 1.0)
         nn.init.uniform_(self.in_proj.weight, -bound, bound)
+        if fairseq:
+            nn.init.uniform_(self.in_proj.bias, -(d**-0.5), d**-0.5)
+        else:
+            nn.init.zeros_(self.in_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
-        nn.init.zeros_(self.in_proj.bias)
         nn.init.zeros_(self.out_proj.bias)
         if self.relative is not None:
             self.relative.reset_parameters()

@@ -22,10 +22,22 @@ from mtx.model.rows import linear
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, init: str = "fairseq") -> None:
         super().__init__()
+        self.init = init
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """`init` "fairseq": nn.Linear's (weights and biases uniform in +-1/sqrt(fan_in));
+        "xavier": Xavier-uniform weights, zero biases."""
+        for fc in (self.fc1, self.fc2):
+            if self.init == "fairseq":
+                fc.reset_parameters()
+            else:
+                nn.init.xavier_uniform_(fc.weight)
+                nn.init.zeros_(fc.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(linear(x, self.fc1.weight, self.fc1.bias))
@@ -48,10 +60,10 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-            max_relative_position=relative_distance(cfg),
+            max_relative_position=relative_distance(cfg), init=cfg.init,
         )  # fmt: skip
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.init)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.norm == "pre"
@@ -73,14 +85,14 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-            max_relative_position=relative_distance(cfg),
+            max_relative_position=relative_distance(cfg), init=cfg.init,
         )  # fmt: skip
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True
+            cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True, init=cfg.init
         )
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.init)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.norm == "pre"
