@@ -190,7 +190,7 @@ def main() -> None:
     print("\ntest2016 sacreBLEU (last checkpoint, beam 4)")
     for r in results:
         print(
-            f"  seed {r['seed']}: BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f} ({r['seconds']:.0f} s)"
+            f"  seed {r['seed']}: BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f} (trained in {r['seconds']:.0f} s)"
         )
     bleus = [r["bleu"] for r in results]
     spread = statistics.stdev(bleus) if len(bleus) > 1 else 0.0
