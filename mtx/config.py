@@ -84,9 +84,8 @@ class TrainConfig:
     valid_bleu_lines: int = 0  # translate only the first N validation lines (0 = all)
     best_metric: str = "loss"  # what best.pt is best by: loss (lowest) or bleu (highest)
     patience: int = 0  # stop after this many validations without a better best_metric (0 = off)
-    tensorboard: bool = (
-        False  # also write every metric to RUN/tensorboard (pip install tensorboard)
-    )
+    # also write every metric to RUN/tensorboard (pip install tensorboard)
+    tensorboard: bool = False
     keep_last: int = 5  # step checkpoints (step-N.pt) kept beside last.pt and best.pt
     max_nonfinite: int = 10  # stop after this many updates in a row with a NaN/inf loss or gradient
     max_oom: int = 3  # stop after this many batches in a row run out of GPU memory
