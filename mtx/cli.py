@@ -148,7 +148,8 @@ AlphaOpt = Annotated[float | None, typer.Option(help="Length penalty alpha.")]
 BatchOpt = Annotated[int | None, typer.Option("--batch-tokens", help="Source tokens per batch.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[
-    str | None, typer.Option(help="fp32, bf16 or fp16 (default: bf16 on a GPU, else fp32).")
+    str | None,
+    typer.Option(help="fp32, bf16, fp16 or int8 (CPU only; default: bf16 on a GPU, else fp32)."),
 ]
 STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 

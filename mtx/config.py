@@ -115,7 +115,9 @@ class DecodeConfig:
     top_k: int = 0  # sampling: only the k most probable tokens (0 = all)
     top_p: float = 1.0  # sampling: only the smallest set of tokens with this much probability
     seed: int = 0  # sampling: line i of the input draws from the stream seeded by (seed, i)
-    dtype: str = "auto"  # fp32, bf16 or fp16; auto = bf16 on a GPU that has it, else fp32
+    # fp32, bf16, fp16, or int8 (CPU only: int8 weights, inputs quantized row by row); auto =
+    # bf16 on a GPU that has it, else fp32
+    dtype: str = "auto"
 
 
 @dataclass
@@ -230,8 +232,10 @@ class Config:
             raise MtxError(
                 f"decode.stopping must be k_finished, exact or never, got {dec.stopping!r}"
             )
-        if dec.dtype not in ("auto", "fp32", "bf16", "fp16"):
-            raise MtxError(f"decode.dtype must be auto, fp32, bf16 or fp16, got {dec.dtype!r}")
+        if dec.dtype not in ("auto", "fp32", "bf16", "fp16", "int8"):
+            raise MtxError(
+                f"decode.dtype must be auto, fp32, bf16, fp16 or int8, got {dec.dtype!r}"
+            )
         if not dec.temperature > 0:
             raise MtxError(f"decode.temperature must be positive, got {dec.temperature}")
         if dec.top_k < 0:

@@ -1,35 +1,51 @@
 """Decoding speed race: mtx against Hugging Face MarianMT and CTranslate2 on the same weights.
 
     python scripts/bench_decode.py --checkpoint RUN/checkpoints/best.pt \
-        --src ../shared/data/multi30k/test2016.en [--batch 32] [--beam 4 --beam 1] \
-        [--threads 2] [--device cpu] [--dtype fp32] [--lines N] [--json]
+        --src ../shared/data/multi30k/test2016.en [--ref ...test2016.de] [--batch 32] \
+        [--beam 4 --beam 1] [--threads 2] [--device cpu] [--dtype fp32] [--lines N] \
+        [--rounds 2] [--stopping k_finished|exact] [--json]
 
 The checkpoint is exported both ways into a temporary directory (`mtx export`). Every engine
 then translates the same batches of pre-encoded sentences (at most --batch sentences of one
 source length, see peers.py) with the same beam, alpha 0 and mtx's length limit, so that the
-engines do the same work and should give the same output. Timed: the search only (not
-tokenization), after one warm-up batch. Reported per engine and beam: seconds, sentences/s,
-output tokens/s (EOS not counted, each engine's own outputs) and the share of lines equal to
-mtx's output.
+engines do the same work and should give the same output. Each engine runs in a process of
+its own, so that no other engine's thread pool competes for the cores (in one process, the
+peers' idle threads were seen to halve mtx's greedy speed). Timed: the search only (not
+tokenization), after one warm-up batch, --rounds times, every other round in the reverse order
+of engines, so that a busy spell on a shared machine slows every engine alike; the fastest
+round counts. Reported per engine and beam: seconds, sentences/s, output tokens/s (EOS not counted, each engine's own outputs), sacreBLEU against --ref (by
+default the source file with the target language's suffix, where it exists) and the share of
+lines equal to mtx's output. Engines: mtx, mtx-int8 (`decode.dtype=int8`, CPU only), Hugging
+Face, CTranslate2 and CTranslate2 int8.
+
+Stopping: Hugging Face (early_stopping=True) ends a sentence's beam search when K hypotheses
+have ended, as mtx's default `k_finished` does; CTranslate2 ends it as soon as its best
+candidate ends. At alpha 0 a live hypothesis's score can only fall, so that is when mtx's
+`--stopping exact` ends it too: compare mtx with CTranslate2 at `--stopping exact`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import sacrebleu
 import torch
 from peers import batches, ct2_generate, hf_generate
 
+from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
 from mtx.decode.translator import Translator
 from mtx.export import export
 
-ENGINES = ("mtx", "hf", "ct2", "ct2-int8")
+ENGINES = ("mtx", "mtx-int8", "hf", "ct2", "ct2-int8")
 # --dtype: torch's dtype (mtx, Hugging Face) and CTranslate2's compute type (its int8 engine
 # keeps int8 weights and computes the rest in this type)
 DTYPES = {
@@ -49,10 +65,11 @@ def timed(run, inputs) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - start, outputs
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, type=Path)
     ap.add_argument("--src", required=True, type=Path, help="source sentences, one per line")
+    ap.add_argument("--ref", type=Path, help="reference translations, for BLEU")
     ap.add_argument("--lines", type=int, default=0, help="only the first N lines (0 = all)")
     ap.add_argument("--batch", type=int, default=32, help="sentences per batch")
     ap.add_argument("--beam", type=int, action="append", help="beam sizes (default 4 and 1)")
@@ -60,90 +77,155 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="every engine's")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
+    ap.add_argument("--rounds", type=int, default=2, help="timed runs per engine: the fastest")
+    ap.add_argument("--stopping", default="k_finished", help="mtx's decode.stopping")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # one engine's process: see worker()
+    ap.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    engines = args.engines.split(",")
-    beams = args.beam or [4, 1]
+    args.beams = args.beam or [4, 1]
+    return args
 
-    torch.set_num_threads(args.threads)
+
+def prepare(args) -> tuple[Translator, list[str], list[tuple[int, list[int]]]]:
+    """mtx's translator (tokenization, scoring), the lines and their batches."""
     lines = list(read_lines(args.src))
     lines = lines[: args.lines] if args.lines else lines
     overrides = ["decode.alpha=0", f"decode.dtype={args.dtype}"]
-    tr = Translator.from_checkpoint(args.checkpoint, overrides, device=args.device)
+    tr = Translator.from_checkpoint(args.checkpoint, overrides, device="cpu")
+    return tr, lines, batches(tr, lines, args.batch)
+
+
+def runner(name: str, args, work: dict):
+    """The function that runs one batch in engine `name`, its batches and its dtype. `work`:
+    the batches as (limit, line indices), and every line's mtx ids and SentencePiece pieces."""
+    plan, ids, pieces = work["plan"], work["ids"], work["pieces"]
+    srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[args.dtype]
-    plan = batches(tr, lines, args.batch)
+    if name in ("mtx", "mtx-int8"):
+        dtype = "int8" if name == "mtx-int8" else args.dtype
+        sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={args.stopping}"]
+        tr = Translator.from_checkpoint(args.checkpoint, sets, device=args.device)
+
+        def run_mtx(src, limit, beam):
+            tr.cfg.decode.beam = beam
+            return [h[0].tokens for h in tr.search(src.to(tr.device))]
+
+        return run_mtx, srcs, "int8" if name == "mtx-int8" else str(tr.dtype)[6:]
+    if name == "hf":
+        from transformers import MarianMTModel
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # not a warning for every batch
+        hf = MarianMTModel.from_pretrained(args.export_dir / "hf")
+        hf = hf.to(args.device, torch_dtype).eval()
+
+        def run_hf(src, limit, beam):
+            return hf_generate(hf, src.to(args.device), limit, beam)
+
+        return run_hf, srcs, str(hf.dtype).removeprefix("torch.")
+    import ctranslate2
+
+    model = ctranslate2.Translator(
+        str(args.export_dir / name),
+        device=args.device,
+        intra_threads=args.threads,
+        compute_type=ct2_type if name == "ct2" else ct2_int8_type,
+    )
+    sp = SimpleNamespace(sp=vocab.load((args.export_dir / "spm.model").read_bytes()))
+
+    def run_ct2(batch, limit, beam):
+        return [ids for ids, _ in ct2_generate(model, sp, batch, limit, beam)]
+
+    return run_ct2, [([pieces[i] for i in idx], limit) for limit, idx in plan], model.compute_type
+
+
+def worker(args) -> None:
+    """One engine in a process of its own, with no other engine's threads beside it (the
+    CTranslate2 process runs no torch model): every beam timed, the seconds and outputs
+    written to --out."""
+    torch.set_num_threads(args.threads)
+    work = json.loads((args.export_dir / "work.json").read_text())
+    run, inputs, dtype = runner(args.worker, args, work)
+    report = {"dtype": dtype, "beams": {}}
+    for beam in args.beams:
+        seconds, outputs = timed(run, [(*x, beam) for x in inputs])
+        report["beams"][str(beam)] = {"seconds": seconds, "outputs": outputs}
+    args.out.write_text(json.dumps(report))
+
+
+def main() -> None:
+    args = arguments()
+    if args.worker:
+        return worker(args)
+    engines = args.engines.split(",")
+    if args.device != "cpu" or args.dtype != "fp32":
+        engines = [e for e in engines if e != "mtx-int8"]  # int8 weights: the CPU, fp32 only
+    tr, lines, plan = prepare(args)
     order = [i for _, idx in plan for i in idx]
-    srcs = [(pad([tr.encode(lines[i]) for i in idx]), limit) for limit, idx in plan]
-    pieces = [([tr.sp.encode(lines[i], out_type=str) for i in idx], limit) for limit, idx in plan]
+    ref = args.ref or args.src.with_suffix("." + tr.cfg.data.tgt_lang)
+    refs = list(read_lines(ref))[: len(lines)] if ref.exists() else None
 
-    results = []
+    def score(seconds: float, outputs: list[list[int]], reference) -> dict:
+        """Speeds, BLEU (with references) and the share of lines equal to `reference`."""
+        tokens = sum(len(o) for o in outputs)
+        bleu = None
+        if refs is not None:
+            hyps = [""] * len(order)
+            for i, ids in zip(order, outputs):
+                hyps[i] = tr.detokenize(ids)
+            bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+        same = None
+        if reference is not None and reference is not outputs:
+            same = sum(a == b for a, b in zip(outputs, reference)) / len(order)
+        return {
+            "lines": len(order),
+            "seconds": seconds,
+            "sentences_per_s": len(order) / seconds,
+            "tokens_per_s": tokens / seconds,
+            "bleu": bleu,
+            "same_as_mtx": same,
+        }
+
+    seconds: dict[tuple[str, int], float] = {}
+    outputs: dict[tuple[str, int], list[list[int]]] = {}
+    dtypes: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        runners = {}
-        if "mtx" in engines:
-
-            def run_mtx(src, limit, beam):
-                tr.cfg.decode.beam = beam
-                return [h[0].tokens for h in tr.search(src.to(tr.device))]
-
-            runners["mtx"] = (run_mtx, srcs, str(tr.dtype).removeprefix("torch."))
+        work = {
+            "plan": plan,
+            "ids": [tr.encode(line) for line in lines],
+            "pieces": [tr.sp.encode(line, out_type=str) for line in lines],
+        }
+        (Path(tmp) / "work.json").write_text(json.dumps(work))
+        (Path(tmp) / "spm.model").write_bytes(tr.sp.serialized_model_proto())
         if "hf" in engines:
-            from transformers import MarianMTModel
-
             export(args.checkpoint, "hf", Path(tmp) / "hf")
-            hf = MarianMTModel.from_pretrained(Path(tmp) / "hf").to(args.device, torch_dtype).eval()
-
-            def run_hf(src, limit, beam):
-                return hf_generate(hf, src.to(args.device), limit, beam)
-
-            runners["hf"] = (run_hf, srcs, str(hf.dtype).removeprefix("torch."))
-        for name, quantization, compute in (
-            ("ct2", None, ct2_type),
-            ("ct2-int8", "int8", ct2_int8_type),
-        ):
-            if name not in engines:
-                continue
-            import ctranslate2
-
-            export(args.checkpoint, "ctranslate2", Path(tmp) / name, quantization)
-            model = ctranslate2.Translator(
-                str(Path(tmp) / name),
-                device=args.device,
-                intra_threads=args.threads,
-                compute_type=compute,
-            )
-
-            def run_ct2(batch, limit, beam, model=model):
-                return [ids for ids, _ in ct2_generate(model, tr, batch, limit, beam)]
-
-            runners[name] = (run_ct2, pieces, model.compute_type)
-
-        for beam in beams:
-            reference = None
-            for name in engines:
-                run, inputs, dtype = runners[name]
-                seconds, outputs = timed(run, [(*x, beam) for x in inputs])
-                tokens = sum(len(o) for o in outputs)
-                results.append(
-                    {
-                        "engine": name,
-                        "dtype": dtype,
-                        "beam": beam,
-                        "batch": args.batch,
-                        "lines": len(order),
-                        "seconds": seconds,
-                        "sentences_per_s": len(order) / seconds,
-                        "tokens_per_s": tokens / seconds,
-                        "same_as_mtx": None
-                        if reference is None
-                        else sum(a == b for a, b in zip(outputs, reference)) / len(order),
-                    }
-                )
-                if name == "mtx":
-                    reference = outputs
+        for name, quantization in (("ct2", None), ("ct2-int8", "int8")):
+            if name in engines:
+                export(args.checkpoint, "ctranslate2", Path(tmp) / name, quantization)
+        for r in range(args.rounds):  # every other round in reverse: noise falls on all
+            for name in engines if r % 2 == 0 else engines[::-1]:
+                out = Path(tmp) / f"{name}.json"
+                command = [sys.executable, __file__, *sys.argv[1:], "--worker", name]
+                subprocess.run([*command, "--export-dir", tmp, "--out", str(out)], check=True)
+                report = json.loads(out.read_text())
+                dtypes[name] = report["dtype"]
+                for beam, run in report["beams"].items():
+                    key = (name, int(beam))
+                    seconds[key] = min(run["seconds"], seconds.get(key, run["seconds"]))
+                    outputs.setdefault(key, run["outputs"])
+    results = []
+    for beam in args.beams:
+        for name in engines:
+            row = {"engine": name, "dtype": dtypes[name], "beam": beam, "batch": args.batch}
+            key = (name, beam)
+            results.append(row | score(seconds[key], outputs[key], outputs.get(("mtx", beam))))
     by = {(r["engine"], r["beam"]): r for r in results}
+    peers = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",)}
     for r in results:
-        for peer in ("hf", "ct2"):
-            if r["engine"] == "mtx" and (peer, r["beam"]) in by:
+        for peer in peers.get(r["engine"], ()):
+            if (peer, r["beam"]) in by:
                 r[f"speedup_vs_{peer}"] = r["tokens_per_s"] / by[(peer, r["beam"])]["tokens_per_s"]
     if args.json:
         print(
@@ -161,18 +243,20 @@ def main() -> None:
         f"{len(order)} lines, batches of {args.batch}, device {args.device}, {args.dtype}, "
         f"threads {args.threads}"
     )
-    print("| engine | beam | seconds | sentences/s | tokens/s | same as mtx |")
-    print("|---|---|---|---|---|---|")
+    print("| engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         same = "-" if r["same_as_mtx"] is None else f"{100 * r['same_as_mtx']:.1f}%"
+        bleu = "-" if r["bleu"] is None else f"{r['bleu']:.2f}"
         print(
             f"| {r['engine']} | {r['beam']} | {r['seconds']:.2f} | {r['sentences_per_s']:.1f} "
-            f"| {r['tokens_per_s']:.0f} | {same} |"
+            f"| {r['tokens_per_s']:.0f} | {bleu} | {same} |"
         )
     for r in results:
-        for peer in ("hf", "ct2"):
+        for peer in peers.get(r["engine"], ()):
             if f"speedup_vs_{peer}" in r:
-                print(f"mtx / {peer} tokens/s, beam {r['beam']}: {r[f'speedup_vs_{peer}']:.2f}x")
+                ratio = r[f"speedup_vs_{peer}"]
+                print(f"{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

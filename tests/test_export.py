@@ -215,16 +215,24 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
     weights, alpha 0, mtx's length limit) give mtx's greedy output."""
     src = tmp_path / "src.en"
     src.write_text("".join(line + "\n" for line in toy_test[:40]), encoding="utf-8")
+    (tmp_path / "src.de").write_text("".join(line + "\n" for line in toy_test[1:41]), "utf-8")
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), "--checkpoint",
          str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--beam", "1",
-         "--batch", "8", "--json"],
+         "--batch", "8", "--rounds", "1", "--json"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     rows = {r["engine"]: r for r in json.loads(out.stdout.splitlines()[-1])["results"]}
-    assert set(rows) == {"mtx", "hf", "ct2", "ct2-int8"}
+    assert set(rows) == {"mtx", "mtx-int8", "hf", "ct2", "ct2-int8"}
     assert all(r["lines"] == 40 and r["tokens_per_s"] > 0 for r in rows.values())
     assert rows["hf"]["same_as_mtx"] == rows["ct2"]["same_as_mtx"] == 1.0
+    # BLEU against src.de, found beside the source: equal outputs, equal scores
+    assert all(0 <= r["bleu"] <= 100 for r in rows.values())
+    assert rows["hf"]["bleu"] == rows["ct2"]["bleu"] == rows["mtx"]["bleu"]
+    assert rows["mtx-int8"]["dtype"] == "int8" and rows["mtx-int8"]["same_as_mtx"] > 0.5
+    assert rows["mtx-int8"]["speedup_vs_ct2-int8"] == pytest.approx(
+        rows["mtx-int8"]["tokens_per_s"] / rows["ct2-int8"]["tokens_per_s"]
+    )
     assert rows["mtx"]["speedup_vs_hf"] == pytest.approx(
         rows["mtx"]["tokens_per_s"] / rows["hf"]["tokens_per_s"]
     )
@@ -243,4 +251,5 @@ def test_the_decoding_race_runs_every_engine_in_the_dtype_asked(toy_run, toy_tes
     report = json.loads(out.stdout.splitlines()[-1])
     assert report["dtype"] == "bf16"
     assert [r["dtype"] for r in report["results"]] == ["bfloat16"] * 2
+    assert all(r["bleu"] is None for r in report["results"])  # no src.de beside the source
     assert all(r["lines"] == 16 and r["tokens_per_s"] > 0 for r in report["results"])

@@ -239,19 +239,6 @@ def test_an_unpadded_training_batch_gives_attention_no_mask_tensor(monkeypatch):
     assert sum(causal for _, causal in calls) == 3  # the decoder self-attentions
 
 
-def test_the_packed_output_projection_equals_the_plain_one_row_for_row():
-    model = _model().eval()
-    x = torch.randn(40, model.cfg.d_model)
-    plain = model.output_projection(x)
-    assert model.pack_output_projection()  # CPU, fp32
-    packed = model.output_projection(x)
-    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
-    for rows in (1, 2, 5, 17):
-        assert torch.equal(model.output_projection(x[:rows]), packed[:rows])
-    assert torch.equal(model.train().output_projection(x), plain)  # training: the weights
-    assert not model.to(torch.bfloat16).pack_output_projection() and model.packed_output is None
-
-
 def test_pre_norm_stacks_end_with_a_layer_norm():
     model = _model(norm="pre")
     src = torch.randint(4, 50, (2, 5))

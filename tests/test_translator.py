@@ -130,12 +130,16 @@ def test_translate_streams_a_pipe_with_bounded_read_ahead_and_memory(toy_run):
 def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run):
     """All 1000 lines of Multi30k test2016: beam 4 one sentence at a time and in 8000-token
     batches, greedy in 64- and 8000-token batches, and in reverse order: the same hypotheses,
-    bit for bit (scores included)."""
+    bit for bit (scores included); and with int8 weights, beam 4 in 64- and 8000-token batches."""
     lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()
     ckpt = multi30k_run / "checkpoints" / "best.pt"
 
-    def hypotheses(beam, batch_tokens, lines):
-        sets = [f"decode.beam={beam}", f"decode.batch_tokens={batch_tokens}"]
+    def hypotheses(beam, batch_tokens, lines, dtype="fp32"):
+        sets = [
+            f"decode.beam={beam}",
+            f"decode.batch_tokens={batch_tokens}",
+            f"decode.dtype={dtype}",
+        ]
         tr = Translator.from_checkpoint(ckpt, sets, device="cpu")
         return [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
 
@@ -144,6 +148,12 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
         assert len({tuple(tokens) for tokens, _ in together}) > 300  # varied translations
         assert hypotheses(beam, small, lines) == together
         assert hypotheses(beam, 8000, lines[::-1]) == together[::-1]
+        if beam == 4:
+            fp32 = together
+    int8 = hypotheses(4, 8000, lines, "int8")
+    assert int8 != fp32  # other numbers, and mostly the same translations
+    assert sum(a[0] == b[0] for a, b in zip(int8, fp32)) > 0.5 * len(lines)
+    assert hypotheses(4, 64, lines, "int8") == int8
 
 
 def test_source_batches_hold_one_padded_length_within_the_budget():

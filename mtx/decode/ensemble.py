@@ -64,8 +64,8 @@ class Ensemble:
             m.eval()
         return self
 
-    def pack_output_projection(self) -> bool:
-        return all([m.pack_output_projection() for m in self.models])
+    def pack(self, kind: str | None) -> bool:
+        return all([m.pack(kind) for m in self.models])
 
     def encode(self, src: Tensor) -> tuple[list[Tensor], Masks]:
         out = [m.encode(src) for m in self.models]

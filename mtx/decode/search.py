@@ -116,7 +116,7 @@ def sentence_uniforms(seeds: list[list[int]], steps: int) -> Tensor:
     ).float()
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping: cheaper small operations
 def greedy_search(
     model,
     src: Tensor,
@@ -178,7 +178,7 @@ def beam_step(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, T
     return top, idx // V, idx % V
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model,
     src: Tensor,

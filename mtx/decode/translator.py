@@ -33,14 +33,27 @@ from mtx.decode.ensemble import Ensemble
 from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.device import pick_device
 from mtx.errors import MtxError
+from mtx.model import packed
 from mtx.model.build import Model
 from mtx.tokens import BOS_ID, EOS_ID
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# int8: float32 activations, int8 weights (model/packed.py), on the CPU only
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "int8": torch.float32,
+}
 
 
 def decode_dtype(device: torch.device, name: str) -> torch.dtype:
     """The dtype `decode.dtype` names; auto is bf16 on a GPU that supports it, else fp32."""
+    if name == "int8" and device.type != "cpu":
+        raise MtxError(f"decode.dtype int8 runs on the CPU only, not on {device.type}")
+    if name == "int8" and not packed.available("int8"):
+        raise MtxError(
+            "decode.dtype int8 needs torch's fbgemm int8 kernels, which this build lacks"
+        )
     if name == "auto":
         bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if bf16 else torch.float32
@@ -65,7 +78,7 @@ class Translator:
             self.device = pick_device(device, "--device")
             self.dtype = decode_dtype(self.device, cfg.decode.dtype)
             self.model = model.to(self.device, self.dtype).eval()
-            self.model.pack_output_projection()
+            self.model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
         self.cfg = cfg
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:

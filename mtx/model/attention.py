@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtx.model.packed import Packable
 from mtx.model.rows import linear
 
 
@@ -59,7 +60,7 @@ class RelativePositions(nn.Module):
         return (j - i).clamp(-k, k) + k
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(Packable, nn.Module):
     def __init__(
         self,
         d_model: int,
@@ -85,6 +86,8 @@ class MultiHeadAttention(nn.Module):
             self.relative = RelativePositions(n_heads, self.d_k, max_relative_position)
         self.weights: Tensor | None = None  # the last attention weights, when keep_weights
         self.keep_weights = False
+        self.linear_names = ("q", "kv", "out") if cross else ("qkv", "out")  # see Packable
+        self.packed = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -108,15 +111,22 @@ class MultiHeadAttention(nn.Module):
         B, n, _ = x.shape
         return x.view(B, n, parts, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4).unbind(0)
 
+    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, bool]:
+        """ "qkv": W^Q, W^K, W^V together; "q" and "kv" (cross-attention): W^Q, and W^K with
+        W^V; "out": W^O."""
+        w, b, d = self.in_proj.weight, self.in_proj.bias, self.d_model
+        if name == "out":
+            return self.out_proj.weight, self.out_proj.bias, False
+        if name == "qkv":
+            return w, b, False
+        return (w[:d], b[:d], False) if name == "q" else (w[d:], b[d:], False)
+
     def project_q(self, x: Tensor) -> Tensor:
-        d = self.d_model
-        return self._heads(linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]), 1)[0]
+        return self._heads(self.project("q", x), 1)[0]
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of `memory` (B, S, d_model), each (B, H, S, d_k)."""
-        d = self.d_model
-        kv = linear(memory, self.in_proj.weight[d:], self.in_proj.bias[d:])
-        return self._heads(kv, 2)
+        return self._heads(self.project("kv", memory), 2)
 
     def forward(
         self,
@@ -136,7 +146,7 @@ class MultiHeadAttention(nn.Module):
         keys/values once per sentence rather than once per beam."""
         start = 0  # position of the first query (for relative positions)
         if not self.cross:
-            q, k, v = self._heads(linear(query, self.in_proj.weight, self.in_proj.bias), 3)
+            q, k, v = self._heads(self.project("qkv", query), 3)
             if cache is not None:
                 start = cache["k"].size(2) if "k" in cache else 0
                 if "k" in cache:
@@ -148,8 +158,9 @@ class MultiHeadAttention(nn.Module):
             if cache is None:
                 k, v = self.project_kv(memory)
             else:
-                if "memory_k" not in cache:
-                    cache["memory_k"], cache["memory_v"] = self.project_kv(memory)
+                if "memory_k" not in cache:  # contiguous once, not copied at every step
+                    k, v = self.project_kv(memory)
+                    cache["memory_k"], cache["memory_v"] = k.contiguous(), v.contiguous()
                 k, v = cache["memory_k"], cache["memory_v"]
         B, H, T, d_k = q.shape
         G = B // k.size(0)  # query rows per key/value row
@@ -170,7 +181,7 @@ class MultiHeadAttention(nn.Module):
                 self.weights = weights.detach()
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
         out = out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
-        return linear(out, self.out_proj.weight, self.out_proj.bias)
+        return self.project("out", out)
 
 
 def attention(
@@ -188,21 +199,24 @@ def attention(
     fused kernels, whose blocking and threads depend on the batch size, every (sentence, head)
     here is computed the same way in any batch (see model/rows.py for why that matters).
     q (B, H, T, d_k), k and v (B, H, S, d_k), mask (B, 1, T or 1, S) True = attend."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # one layout, one kernel
-    scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, T, S)
-    B, H, T, S = scores.shape
+    B, H, T, d_k = q.shape
+    S = k.size(2)
+    # (B * H, n, d_k) in one layout, so that every (sentence, head) takes one kernel: torch.bmm
+    # is what torch.matmul calls on these, with fewer small operations around it
+    q3, k3, v3 = q.reshape(-1, T, d_k), k.reshape(-1, S, d_k), v.reshape(-1, S, d_k)
+    scores = torch.bmm(q3, k3.transpose(1, 2)).view(B, H, T, S)
     if relative is not None:
         index = relative.index(T, S, start, q.device).expand(B, H, T, S)
         by_distance = torch.matmul(q, relative.keys.to(q.dtype).transpose(-1, -2))  # (B,H,T,R)
         scores = scores + torch.gather(by_distance, -1, index)
-    scores = scores * (1.0 / math.sqrt(q.size(-1)))
+    scores = scores.mul_(1.0 / math.sqrt(d_k))
     if causal and mask is None:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
     if mask is not None:
-        scores = scores.masked_fill(~mask, -torch.inf)
+        scores = scores.masked_fill_(~mask, -torch.inf)
     weights = torch.softmax(scores, dim=-1)
     dropped = F.dropout(weights, dropout) if dropout > 0 else weights
-    out = torch.matmul(dropped, v)
+    out = torch.bmm(dropped.view(-1, T, S), v3).view(B, H, T, d_k)
     if relative is not None:
         R = relative.keys.size(1)
         per_distance = dropped.new_zeros(B, H, T, R).scatter_add_(-1, index, dropped)

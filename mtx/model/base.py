@@ -1,13 +1,14 @@
 """What every architecture shares: `forward` (what the trainer calls) and the pre-softmax
 projection that shares the embedding matrix (paper section 3.4). A model class that
 subclasses `EncoderDecoder` has `encode`, `decode`, `embed` (its nn.Embedding), `vocab_size`
-and `packed_output`."""
+and `packed_output` (see `pack`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from mtx.model.packed import Packable, PackedLinear, available
 from mtx.model.rows import linear
 
 
@@ -24,26 +25,24 @@ class EncoderDecoder:
         """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection."""
         if self.packed_output is None or self.training:
             return linear(x, self.embed.weight)
-        flat = x.reshape(-1, x.size(-1))
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_output, None, "none", [], "")
-        return out.view(*x.shape[:-1], self.vocab_size)
+        return self.packed_output(x)
 
-    def pack_output_projection(self) -> bool:
-        """For inference on CPU in fp32: keep a copy of the output projection in oneDNN's own
-        layout. The largest product of a decoding step then runs about twice as fast on our
-        CPUs as torch's default BLAS call, and gives every row the same numbers whatever the
-        number of rows (tests/test_transformer.py). The copy does not follow later changes of
-        the weights (training, `.to()`): call this last. False where it is not available."""
-        w = self.embed.weight
+    def pack(self, kind: str | None) -> bool:
+        """Prepare the linear layers (the attention and feed-forward layers and the output
+        projection) for inference on the CPU in `kind`, "fp32" or "int8" (model/packed.py), or
+        drop the prepared copies (None). The copies do not follow later changes of the
+        weights (training, `.to()`): call this last. False, with nothing prepared, where the
+        model is not on the CPU in fp32 or torch lacks the kernels."""
+        layers = [m for m in self.modules() if isinstance(m, Packable)]
+        for module in layers:
+            module.pack(None)
         self.packed_output = None
-        if (
-            w.device.type != "cpu"
-            or w.dtype != torch.float32
-            or not torch.backends.mkldnn.is_available()
-        ):
+        w = self.embed.weight
+        if kind is None or w.device.type != "cpu" or w.dtype != torch.float32:
             return False
-        try:
-            self.packed_output = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-        except (AttributeError, RuntimeError):  # a torch build without the op
+        if not available(kind):
             return False
+        for module in layers:
+            module.pack(kind)
+        self.packed_output = PackedLinear(w, None, kind)
         return True

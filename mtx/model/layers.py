@@ -13,20 +13,20 @@ The feed-forward sublayer is FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3). W
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
-from mtx.model.rows import linear
+from mtx.model.packed import Packable
 
 
-class FeedForward(nn.Module):
+class FeedForward(Packable, nn.Module):
     def __init__(self, d_model: int, d_ff: int, init: str = "fairseq") -> None:
         super().__init__()
         self.init = init
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
+        self.linear_names, self.packed = ("fc1", "fc2"), {}  # see Packable
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -39,9 +39,12 @@ class FeedForward(nn.Module):
                 nn.init.xavier_uniform_(fc.weight)
                 nn.init.zeros_(fc.bias)
 
+    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, bool]:
+        fc = self.fc1 if name == "fc1" else self.fc2
+        return fc.weight, fc.bias, name == "fc1"  # ReLU after the first
+
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(linear(x, self.fc1.weight, self.fc1.bias))
-        return linear(h, self.fc2.weight, self.fc2.bias)
+        return self.project("fc2", self.project("fc1", x))
 
 
 def relative_distance(cfg: ModelConfig) -> int | None:
@@ -51,8 +54,12 @@ def relative_distance(cfg: ModelConfig) -> int | None:
 def residual(x: Tensor, f, norm: nn.LayerNorm, dropout: nn.Dropout, pre: bool) -> Tensor:
     """The residual connection around sublayer `f`, its LayerNorm after (post) or before (pre)."""
     if pre:
-        return x + dropout(f(norm(x)))
-    return norm(x + dropout(f(x)))
+        return x + _drop(dropout, f(norm(x)))
+    return norm(x + _drop(dropout, f(x)))
+
+
+def _drop(dropout: nn.Dropout, x: Tensor) -> Tensor:
+    return dropout(x) if dropout.training and dropout.p > 0 else x  # a call less in inference
 
 
 class EncoderLayer(nn.Module):

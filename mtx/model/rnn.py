@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.attention import RecurrentAttention
 from mtx.model.base import EncoderDecoder
+from mtx.model.packed import PackedLinear
 from mtx.model.rows import linear
 from mtx.model.transformer import Cache
 from mtx.tokens import PAD_ID
@@ -139,7 +140,7 @@ class RNN(EncoderDecoder, nn.Module):
         )
         self.attention = RecurrentAttention(cfg.attention, d, cfg.max_positions)
         self.combine = nn.Linear(2 * d, d, bias=False)  # W_c
-        self.packed_output: Tensor | None = None  # see pack_output_projection()
+        self.packed_output: PackedLinear | None = None  # see pack()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

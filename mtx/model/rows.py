@@ -6,7 +6,9 @@ A sentence decoded alone would then get slightly different numbers than in a bat
 near-tie between two hypotheses could go either way: the output would depend on the batch.
 `linear` pads such products with rows of zeros to MIN_ROWS rows, so that each row is computed
 by the same kernel whatever the batch (tests/test_translator.py checks the outcome on all of
-Multi30k test2016). Training batches are far larger and never take the padded path.
+Multi30k test2016). Training batches are far larger and never take the padded path, and on
+the CPU in fp32 or int8 the search uses packed layers instead, whose rows need no padding
+(model/packed.py).
 """
 
 from __future__ import annotations

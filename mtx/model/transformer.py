@@ -24,6 +24,7 @@ from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
+from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
 from mtx.tokens import PAD_ID
 
@@ -48,7 +49,7 @@ class Transformer(EncoderDecoder, nn.Module):
         if cfg.norm == "pre":
             self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
             self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.packed_output: Tensor | None = None  # see pack_output_projection()
+        self.packed_output: PackedLinear | None = None  # see pack()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

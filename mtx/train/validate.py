@@ -46,12 +46,12 @@ def translate_shared(
     depend on the others in its batch, so the result is the same as one process's."""
     translator = Translator(model, cfg, spm_proto, as_is=True)
     model.eval()
-    model.pack_output_projection()  # a copy of the current weights, dropped below
+    model.pack("fp32")  # copies of the current weights, dropped below
     try:
         with precision.autocast():
             mine = translator.translate(sources[dist.rank :: dist.world])
     finally:
-        model.packed_output = None  # training changes the weights: never use a stale copy
+        model.pack(None)  # training changes the weights: never use a stale copy
         model.train()
     out: list[str] = [""] * len(sources)
     for rank, part in enumerate(dist.gather(mine)):
