@@ -37,7 +37,7 @@ from mtx.model import packed
 from mtx.model.build import Model
 from mtx.tokens import BOS_ID, EOS_ID
 
-# int8: float32 activations, int8 weights (model/packed.py), on the CPU only
+# int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
 DTYPES = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,

@@ -38,9 +38,12 @@ class EncoderDecoder:
             module.pack(None)
         self.packed_output = None
         w = self.embed.weight
-        if kind is None or w.device.type != "cpu" or w.dtype != torch.float32:
-            return False
-        if not available(kind):
+        if (
+            kind is None
+            or w.device.type != "cpu"
+            or w.dtype != torch.float32
+            or not available(kind)
+        ):
             return False
         for module in layers:
             module.pack(kind)
