@@ -11,6 +11,35 @@ from mtx.data.prepare import prepare
 
 torch.set_num_threads(2)
 
+
+def pytest_sessionstart(session) -> None:
+    """The machine, at the top of every run (with -q too): a failure report then says where
+    it failed."""
+    reporter = session.config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(machine())
+
+
+def machine() -> str:
+    model = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+        "unknown CPU",
+    )
+    forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    kernels = torch.backends.cpu.get_cpu_capability() + (f" (forced: {forced})" if forced else "")
+    return (
+        f"cpu: {model}, {os.cpu_count()} cores; ATen kernels {kernels}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
 # A training run small enough for tests: a few hundred updates a second on 2 CPU cores.
 TINY_RUN = [
     "model.d_model=32",

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import yaml
 from conftest import TINY_RUN, run_config
 
 from mtx import checkpoint
 from mtx.config import load_config
 from mtx.data.prepare import prepare
+from mtx.train import distributed
 from mtx.train.trainer import train
 
 SAME = ["model.dropout=0.0", "train.threads=1", "train.valid_every=4", "train.log_every=2"]
@@ -284,3 +286,37 @@ def test_a_process_that_dies_or_hangs_ends_the_job_naming_it(tmp_path, prepared,
     assert "mtx: error: process 0 of 2: process 1 stopped answering (died or hangs)" in err, err[
         -3000:
     ]
+
+
+def test_the_heartbeat_thread_has_ended_when_stop_returns(monkeypatch):
+    """A thread left inside a store call (C++, the GIL released) when the interpreter shuts
+    down aborts the process (SIGABRT, "terminate called without an active exception"), and a
+    finished job then exits non-zero: stop() returns only once the thread has ended."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setattr(distributed, "BEAT_S", 0.001)  # almost always inside a store call
+    for _ in range(20):
+        heartbeat = distributed.Heartbeat(rank=0, world=1)
+        while heartbeat._counts()[0] < 3:  # beating
+            time.sleep(0.001)
+        heartbeat.stop()
+        assert not heartbeat.thread.is_alive()
+
+
+@pytest.mark.slow
+def test_a_finished_job_exits_0_fifty_times_beside_a_busy_core(tmp_path, prepared):
+    """50 two-process jobs to their end, each exiting 0, while another process keeps a core
+    busy; half of them with the heartbeat beating every millisecond
+    (helpers/busy_heartbeat.py), so that jobs end while its thread is inside a store call."""
+    root = tmp_path / "fifty"
+    job_config(root, prepared, "train.max_steps=2", "train.valid_every=2", *SAME[:2], shared=True)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for attempt in range(50):
+            program = ("-m", "busy_heartbeat") if attempt % 2 else ("-m", "mtx")
+            code, err = finish(torchrun(root, "--overwrite", shared=True, program=program))
+            assert code == 0, f"attempt {attempt}: {err[-3000:]}"
+            assert checkpoint.load(root / "run" / "checkpoints" / "last.pt")["step"] == 2
+    finally:
+        hog.kill()

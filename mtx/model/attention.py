@@ -207,7 +207,11 @@ def attention(
     scores = torch.bmm(q3, k3.transpose(1, 2)).view(B, H, T, S)
     if relative is not None:
         index = relative.index(T, S, start, q.device).expand(B, H, T, S)
-        by_distance = torch.matmul(q, relative.keys.to(q.dtype).transpose(-1, -2))  # (B,H,T,R)
+        # w^K transposed into a contiguous copy: broadcast over the batch, a transposed view
+        # would reach BLAS transposed alone and copied (untransposed) in a batch, and the two
+        # layouts take kernels that round differently
+        keys_t = relative.keys.to(q.dtype).transpose(-1, -2).contiguous()  # (H, d_k, R)
+        by_distance = torch.matmul(q, keys_t)  # (B, H, T, R)
         scores = scores + torch.gather(by_distance, -1, index)
     scores = scores.mul_(1.0 / math.sqrt(d_k))
     if causal and mask is None:

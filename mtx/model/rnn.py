@@ -28,8 +28,8 @@ d = d_model, L decoder layers, V vocabulary size.
   and the toy corpus stalled at perplexity 60 for hundreds of updates).
 
 The cells are written out (`Cell`, the gate equations of torch.nn.LSTMCell / GRUCell) with the
-row-stable products of rows.py, so that, as with the Transformer, a sentence gets the same
-numbers in any batch. The decoder runs step by step: input feeding makes each step need the
+row-stable products and sigmoid of rows.py, so that, as with the Transformer, a sentence gets
+the same numbers in any batch. The decoder runs step by step: input feeding makes each step need the
 last one's output.
 """
 
@@ -44,7 +44,7 @@ from mtx.config import ModelConfig
 from mtx.model.attention import RecurrentAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.packed import PackedLinear
-from mtx.model.rows import linear
+from mtx.model.rows import linear, sigmoid
 from mtx.model.transformer import Cache
 from mtx.tokens import PAD_ID
 
@@ -81,11 +81,11 @@ class Cell(nn.Module):
         hw = linear(h, self.weight_hh, self.bias_hh)
         if self.kind == "lstm":
             i, f, g, o = (xw + hw).chunk(4, dim=-1)
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            return torch.sigmoid(o) * torch.tanh(c), c
+            c = sigmoid(f) * c + sigmoid(i) * torch.tanh(g)
+            return sigmoid(o) * torch.tanh(c), c
         xr, xz, xn = xw.chunk(3, dim=-1)
         hr, hz, hn = hw.chunk(3, dim=-1)
-        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        r, z = sigmoid(xr + hr), sigmoid(xz + hz)
         n = torch.tanh(xn + r * hn)
         return n + z * (h - n), None  # (1 - z) n + z h
 

@@ -35,6 +35,7 @@ from mtx.errors import MtxError
 
 T = TypeVar("T")
 BEAT_S = 1.0  # heartbeat period; a failed collective watches the counters for 3 periods
+STORE_TIMEOUT_S = 10.0  # the heartbeat's store calls fail after this long
 
 
 class Heartbeat:
@@ -45,7 +46,7 @@ class Heartbeat:
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
         # A client of its own: the process group's is busy with the collectives' set-up.
-        self.store = attempt_store("heartbeat", timedelta(seconds=10))
+        self.store = attempt_store("heartbeat", timedelta(seconds=STORE_TIMEOUT_S))
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._beat, name="mtx-heartbeat", daemon=True)
         self.thread.start()
@@ -71,7 +72,14 @@ class Heartbeat:
         return [self.store.add(str(r), 0) for r in range(self.world)]  # add 0: read
 
     def stop(self) -> None:
+        """Stop beating, and wait until the thread has ended. A thread left inside a store
+        call (C++, the GIL released) when the interpreter shuts down is ended in the middle of
+        C++ code, which aborts the process (SIGABRT, "terminate called without an active
+        exception"): a finished job would exit non-zero. The wait is bounded by the store's
+        timeout, after which a call inside it fails."""
         self.stopped.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=STORE_TIMEOUT_S + 2 * BEAT_S)
 
 
 @dataclass

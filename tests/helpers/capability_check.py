@@ -1,0 +1,134 @@
+"""Batch independence under one CPU capability: run with ATEN_CPU_CAPABILITY set (ATen reads
+it once, when torch loads), by tests/test_capabilities.py. Prints one JSON object:
+{"capability": what ATen runs, "operations": [...], "searches": [...], "checked": n}, the
+two lists naming what gave an element or a sentence other numbers in another batch.
+
+1. Operations: every element-wise or row-wise operation of the decoding path, on rows of
+   awkward widths (not multiples of 8 or 16 floats) taken alone, in other subsets, and
+   within a larger tensor, must give each row the same bits.
+2. Searches: every architecture mtx ships (the Transformer post- and pre-norm with each
+   position kind; the RNN with each cell and attention score), with widths that leave
+   ATen's vector loops tails (d_model 40, d_k 10, d_ff 72), beam 4 (2-best) and greedy, with
+   torch's products, packed fp32 and int8 layers: each of 12 sentences, padded to one length
+   as the translator pads them, gets bit-identical hypotheses and scores alone, in the
+   batch, in the reversed batch and in halves.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+from mtx.config import ATTENTION_SCORES, ModelConfig
+from mtx.decode.search import beam_search, greedy_search
+from mtx.model import packed
+from mtx.model.build import make_model
+from mtx.model.rows import linear, sigmoid
+from mtx.tokens import EOS_ID, PAD_ID
+
+VOCAB = 53
+
+
+def operations() -> list[str]:
+    ops = {
+        "exp": torch.exp,
+        "tanh": torch.tanh,
+        "rows.sigmoid": sigmoid,
+        "log_softmax": lambda x: torch.log_softmax(x, -1),
+        "softmax": lambda x: torch.softmax(x, -1),
+        "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
+        "relu": F.relu,
+        "max-norm": lambda x: torch.linalg.vector_norm(x, float("inf"), -1, keepdim=True),
+        "arithmetic": lambda x: (x * 1.7 + 0.3) / (x.abs() + 1.0) - x,
+        "cumsum": lambda x: x.cumsum(-1),
+        "rows.linear": lambda x: linear(x, torch.linspace(-1, 1, 13 * x.size(-1)).view(13, -1)),
+    }
+    bad = []
+    g = torch.Generator().manual_seed(0)
+    for name, f in ops.items():
+        for width in (5, 7, 10, 20, 33, 40, 72, 131):
+            x = torch.randn(40, width, generator=g) * 4
+            whole = f(x)
+            subsets = [(0, 1), (3, 4), (7, 10), (1, 13), (20, 40)]
+            if any(not torch.equal(f(x[a:b].clone()), whole[a:b]) for a, b in subsets):
+                bad.append(f"{name} (rows of {width})")
+                break
+    return bad
+
+
+def architectures() -> list[dict]:
+    shared = dict(d_model=40, n_heads=4, d_ff=72, dropout=0.0, max_positions=64)
+    out = []
+    for norm in ("post", "pre"):
+        for positions in ("sinusoidal", "learned", "relative"):
+            out.append(dict(arch="transformer", norm=norm, positions=positions,
+                            max_relative_position=4, encoder_layers=2, decoder_layers=2))  # fmt: skip
+    for cell in ("lstm", "gru"):
+        for score in ATTENTION_SCORES:
+            out.append(dict(arch="rnn", rnn_cell=cell, attention=score, encoder_layers=1,
+                            decoder_layers=2))  # fmt: skip
+    return [shared | x for x in out]
+
+
+def sources(n: int = 12) -> torch.Tensor:
+    """n sources of 1 to 14 tokens + EOS, padded to one length, as the translator pads them."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [1 + (5 * i) % 14 for i in range(n)]
+    src = torch.full((n, 16), PAD_ID)
+    for i, k in enumerate(lengths):
+        src[i, :k] = torch.randint(4, VOCAB, (k,), generator=g)
+        src[i, k] = EOS_ID
+    return src
+
+
+def searches() -> tuple[list[str], int]:
+    src = sources()
+    n = src.size(0)
+    groups = {
+        "alone": [[i] for i in (0, 3, 5, 11)],
+        "reversed": [list(range(n))[::-1]],
+        "halves": [list(range(0, n, 2)), list(range(1, n, 2))],
+    }
+    kinds = ["torch products", *(k for k in packed.KINDS if packed.available(k))]
+    bad, checked = [], 0
+    for values in architectures():
+        torch.manual_seed(0)
+        model = make_model(ModelConfig(**values), VOCAB).eval()
+        with torch.no_grad():
+            model.embed.weight.mul_(3.0)  # sharper outputs: hypotheses of various lengths
+        name = ", ".join(f"{v}" for k, v in values.items() if k in ("arch", "norm", "positions",
+                                                                     "rnn_cell", "attention"))  # fmt: skip
+        for kind in kinds:
+            model.pack(None if kind == "torch products" else kind)
+            for search in ("beam", "greedy"):
+
+                def run(rows: list[int], search=search, model=model) -> list:
+                    s = src[rows]
+                    if search == "greedy":
+                        return [(h.tokens, h.score) for h in greedy_search(model, s, max_len_b=6)]
+                    hyps = beam_search(model, s, beam=4, max_len_b=6, nbest=2)
+                    return [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
+
+                together = run(list(range(n)))
+                for label, parts in groups.items():
+                    for rows in parts:
+                        checked += 1
+                        if run(rows) != [together[i] for i in rows]:
+                            bad.append(f"{name}, {kind}, {search}: {label} {rows}")
+                            break
+    return bad, checked
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    ops = operations()
+    found, checked = searches()
+    capability = torch.backends.cpu.get_cpu_capability()
+    print(json.dumps({"capability": capability, "operations": ops, "searches": found,
+                      "checked": checked}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
