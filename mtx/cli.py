@@ -427,14 +427,32 @@ def bench(
         float | None,
         typer.Option(help="Device peak for MFU (default: known bf16/fp16 GPU peaks)."),
     ] = None,
+    lengths_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="Random token batches with the sentence lengths of this prepared split "
+            "(e.g. RUN/prepared/train), in data.vocab_size."
+        ),
+    ] = None,
+    join: Annotated[
+        str,
+        typer.Option(help="With --lengths-from: join N-M random pairs into one (e.g. 2-4)."),
+    ] = "1-1",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Training tokens/s, model FLOPs per token, TFLOP/s, MFU and peak memory of a config."""
     from mtx.bench import bench as do_bench
     from mtx.bench import format_table
 
+    low, _, high = join.partition("-")
+    if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+        fail(f"--join expects N-M with 1 <= N <= M, got {join!r}")
     cfg = _config(config, set)
-    result = run(do_bench, cfg, steps, warmup, synthetic, length, peak_tflops)
+    where = str(lengths_from) if lengths_from else None
+    result = run(
+        do_bench, cfg, steps, warmup, synthetic, length, peak_tflops, where,
+        (int(low), int(high)),
+    )  # fmt: skip
     typer.echo(json.dumps(result) if json_out else format_table(result))
 
 

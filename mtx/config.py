@@ -94,7 +94,17 @@ class TrainConfig:
     # "auto" (bf16 autocast on GPUs that have it, else fp32), "fp32", "bf16", or "fp16"
     # (autocast with dynamic loss scaling, for GPUs without bf16)
     precision: str = "auto"
-    compile: bool = False  # torch.compile the model (pays off on GPUs; minutes to compile)
+    # torch.compile the step (train/compiled.py): auto (on CUDA only; experimental), true, false
+    compile: str = "false"
+    # torch.compile's backend: inductor (generated kernels); aot_eager or eager trace the step
+    # but run torch's own kernels (quick checks that it compiles)
+    compile_backend: str = "inductor"
+    # torch.compile's mode with inductor: default, reduce-overhead (CUDA graphs: one recorded
+    # per batch shape) or max-autotune-no-cudagraphs (searches kernels: slow to compile)
+    compile_mode: str = "default"
+    # pad each side of a batch to a length from a bounded set: a multiple of up to this many
+    # tokens, never more than 1/8 of the length (data/batching.py; 1 = exact lengths)
+    pad_to: int = 8
     workers: int = 1  # background processes building batches (0 = in the training process)
     threads: int = 0  # CPU threads for torch (0 = torch's default)
     # torchrun: a collective that waits this many seconds fails and ends the job (a process
@@ -148,6 +158,7 @@ class Config:
             "data.max_len": d.max_len,
             "train.max_tokens": t.max_tokens,
             "train.update_freq": t.update_freq,
+            "train.pad_to": t.pad_to,
             "train.max_steps": t.max_steps,
             "train.valid_every": t.valid_every,
             "train.log_every": t.log_every,
@@ -183,6 +194,18 @@ class Config:
             raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
         if t.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise MtxError(f"train.precision must be auto, fp32, bf16 or fp16, got {t.precision!r}")
+        if t.compile not in ("auto", "true", "false"):
+            raise MtxError(f"train.compile must be auto, true or false, got {t.compile!r}")
+        if t.compile_backend not in ("inductor", "aot_eager", "eager"):
+            raise MtxError(
+                "train.compile_backend must be inductor, aot_eager or eager, got "
+                f"{t.compile_backend!r}"
+            )
+        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+        if t.compile_mode not in modes:
+            raise MtxError(
+                f"train.compile_mode must be one of {', '.join(modes)}, got {t.compile_mode!r}"
+            )
         if t.workers < 0:
             raise MtxError(f"train.workers must be 0 or more, got {t.workers}")
         if t.max_tokens < d.max_len + 1:
@@ -190,9 +213,13 @@ class Config:
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
                 f"({d.max_len}) tokens plus EOS"
             )
-        if d.max_len + 1 > m.max_positions:
+        from mtx.data.batching import bucket_length
+
+        longest = bucket_length(d.max_len + 1, t.pad_to)
+        if longest > m.max_positions:
             raise MtxError(
-                f"data.max_len ({d.max_len}) plus EOS must fit model.max_positions ({m.max_positions})"
+                f"data.max_len ({d.max_len}) plus EOS, padded to {longest} tokens by "
+                f"train.pad_to ({t.pad_to}), must fit model.max_positions ({m.max_positions})"
             )
         if m.init not in ("fairseq", "xavier"):
             raise MtxError(f"model.init must be fairseq or xavier, got {m.init!r}")
@@ -261,6 +288,8 @@ def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, bool):  # `compile: true` in YAML, for a key that takes a word
+            return str(value).lower()
         if raw is not None:  # `--set run_dir=123` means the string "123"
             return raw
     elif tp is bool:

@@ -81,7 +81,7 @@ def reference_step(model, optimizer, batches, cfg, step, device) -> None:
         group["lr"] = lr
     ntokens = sum(int((b["tgt_out"] != PAD_ID).sum()) for b in batches)
     for b in batches:
-        b = {k: v.to(device) for k, v in b.items()}
+        b = {k: b[k].to(device) for k in ("src", "tgt_in", "tgt_out")}
         logits = model(b["src"], b["tgt_in"])
         loss = F.cross_entropy(
             logits.flatten(0, 1),

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from mtx.data.batching import collate, token_batches
+from mtx.data.batching import bucket_length, collate, token_batches
 from mtx.tokens import BOS_ID, PAD_ID
 
 
@@ -39,3 +39,38 @@ def test_collate_shifts_targets_and_pads():
     assert batch["tgt_in"].tolist() == [[BOS_ID, 8, 9], [BOS_ID, 10, PAD_ID]]
     assert batch["tgt_out"].tolist() == [[8, 9, 3], [10, 3, PAD_ID]]
     assert batch["src"].dtype == torch.long
+
+
+def test_bucket_lengths_come_from_a_small_set_and_pad_little():
+    n = np.arange(1, 1025)
+    padded = bucket_length(n, 8)
+    assert (padded >= n).all() and (np.diff(padded) >= 0).all()
+    assert (padded[:16] == n[:16]).all()  # short sentences keep their length
+    assert ((padded - n) <= n / 8).all() and (padded - n).max() == 7  # at most 1/8, at most 7
+    assert len(set(padded[:256].tolist())) == 56  # lengths up to 256: 56 shapes a side
+    assert (padded[padded >= 64] % 8 == 0).all()
+    assert (bucket_length(n, 1) == n).all() and bucket_length(37, 4) == 40
+    assert bucket_length(37, 8) == 40 and isinstance(bucket_length(37, 8), int)
+
+
+def test_bounded_batches_keep_the_budget_and_the_host_counts():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 120, 3000), rng.integers(1, 120, 3000)
+    shapes = set()
+    for b in token_batches(src, tgt, max_tokens=2000, seed=1, pad_to=8):
+        S, T = bucket_length(src[b].max(), 8), bucket_length(tgt[b].max(), 8)
+        assert len(b) == 1 or len(b) * max(S, T) <= 2000
+        shapes.add((S, T))
+    exact = {(src[b].max(), tgt[b].max()) for b in token_batches(src, tgt, 2000, seed=1)}
+    allowed = set(bucket_length(np.arange(1, 121), 8).tolist())
+    assert {x for shape in shapes for x in shape} <= allowed
+    assert len(shapes) < 0.6 * len(exact)
+    batch = collate([[5] * 16 + [3], [7, 3]], [[8] * 20 + [3], [10, 3]], pad_to=8)
+    assert batch["src"].shape == (2, 18) and batch["tgt_in"].shape == batch["tgt_out"].shape == (
+        2,
+        22,
+    )
+    assert (batch["src_tokens"], batch["tgt_tokens"], batch["src_padded"]) == (19, 23, True)
+    assert batch["tgt_tokens"] == len(batch["tgt_index"])
+    unpadded = collate([[5, 3], [7, 3]], [[8, 3], [10, 9, 3]], pad_to=8)
+    assert unpadded["src_padded"] is False and unpadded["tgt_tokens"] == 5

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -14,10 +15,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from mtx.bench import batch_flops, synthetic_batches
+from mtx.bench import batch_flops, joined_lengths, synthetic_batches
 from mtx.cli import app
 from mtx.config import ATTENTION_SCORES, Config
 from mtx.data.batching import collate
+from mtx.errors import MtxError
 from mtx.model.build import make_model
 from mtx.model.flops import forward_flops
 from mtx.model.transformer import Transformer, count_parameters
@@ -217,3 +219,40 @@ def test_the_warm_up_cycles_through_the_timed_updates(monkeypatch):
     assert [s for s, _ in seen] == list(range(1, 8))
     assert [g for _, g in warm] == [g for _, g in timed] + [timed[0][1]]
     assert len({i for _, g in timed for i in g}) == 6  # 3 updates of 2 distinct batches
+
+
+def test_bench_takes_real_lengths_joined_and_compiles_nothing_while_timed(tmp_path, prepared):
+    """--lengths-from: random ids with the lengths of a prepared split's pairs, --join 2-4
+    joined at random (WMT-like lengths from a corpus of short sentences); with train.compile,
+    the warm-up compiles and the timed updates compile nothing."""
+    cfg = run_config(tmp_path / "r", prepared)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    train = prepared / "train"
+    args = ["--config", config, "--set", "run_dir=/nonexistent", "--lengths-from", train]
+    code, out = bench(*args, "--steps", 2, "--warmup", 1, "--json")
+    assert code == 0, out
+    single = json.loads(out)
+    assert single["data"] == f"random ids, lengths of {train}" and not single["compile"]
+    code, out = bench(*args, "--join", "2-4", "--set", "train.compile=true", "--set",
+                      "train.compile_backend=eager", "--steps", 2, "--warmup", 2, "--json")  # fmt: skip
+    assert code == 0, out
+    joined = json.loads(out)
+    assert joined["data"].endswith("joined 2 to 4 at a time") and joined["compile"]
+    assert joined["tokens_per_update"] > single["tokens_per_update"]  # longer pairs, fuller
+    assert joined["compilations"] >= 1 and joined["timed_compilations"] == 0
+    code, out = bench(*args, "--join", "4-2")
+    assert code == 2 and "--join expects N-M with 1 <= N <= M, got '4-2'" in out
+    code, out = bench("--config", config, "--lengths-from", tmp_path)
+    assert code == 2 and "not a prepared split directory" in out
+
+
+def test_joined_lengths_add_up_pairs_with_one_eos_each():
+    src, tgt = np.array([5, 9, 3]), np.array([4, 2, 7])  # each counts its EOS
+    s, t = joined_lengths(src, tgt, (2, 3), cap=1000, n=500, seed=0)
+    assert len(s) == 500 and s.min() >= 2 * 3 - 1 and s.max() <= 3 * 9 - 2
+    assert t.min() >= 2 * 2 - 1 and t.max() <= 3 * 7 - 2
+    s, t = joined_lengths(src, tgt, (2, 2), cap=12, n=50, seed=0)
+    assert s.max() <= 12 and t.max() <= 12  # longer ones left out
+    with pytest.raises(MtxError, match="too few joined pairs fit 12 tokens"):
+        joined_lengths(src, tgt, (3, 3), cap=12, n=50, seed=0)  # none fits

@@ -116,10 +116,10 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
     state = optimizer_state(optimizer)
 
     if fault == "nan_loss":
-        real = train_step_module.label_smoothed_nll
+        real = train_step_module.output_loss
         monkeypatch.setattr(
             train_step_module,
-            "label_smoothed_nll",
+            "output_loss",
             lambda *a: tuple(x * math.nan for x in real(*a)),
         )
         hook = None
@@ -143,7 +143,7 @@ def test_a_non_finite_update_leaves_parameters_and_adam_state_untouched(fault, m
 
 def nan_on_updates(monkeypatch, bad: set[int]):
     """Make the training loss NaN on the given calls (counted from 1; validation not counted)."""
-    real, calls = train_step_module.label_smoothed_nll, [0]
+    real, calls = train_step_module.output_loss, [0]
 
     def loss(*args):
         out = real(*args)
@@ -153,7 +153,7 @@ def nan_on_updates(monkeypatch, bad: set[int]):
                 return tuple(x * math.nan for x in out)
         return out
 
-    monkeypatch.setattr(train_step_module, "label_smoothed_nll", loss)
+    monkeypatch.setattr(train_step_module, "output_loss", loss)
 
 
 def test_a_few_non_finite_updates_are_skipped_and_logged(tmp_path, prepared, monkeypatch):
@@ -183,12 +183,12 @@ def test_non_finite_updates_in_a_row_stop_the_run_with_advice(tmp_path, prepared
 def oom_on_updates(monkeypatch, bad: set[int]):
     real, calls = Transformer.forward, [0]
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         if torch.is_grad_enabled():
             calls[0] += 1
             if calls[0] in bad or "all" in bad:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(self, *args)
+        return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Transformer, "forward", forward)
 

@@ -1,8 +1,16 @@
 """Token-budget batches grouped by length (fairseq's --max-tokens), and their padding.
 
 A batch holds sentences of similar length, and never more than `max_tokens` tokens on either
-side counting padding (sentences x longest sentence). The order of batches is shuffled by
+side counting padding (sentences x padded length). The order of batches is shuffled by
 (seed, epoch), so a run can be resumed at any batch of any epoch.
+
+Bounded shapes (`train.pad_to`, 8 by default): each side of a batch is padded to a length
+from a fixed set, `bucket_length`: a multiple of 2 from 16 tokens, of 4 from 32, of 8 from 64
+(never more than `pad_to`, and never more than 1/8 of the length). Every batch of every
+epoch, on any corpus, then has one of at most 56 lengths a side up to 256 tokens, so a
+compiled step or a kernel's plan made for a shape keeps being reused; padding grows by about
+one to three points (BENCHMARKS.md, "Bounded batch shapes"), where a plain multiple of 8
+added 16 points on Multi30k's short sentences.
 """
 
 from __future__ import annotations
@@ -14,14 +22,28 @@ from torch import Tensor
 from mtx.tokens import BOS_ID, PAD_ID
 
 
+def bucket_length(n, pad_to: int = 1):
+    """n (an int or an integer array) rounded up to a multiple of its step: 1 below 16, then
+    the largest power of two that is at most n / 8, capped at `pad_to` (1: n itself)."""
+    x = np.asarray(n, dtype=np.int64)
+    if pad_to <= 1:
+        return n
+    step = np.minimum(pad_to, 2 ** np.maximum(0, np.floor(np.log2(np.maximum(x, 1))) - 3))
+    out = -(-x // step.astype(np.int64)) * step.astype(np.int64)
+    return int(out) if out.ndim == 0 else out
+
+
 def token_batches(
     src_lens: np.ndarray,
     tgt_lens: np.ndarray,
     max_tokens: int,
     seed: int | None = None,
     epoch: int = 0,
+    pad_to: int = 1,
 ) -> list[np.ndarray]:
-    """Indices of each batch. With `seed`, ties in length are broken and batches ordered at random."""
+    """Indices of each batch, whose sentences padded to `bucket_length(longest, pad_to)` take
+    at most `max_tokens` a side. With `seed`, ties in length are broken and batches ordered
+    at random."""
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
     n = len(src_lens)
     if seed is None:
@@ -30,7 +52,8 @@ def token_batches(
         rng = np.random.default_rng([seed, epoch])
         order = np.lexsort((rng.random(n), tgt_lens, src_lens))
     batches, start, longest = [], 0, 0
-    for i, length in enumerate(np.maximum(src_lens, tgt_lens)[order].tolist()):
+    padded = bucket_length(np.maximum(src_lens, tgt_lens)[order], pad_to)
+    for i, length in enumerate(np.asarray(padded).tolist()):
         if i > start and max(longest, length) * (i - start + 1) > max_tokens:
             batches.append(order[start:i])
             start, longest = i, 0
@@ -61,26 +84,45 @@ def pad(seqs: list[list[int]], prefix: int | None = None, length: int = 0) -> Te
     return out
 
 
-def collate(src_ids: list[list[int]], tgt_ids: list[list[int]]) -> dict[str, Tensor]:
+def collate(
+    src_ids: list[list[int]], tgt_ids: list[list[int]], pad_to: int = 1
+) -> dict[str, Tensor | int | bool]:
     """src (B, S); tgt_in = BOS + target without its EOS (B, T); tgt_out = target with EOS (B, T);
-    tgt_index (N,): the flat positions in (B * T) of the N target tokens (not padding)."""
-    tgt_out = pad(tgt_ids)
-    tgt_in = pad([t[:-1] for t in tgt_ids], prefix=BOS_ID)
+    tgt_index (N,): the flat positions in (B * T) of the N target tokens (not padding); S and T
+    are the longest lengths rounded up by `bucket_length`.
+
+    The bookkeeping that the training step needs on the host comes with the batch, counted
+    here, so that the step never reads a device tensor back: src_tokens and tgt_tokens (real
+    tokens) and src_padded (whether any source is padded: if none, attention needs no mask)."""
+    S = bucket_length(max(len(s) for s in src_ids), pad_to)
+    T = bucket_length(max(len(t) for t in tgt_ids), pad_to)
+    src, tgt_out = pad(src_ids, length=S), pad(tgt_ids, length=T)
+    tgt_in = pad([t[:-1] for t in tgt_ids], prefix=BOS_ID, length=T)
     tgt_index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
-    return {"src": pad(src_ids), "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_index": tgt_index}
+    src_tokens = sum(len(s) for s in src_ids)
+    return {
+        "src": src,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "tgt_index": tgt_index,
+        "src_tokens": src_tokens,
+        "tgt_tokens": len(tgt_index),
+        "src_padded": src_tokens < src.numel(),
+    }
 
 
 class BatchDataset(torch.utils.data.Dataset):
     """Item i is padded batch i of a memory-mapped prepared split (for a DataLoader with
     batch_size=None, so workers build batches in the background)."""
 
-    def __init__(self, ds, batches: list[np.ndarray]) -> None:
+    def __init__(self, ds, batches: list[np.ndarray], pad_to: int = 1) -> None:
         self.ds = ds.select_columns(["src_ids", "tgt_ids"])
         self.batches = batches
+        self.pad_to = pad_to
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         rows = self.ds[self.batches[i].tolist()]
-        return collate(rows["src_ids"], rows["tgt_ids"])
+        return collate(rows["src_ids"], rows["tgt_ids"], self.pad_to)

@@ -14,17 +14,27 @@ from mtx.model.rows import linear
 
 class EncoderDecoder:
     def forward(
-        self, src: Tensor, tgt_in: Tensor, keep: Tensor | None = None, src_padded: bool = True
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        keep: Tensor | None = None,
+        src_padded: bool = True,
+        project: bool = True,
     ) -> Tensor:
         """Training: logits (B, T, V) of decoder inputs `tgt_in` (B, T) given sources `src`
-        (B, S), or (N, V) at the N flat positions `keep` of (B * T)."""
+        (B, S), or (N, V) at the N flat positions `keep` of (B * T); with `project` False, the
+        output states that `output_weight()` projects (for train/loss.py's output_loss)."""
         memory, src_mask = self.encode(src, src_padded)
-        return self.decode(tgt_in, memory, src_mask, keep=keep)
+        return self.decode(tgt_in, memory, src_mask, keep=keep, project=project)
+
+    def output_weight(self) -> Tensor:
+        """(V, d) the pre-softmax projection: the shared embedding matrix."""
+        return self.embed.weight
 
     def output_projection(self, x: Tensor) -> Tensor:
         """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection."""
         if self.packed_output is None or self.training:
-            return linear(x, self.embed.weight)
+            return linear(x, self.output_weight())
         return self.packed_output(x)
 
     def pack(self, kind: str | None) -> bool:

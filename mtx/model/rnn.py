@@ -195,9 +195,11 @@ class RNN(EncoderDecoder, nn.Module):
         src_mask: Tensor | None,
         cache: Cache | None = None,
         keep: Tensor | None = None,
+        project: bool = True,
     ) -> Tensor:
         """(N, T) decoder inputs -> logits (N, T, V), or (n, V) at the n flat positions `keep`
-        of (N * T). N may be a multiple G of memory's B rows: rows g * G .. g * G + G - 1 (a
+        of (N * T); with `project` False, the output states (d wide) that the projection would
+        take. N may be a multiple G of memory's B rows: rows g * G .. g * G + G - 1 (a
         sentence's beams) read memory row g.
 
         With `cache` (from `new_cache()`), `tgt_in` holds only the steps not yet decoded; the
@@ -252,7 +254,7 @@ class RNN(EncoderDecoder, nn.Module):
         x = torch.stack(outputs, dim=1)  # (N, T, d)
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)
-        return self.output_projection(x)
+        return self.output_projection(x) if project else x
 
     def new_cache(self) -> Cache:
         return [{}]

@@ -110,9 +110,11 @@ class Transformer(EncoderDecoder, nn.Module):
         src_mask: Tensor | None,
         cache: Cache | None = None,
         keep: Tensor | None = None,
+        project: bool = True,
     ) -> Tensor:
         """(B, T) decoder inputs -> logits (B, T, V), or (N, V) at the N flat positions `keep`
-        of (B * T) (the target tokens: padding then costs no output projection).
+        of (B * T) (the target tokens: padding then costs no output projection); with
+        `project` False, the output states (d wide) that the projection would take.
 
         With `cache` (from `new_cache()`), `tgt_in` holds only the positions not yet decoded,
         and the cache is extended in place: incremental decoding gives the same logits as
@@ -126,7 +128,7 @@ class Transformer(EncoderDecoder, nn.Module):
             x = self.decoder_norm(x)
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
-        return self.output_projection(x)
+        return self.output_projection(x) if project else x
 
     def new_cache(self) -> Cache:
         return [{} for _ in self.decoder_layers]

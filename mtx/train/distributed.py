@@ -89,6 +89,7 @@ class Dist:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     heartbeat: Heartbeat | None = None
+    backend: str | None = None  # the process group's (nccl or gloo) once joined, else None
 
     @property
     def main(self) -> bool:
@@ -97,20 +98,27 @@ class Dist:
 
     @property
     def enabled(self) -> bool:
+        """Several processes: decisions go through rank 0 and collectives."""
         return self.world > 1
+
+    @property
+    def joined(self) -> bool:
+        """In torchrun's process group (with one process too): the model goes through DDP."""
+        return self.backend is not None
 
     @classmethod
     def from_env(cls, device: torch.device, timeout_s: float) -> Dist:
-        """Join torchrun's process group if there is one; `device` picks the backend, and a
-        collective that waits `timeout_s` seconds fails."""
+        """Join torchrun's process group if torchrun started this process (one process too,
+        so that a one-GPU torchrun job runs NCCL as a larger one does); `device` picks the
+        backend, and a collective that waits `timeout_s` seconds fails."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
+        if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
             return cls(device=device)
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
+        backend = "nccl" if device.type == "cuda" else "gloo"
         if not dist.is_initialized():
-            backend = "nccl" if device.type == "cuda" else "gloo"
             timeout = timedelta(seconds=timeout_s)
             # torchrun's store outlives a restart, and the default keys of the process group's
             # set-up would then hold the previous attempt's addresses: keys of this attempt.
@@ -118,7 +126,7 @@ class Dist:
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=world, timeout=timeout
             )
-        return cls(rank, world, local_rank, device, Heartbeat(rank, world))
+        return cls(rank, world, local_rank, device, Heartbeat(rank, world), backend)
 
     def sum(self, values: list[float]) -> list[float]:
         """Each value summed over all processes (one collective for the list)."""
@@ -208,7 +216,7 @@ class Dist:
     def close(self) -> None:
         if self.heartbeat:
             self.heartbeat.stop()
-        if self.enabled and dist.is_initialized():
+        if self.joined and dist.is_initialized():
             dist.destroy_process_group()
 
 

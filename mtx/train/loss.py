@@ -7,12 +7,22 @@ classes, the convention of `F.cross_entropy(label_smoothing=eps)`:
 
 Padding positions contribute nothing. Both functions return sums over tokens; the caller
 divides by the number of target tokens.
+
+`label_smoothed_nll` takes the logits. `output_loss` takes the decoder's output states and
+the output projection's weight instead, and computes projection and loss a chunk of target
+tokens at a time (`ChunkedOutputLoss`), so that neither the (N, V) logits nor their fp32
+log-probabilities exist for the whole batch: for 12,500 target tokens and 37k subwords the
+fp32 log-probabilities alone are 1.85 GB, and autograd keeps them, and the logits, for the
+backward pass. Its gradient is the same function's: with p = softmax(logits) and the
+smoothed target q, d loss / d logits = p - q on real tokens (0 on padding).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 25  # logits per chunk of output_loss: 128 MB in fp32
 
 
 def label_smoothed_nll(
@@ -27,3 +37,87 @@ def label_smoothed_nll(
     nll = nll.masked_fill(~keep, 0.0).sum()
     smooth = smooth.masked_fill(~keep, 0.0).sum()
     return (1.0 - eps) * nll + eps * smooth, nll
+
+
+def chunked_loss_and_grads(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    pad_id: int,
+    dtype: torch.dtype,
+    chunk: int,
+    need_grads: tuple[bool, bool] = (False, False),
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """(smoothed loss sum, NLL sum) of logits = hidden @ weight^T, computed `chunk` rows at a
+    time, and where `need_grads` asks, their gradients with respect to hidden and weight.
+
+    hidden (N, d), weight (V, d), target (N,); products in `dtype`, softmax and sums in fp32
+    (or in fp64 for fp64 inputs)."""
+    N, V = hidden.size(0), weight.size(0)
+    w = weight.to(dtype)
+    acc = torch.promote_types(dtype, torch.float32)
+    need_h, need_w = need_grads
+    grad_h = torch.empty_like(hidden) if need_h else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+    loss = hidden.new_zeros((), dtype=acc)
+    nll = hidden.new_zeros((), dtype=acc)
+    for start in range(0, N, chunk):
+        h = hidden[start : start + chunk].to(dtype)  # (n, d)
+        t = target[start : start + chunk].unsqueeze(1)  # (n, 1)
+        lprobs = torch.log_softmax((h @ w.t()).to(acc), dim=-1)  # (n, V)
+        keep = t != pad_id  # (n, 1)
+        chunk_nll = -lprobs.gather(1, t.clamp(min=0)).masked_fill(~keep, 0.0).sum()
+        smooth = -lprobs.mean(dim=-1, keepdim=True).masked_fill(~keep, 0.0).sum()
+        loss += (1.0 - eps) * chunk_nll + eps * smooth
+        nll += chunk_nll
+        if not (need_h or need_w):
+            continue
+        # p - q: softmax minus the smoothed target (1 - eps on y, eps / V everywhere)
+        grad = lprobs.exp_().sub_(eps / V)  # in place of lprobs, which is not needed again
+        grad.scatter_add_(1, t.clamp(min=0), grad.new_full(t.shape, eps - 1.0))
+        grad = grad.masked_fill_(~keep, 0.0).to(dtype)  # (n, V)
+        if need_h:
+            grad_h[start : start + chunk] = grad @ w
+        if need_w:
+            grad_w += (grad.t() @ h).to(acc)
+    return loss, nll, grad_h, grad_w
+
+
+class ChunkedOutputLoss(torch.autograd.Function):
+    """`chunked_loss_and_grads` as an autograd function: the forward pass computes the
+    gradients too, and the backward pass scales them by the loss's incoming gradient. Only
+    d loss / d hidden (N x d) and d loss / d weight (V x d) are kept, far less than N x V."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, eps, pad_id, dtype, chunk):
+        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        args = (hidden, weight, target, eps, pad_id, dtype, chunk, need)
+        loss, nll, grad_h, grad_w = chunked_loss_and_grads(*args)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):
+        grad_h, grad_w = ctx.saved_tensors
+        dh = None if grad_h is None else grad_h * grad_loss.to(grad_h.dtype)
+        dw = None if grad_w is None else (grad_w * grad_loss).to(ctx.weight_dtype)
+        return dh, dw, None, None, None, None, None
+
+
+def output_loss(
+    hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """hidden (N, d) decoder output states, weight (V, d) the output projection, target (N,) ->
+    (smoothed loss sum, NLL sum), as label_smoothed_nll(hidden @ weight^T, ...) computes them,
+    the products in autocast's dtype where it is on (else hidden's)."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    chunk = max(1, CHUNK_ELEMENTS // weight.size(0))
+    args = (hidden, weight, target, eps, pad_id, dtype, chunk)
+    with torch.autocast(device, enabled=False):
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            return ChunkedOutputLoss.apply(*args)
+        return chunked_loss_and_grads(*args)[:2]  # validation: no gradients to compute

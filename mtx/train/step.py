@@ -3,9 +3,15 @@
 One update (`train_step`) consumes `update_freq` token-budget batches on each process,
 normalises the summed label-smoothed loss by the number of target tokens of the whole update,
 clips the gradient norm if asked, and sets the learning rate from the paper's schedule. The
-loss stays on the device (the trainer reads it back only when logging), so the step has no
-host-device synchronisation. An update with a non-finite loss or gradient is skipped on the
-device: the fused Adam step is told `found_inf`.
+loss stays on the device (the trainer reads it back only when logging), and every count the
+step needs (tokens, whether a source is padded) comes with the host batch, so the step never
+waits for the device (tests/test_step.py counts the operations that would). An update with a
+non-finite loss or gradient is skipped on the device: the fused Adam step is told `found_inf`.
+
+`LossModel` is the model and its loss as one module, what the step runs, what DDP wraps and
+what `train.compile` compiles (compiled.py): in eager mode the output projection and the loss
+go a chunk of target tokens at a time (loss.py's output_loss); compiled, they are written
+plainly and the compiler fuses them.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 
 from mtx.config import Config
 from mtx.tokens import PAD_ID
-from mtx.train.loss import label_smoothed_nll
+from mtx.train.loss import label_smoothed_nll, output_loss
 from mtx.train.schedule import rate
 
 
@@ -63,19 +69,38 @@ def make_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
     )
 
 
-def forward_loss(model, batch: dict, cfg: Config, precision: Precision) -> tuple:
+class LossModel(torch.nn.Module):
+    """(smoothed loss sum, NLL sum) of a batch: the model's decoder states at the target
+    tokens, projected by the shared embedding matrix and scored against the targets."""
+
+    def __init__(self, model: torch.nn.Module, label_smoothing: float) -> None:
+        super().__init__()
+        self.model = model
+        self.eps = label_smoothing
+        self.chunked = True  # output_loss; False: whole logits, for a compiler to fuse
+
+    def forward(self, src, tgt_in, tgt_out, tgt_index, src_padded: bool):
+        hidden = self.model(src, tgt_in, tgt_index, src_padded, project=False)  # (N, d)
+        target = tgt_out.flatten()[tgt_index]  # (N,)
+        if self.chunked:
+            return output_loss(hidden, self.model.output_weight(), target, self.eps, PAD_ID)
+        logits = self.model.output_projection(hidden)  # (N, V)
+        return label_smoothed_nll(logits, target, self.eps, PAD_ID)
+
+
+def forward_loss(loss_model, batch: dict, precision: Precision) -> tuple:
     """Summed label-smoothed loss and NLL of a batch (still on the host when passed in); the
     output projection runs only at target tokens, and a source without padding goes unmasked."""
-    src_padded = bool((batch["src"] == PAD_ID).any())  # read on the host: no device sync
-    b = {k: v.to(precision.device, non_blocking=True) for k, v in batch.items()}
+    names = ("src", "tgt_in", "tgt_out", "tgt_index")
+    src, tgt_in, tgt_out, tgt_index = (
+        batch[k].to(precision.device, non_blocking=True) for k in names
+    )
     with precision.autocast():
-        logits = model(b["src"], b["tgt_in"], b["tgt_index"], src_padded)  # (N, V)
-    target = b["tgt_out"].flatten()[b["tgt_index"]]  # (N,)
-    return label_smoothed_nll(logits, target, cfg.train.label_smoothing, PAD_ID)
+        return loss_model(src, tgt_in, tgt_out, tgt_index, batch["src_padded"])
 
 
 def train_step(
-    model,
+    loss_model,
     optimizer,
     batches: list[dict],
     cfg: Config,
@@ -84,37 +109,39 @@ def train_step(
     ntokens: int | None = None,
     world: int = 1,
 ) -> dict:
-    """One update from `batches`; returns device tensors (summed losses, whether the update was
-    skipped for a non-finite loss or gradient) and host token counts.
+    """One update from `batches` with `loss_model` (a LossModel, wrapped by DDP or compiled;
+    a bare model is wrapped here); returns device tensors (summed losses, whether the update
+    was skipped for a non-finite loss or gradient) and host token counts.
 
     `ntokens` is the number of target tokens of the whole update, all processes together
     (default: those of `batches`). DistributedDataParallel averages gradients over the `world`
     processes, so each scales its loss by world / ntokens: the sum is the gradient of the
     update's per-token loss, as one process with all the batches would compute it.
     """
+    if hasattr(loss_model, "output_weight"):  # a bare model
+        loss_model = LossModel(loss_model, cfg.train.label_smoothing)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    local_tokens = sum(len(b["tgt_index"]) for b in batches)  # counted on the host
+    local_tokens = sum(b["tgt_tokens"] for b in batches)  # counted on the host
     factor = world / (ntokens or local_tokens)
     scaler = precision.scaler
     loss_sum = nll_sum = torch.zeros((), device=precision.device)
     for i, b in enumerate(batches):
         # Gradients are averaged across processes once, on the update's last batch.
         last = i == len(batches) - 1
-        accumulate = model.no_sync() if hasattr(model, "no_sync") and not last else None
-        with accumulate or contextlib.nullcontext():
-            loss, nll = forward_loss(model, b, cfg, precision)
+        no_sync = getattr(loss_model, "no_sync", None)
+        with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
+            loss, nll = forward_loss(loss_model, b, precision)
             (scaler.scale(loss * factor) if scaler else loss * factor).backward()
         loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
     if scaler:
         scaler.unscale_(optimizer)  # records inf/NaN for the scaler's update() below
     if cfg.train.clip_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.clip_norm)
     else:
-        norm = torch.nn.utils.get_total_norm(
-            [p.grad for p in model.parameters() if p.grad is not None]
-        )
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     finite = torch.isfinite(norm)  # the same on every process: gradients are already averaged
     if world == 1:
         finite = finite & torch.isfinite(loss_sum)
@@ -132,7 +159,7 @@ def train_step(
         "skipped": skipped,
         "grad_norm": torch.where(skipped, 0.0, norm.float()),  # before clipping
         "tgt_tokens": local_tokens,
-        "src_tokens": sum(int((b["src"] != PAD_ID).sum()) for b in batches),
+        "src_tokens": sum(b["src_tokens"] for b in batches),
         "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),
         "lr": lr,
     }

@@ -35,10 +35,11 @@ from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
+from mtx.train import compiled
 from mtx.train.distributed import Dist, fingerprint
 from mtx.train.metrics import MetricsLog, Window, summary_writer
 from mtx.train.resume import TrainState, prepare_run_dir, save_checkpoints
-from mtx.train.step import Precision, make_optimizer, train_step
+from mtx.train.step import LossModel, Precision, make_optimizer, train_step
 from mtx.train.validate import valid_bleu, validate
 
 
@@ -65,16 +66,22 @@ class Trainer:
         self.model = make_model(cfg.model, self.vocab_size).to(self.device)
         if dist.rank:
             torch.manual_seed(cfg.train.seed + dist.rank)  # but its own dropout
-        self.train_model: torch.nn.Module = self.model  # what the step runs: wrapped, compiled
-        if dist.enabled:
-            self.train_model = torch.nn.parallel.DistributedDataParallel(
-                self.model,
+        step_module: torch.nn.Module = LossModel(self.model, cfg.train.label_smoothing)
+        if dist.joined:
+            step_module = torch.nn.parallel.DistributedDataParallel(
+                step_module,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
             )
-        if cfg.train.compile:
-            self.train_model = torch.compile(self.train_model, dynamic=True)
+        # what the step runs: the model and its loss, DDP-wrapped, compiled (compiled.py)
+        self.step_module = compiled.StepModule(
+            step_module,
+            compiled.wanted(cfg.train.compile, self.device),
+            self.say,
+            cfg.train.compile_backend,
+            cfg.train.compile_mode,
+        )
         self.optimizer = make_optimizer(self.model, cfg)
         self.state = TrainState()
         self.window = Window(self.device)
@@ -95,7 +102,9 @@ class Trainer:
         taking the r-th update_freq of them; a last group too small for an update is left out.
         """
         cfg, U, G = self.cfg.train, self.cfg.train.update_freq, self.group
-        order = token_batches(*lengths(self.train_ds), cfg.max_tokens, cfg.seed, self.state.epoch)
+        order = token_batches(
+            *lengths(self.train_ds), cfg.max_tokens, cfg.seed, self.state.epoch, cfg.pad_to
+        )
         usable = len(order) - len(order) % G
         if usable == 0:
             raise MtxError(
@@ -111,7 +120,7 @@ class Trainer:
             update_tokens.append(int(sum(self.train_tgt_lens[b].sum() for b in order[g : g + G])))
         workers = cfg.workers
         loader = torch.utils.data.DataLoader(
-            BatchDataset(self.train_ds, mine),
+            BatchDataset(self.train_ds, mine, cfg.pad_to),
             batch_size=None,
             num_workers=workers,
             prefetch_factor=4 if workers else None,
@@ -133,7 +142,7 @@ class Trainer:
                 self.run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False)
             )
         params = count_parameters(self.model)
-        where = f"{self.dist.world} processes, " if self.dist.enabled else ""
+        where = f"{self.dist.world} process(es), {self.dist.backend}, " if self.dist.joined else ""
         self.log(
             f"model: {params:,} parameters, vocabulary {self.vocab_size}, {where}device "
             f"{self.device}, {self.precision.name}"
@@ -248,21 +257,15 @@ class Trainer:
 
     def update(self, batches: list, ntokens: int) -> dict | None:
         """train_step, or None when the batches ran out of GPU memory and were skipped."""
+        args = (self.cfg, self.state.step + 1, self.precision, ntokens, self.dist.world)
         try:
-            stats = train_step(
-                self.train_model,
-                self.optimizer,
-                batches,
-                self.cfg,
-                self.state.step + 1,
-                self.precision,
-                ntokens,
-                self.dist.world,
+            stats = self.step_module.run(
+                lambda module: train_step(module, self.optimizer, batches, *args), self.optimizer
             )
             self.ooms_in_a_row = 0
             return stats
         except torch.OutOfMemoryError:
-            if self.dist.enabled:  # the other processes are inside the step: cannot skip alone
+            if self.dist.joined:  # DDP's state (and the other processes) cannot skip alone
                 raise MtxError(
                     f"process {self.dist.rank} ran out of memory at step "
                     f"{self.state.step + 1}: lower train.max_tokens (now "
@@ -314,6 +317,8 @@ class Trainer:
             self.progress.write(message)
 
     def log_train(self, record: dict) -> None:
+        if self.step_module.is_compiled:
+            record |= compiled.stats()
         self.metrics.write(kind="train", **record)
         if record["skipped"]:
             self.say(
@@ -321,10 +326,12 @@ class Trainer:
                 "log line (non-finite loss or gradient)"
             )
         self.check_nonfinite()
+        compilations = {"compiles": record["compilations"]} if "compilations" in record else {}
         self.progress.set_postfix(
             loss="skipped" if record["loss"] is None else f"{record['loss']:.3f}",
             lr=f"{record['lr']:.2e}",
             tok_s=f"{record['tokens_per_s']:.0f}",
+            **compilations,
         )
 
     def check_nonfinite(self) -> None:
@@ -388,7 +395,7 @@ def train(
         prepare_run_dir(trainer, resume, overwrite)
         return trainer.run()
     except RuntimeError as e:
-        if dist.enabled and dist.is_collective_failure(e):
+        if dist.joined and dist.is_collective_failure(e):
             raise dist.failure(e) from None
         raise
     finally:

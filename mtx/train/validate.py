@@ -13,7 +13,7 @@ from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.decode.translator import Translator
 from mtx.evaluate import score
 from mtx.train.distributed import Dist
-from mtx.train.step import Precision, forward_loss
+from mtx.train.step import LossModel, Precision, forward_loss
 
 
 @torch.no_grad()
@@ -21,12 +21,14 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
     """Label-smoothed loss, NLL and perplexity per target token on the validation split (each
     process takes every world-th batch; the sums are added up across processes)."""
     model.eval()
-    batches = token_batches(*lengths(valid_ds), cfg.train.max_tokens)[dist.rank :: dist.world]
+    t = cfg.train
+    batches = token_batches(*lengths(valid_ds), t.max_tokens, pad_to=t.pad_to)
+    loss_model = LossModel(model, t.label_smoothing)
     loss_sum = nll_sum = torch.zeros((), device=precision.device, dtype=torch.float64)
     ntokens = 0
-    for b in BatchDataset(valid_ds, batches):
-        ntokens += len(b["tgt_index"])
-        loss, nll = forward_loss(model, b, cfg, precision)
+    for b in BatchDataset(valid_ds, batches[dist.rank :: dist.world], t.pad_to):
+        ntokens += b["tgt_tokens"]
+        loss, nll = forward_loss(loss_model, b, precision)
         loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
     model.train()
     loss_sum, nll_sum, ntokens = dist.sum([loss_sum.item(), nll_sum.item(), float(ntokens)])

@@ -1,0 +1,100 @@
+"""`train.compile`: the training step's forward pass and loss through torch.compile, safely.
+
+- `auto` compiles on CUDA devices and not elsewhere (on a 2-core CPU the compiled step was
+  slower: BENCHMARKS.md); `true` and `false` force it. It is experimental until a GPU run has
+  measured it correct and faster, and `false` is the default meanwhile.
+- What is compiled is the step's LossModel (step.py), DDP-wrapped under torchrun, with
+  dynamic shapes: one graph serves every batch shape, and the bounded lengths of
+  data/batching.py keep the kernels' plans reused. The loss is then written plainly (whole
+  logits), for the compiler to fuse with the output projection; eager steps use the chunked
+  loss instead (loss.py).
+- A compile error, at the first step or at any later recompile, never ends a run: the
+  step is run again in eager mode, one warning line says why, and the run stays eager.
+- `stats()` counts what was compiled (graphs, compilations, seconds) for metrics.jsonl and
+  the progress line: after the first pass over an epoch's shapes, compilations must stop
+  growing (tests/test_compiled.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+MODES = ("auto", "true", "false")
+
+
+def wanted(setting: str, device: torch.device) -> bool:
+    """Whether `train.compile` (auto, true or false) compiles on `device`."""
+    return setting == "true" or (setting == "auto" and device.type == "cuda")
+
+
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions by which torch.compile says it could not compile (not the model's own
+    errors, which a compiled step raises as the eager step would)."""
+    import torch._dynamo.exc
+    import torch._inductor.exc
+
+    return (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError)
+
+
+def stats() -> dict[str, float]:
+    """Graphs compiled, compilations (the first of each frame and every recompile) and the
+    seconds spent compiling, in this process so far."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    return {
+        "compiled_graphs": counters["stats"]["unique_graphs"],
+        "compilations": counters["frames"]["ok"],
+        "compile_seconds": sum(compilation_time_metrics.get("_compile.compile_inner", [])),
+    }
+
+
+class StepModule:
+    """The module the training step runs: `module` (a LossModel, or DDP around one) compiled
+    when `enabled`, until compiling fails; then `module` itself."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        enabled: bool,
+        warn: Callable[[str], None] = print,
+        backend: str | Callable = "inductor",
+        mode: str = "default",
+    ) -> None:
+        self.eager = module
+        self.loss_model = getattr(module, "module", module)  # inside DDP
+        self.warn = warn
+        self.compiled = None
+        if enabled:
+            self.loss_model.chunked = False  # whole logits: the compiler fuses the loss
+            options = {"mode": mode} if backend == "inductor" else {}
+            self.compiled = torch.compile(module, dynamic=True, backend=backend, **options)
+        self.graphs = mode == "reduce-overhead" and backend == "inductor"
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.compiled is not None
+
+    def run(self, step: Callable[[torch.nn.Module], dict], optimizer) -> dict:
+        """step(module), with the compiled module while it compiles, else in eager mode. A step
+        that failed to compile is run again from the start, in eager mode."""
+        if self.compiled is None:
+            return step(self.eager)
+        try:
+            if self.graphs:  # a new step: CUDA graphs' outputs of the last one may be reused
+                torch.compiler.cudagraph_mark_step_begin()
+            return step(self.compiled)
+        except compile_errors() as e:
+            self.warn(f"warning: train.compile failed, training goes on in eager mode ({why(e)})")
+            self.compiled = None
+            self.loss_model.chunked = True
+            optimizer.zero_grad(set_to_none=True)  # the failed step's partial gradients
+        return step(self.eager)
+
+
+def why(error: BaseException) -> str:
+    """One line: the error under torch.compile's wrapping of it."""
+    cause = getattr(error, "inner_exception", None) or error.__cause__ or error
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__

@@ -1,0 +1,397 @@
+"""The parts of scripts/gpu_report.py: each runs one measurement and returns its figures.
+
+`Sizes` says what each part runs: the real sizes on a GPU, or tiny ones on the CPU
+(--smoke). A part runs in a process of its own (gpu_report.py's run_part) and may take until
+`args.deadline`; it runs mtx's commands with `python -m mtx` from the repository root, so mtx
+need not be installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_json(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1))
+
+
+class Sizes:
+    """What each part runs: the real sizes, or tiny ones on the CPU (--smoke)."""
+
+    def __init__(self, args) -> None:  # gpu_report.py's arguments
+        self.smoke = args.smoke
+        self.prepared = args.work / "m30k"
+        if args.smoke:
+            self.data = ["data.train=toy:train", "data.valid=toy:valid", "data.test=toy:test"]
+            self.data += ["data.vocab_size=400", "train.device=cpu", "train.threads=1"]
+            tiny = ["model.d_model=32", "model.d_ff=64", "model.n_heads=2"]
+            tiny += ["model.encoder_layers=1", "model.decoder_layers=1"]
+            self.model = {"base": tiny, "big": tiny}
+            self.run = [*tiny, "train.max_tokens=512"]  # the runs of train, fp16, nccl, oom
+            self.bench_tokens, self.bench_steps = 512, 3
+            self.minutes, self.steps = 0.0, 8
+            self.batches, self.decode_lines = (4, 16), 24
+            self.precision = "fp32"
+            self.compile_backend = ["train.compile_backend=eager"]  # traced, torch's kernels
+        else:
+            d = args.data
+            self.data = [f"data.train={d}/train", f"data.valid={d}/val", f"data.test={d}/test2016"]
+            self.model = {"base": [], "big": []}
+            self.run = []
+            self.bench_tokens, self.bench_steps = 25000, 20
+            self.minutes, self.steps = args.minutes, 0
+            self.batches, self.decode_lines = (32, 128, 512), 0
+            self.precision = "bf16"
+            self.compile_backend = []
+        self.config = "configs/toy.yaml" if args.smoke else "configs/multi30k.yaml"
+
+
+def mtx(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m mtx ARGS` from the repository root (mtx need not be installed)."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "mtx", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def left(args, most: float) -> float:
+    """Seconds a step of the running part may take: `most`, or what its deadline leaves."""
+    return max(1.0, min(most, args.deadline - time.time())) if args.deadline else most
+
+
+def checked(proc: subprocess.CompletedProcess) -> str:
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    return proc.stdout
+
+
+def sets(items: list[str]) -> list[str]:
+    return [x for item in items for x in ("--set", item)]
+
+
+def run_dir(args, sizes: Sizes, name: str) -> Path:
+    """A fresh run directory holding a copy of the prepared data."""
+    path = args.work / name
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(sizes.prepared / "prepared", path / "prepared")
+    return path
+
+
+# --- the parts: each returns its figures ------------------------------------------------------
+
+
+def part_prepare(args, sizes: Sizes) -> dict:
+    start = time.perf_counter()
+    shutil.rmtree(sizes.prepared, ignore_errors=True)
+    items = [f"run_dir={sizes.prepared}", *sizes.data]
+    checked(mtx("prepare", "--config", sizes.config, *sets(items), timeout=left(args, 150)))
+    manifest = json.loads((sizes.prepared / "prepared" / "manifest.json").read_text())
+    return {"seconds": time.perf_counter() - start, "vocab_size": manifest["vocab_size"]}
+
+
+def bench_args(sizes: Sizes, model: str, compile_: str, tokens: int, update_freq: int = 1):
+    lengths = sizes.prepared / "prepared" / "train"
+    vocab = 400 if sizes.smoke else 37000
+    items = [f"data.vocab_size={vocab}", f"train.max_tokens={tokens}"]
+    items += [f"train.update_freq={update_freq}", f"train.compile={compile_}"]
+    items += [f"train.precision={sizes.precision}", *sizes.model[model], *sizes.compile_backend]
+    if sizes.smoke:
+        items += ["train.device=cpu", "train.threads=1", "data.max_len=100"]
+    steps = sizes.bench_steps
+    warmup = steps  # the warm-up runs the timed updates: every shape is planned (and compiled)
+    config = f"configs/{model}.yaml"
+    return ["bench", "--config", config, *sets(items), "--lengths-from", str(lengths)] + [
+        "--join", "2-4", "--steps", str(steps), "--warmup", str(warmup), "--json",
+    ]  # fmt: skip
+
+
+def part_bench(args, sizes: Sizes) -> dict:
+    out = {}
+    runs = [
+        ("base eager", "base", "false", sizes.bench_tokens, 1),
+        ("base eager, 2 x 12.5k", "base", "false", sizes.bench_tokens // 2, 2),
+        ("base compiled", "base", "true", sizes.bench_tokens, 1),
+        ("big eager", "big", "false", sizes.bench_tokens, 1),
+        ("big compiled", "big", "true", sizes.bench_tokens, 1),
+    ]
+    if sizes.smoke:  # the same code paths, twice rather than five times
+        runs = runs[::2][:2]
+    for label, model, compile_, tokens, update_freq in runs:
+        try:
+            proc = mtx(*bench_args(sizes, model, compile_, tokens, update_freq),
+                       timeout=left(args, 240))  # fmt: skip
+            out[label] = json.loads(checked(proc).strip().splitlines()[-1])
+        except Exception as e:  # one failed configuration: say so, go on with the others
+            out[label] = {"error": str(e)[-1500:]}
+        write_json(args.work / "parts" / "bench.partial.json", out)  # kept if the part fails
+    return out
+
+
+def part_profile(args, sizes: Sizes) -> dict:
+    """torch.profiler over 5 updates of base on WMT-like lengths, eager and compiled."""
+    import datasets
+    import torch
+
+    from mtx.bench import joined_lengths, synthetic_batches
+    from mtx.config import load_config
+    from mtx.data.batching import lengths
+
+    cuda = torch.cuda.is_available() and not sizes.smoke
+    src, tgt = lengths(datasets.load_from_disk(str(sizes.prepared / "prepared" / "train")))
+    out = {}
+    for compile_ in ("false", "true"):
+        cli = bench_args(sizes, "base", compile_, sizes.bench_tokens)
+        cfg = load_config(ROOT / "configs/base.yaml", [cli[i + 1] for i, x in enumerate(cli)
+                                                       if x == "--set"])  # fmt: skip
+        real = joined_lengths(src, tgt, (2, 4), cfg.data.max_len + 1, 20_000, cfg.train.seed)
+        batches = synthetic_batches(cfg, cfg.data.vocab_size, 5, 30, real)
+        label = f"base {'compiled' if compile_ == 'true' else 'eager'}"
+        out[label] = profiled(cfg, batches, compile_ == "true", cuda)
+    return out
+
+
+def profiled(cfg, batches: list[dict], compile_: bool, cuda: bool) -> dict:
+    """One update per batch under torch.profiler, after two warm-up passes (compiling and
+    planning every shape): wall and kernel time per update, and the top 12 kernels (CPU
+    operations without a GPU)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mtx.model.build import make_model
+    from mtx.train import compiled
+    from mtx.train.step import LossModel, Precision, make_optimizer, train_step
+
+    torch.manual_seed(1)
+    device = torch.device("cuda" if cuda else "cpu")
+    model = make_model(cfg.model, cfg.data.vocab_size).to(device)
+    optimizer = make_optimizer(model, cfg)
+    precision = Precision.choose(device, cfg.train.precision)
+    t = cfg.train
+    loss_model = LossModel(model, t.label_smoothing)
+    step_module = compiled.StepModule(
+        loss_model, compile_, print, t.compile_backend, t.compile_mode
+    )
+
+    def step(b: dict, n: int) -> None:
+        step_module.run(lambda m: train_step(m, optimizer, [b], cfg, n, precision), optimizer)
+
+    for n, b in enumerate(batches * 2):
+        step(b, n + 1)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for n, b in enumerate(batches):
+            step(b, 100 + n)
+        sync()
+    wall = (time.perf_counter() - start) / len(batches)
+    rows = prof.key_averages()
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    per_update = sum(getattr(r, attr) for r in rows) / 1e6 / len(batches)
+    top = sorted(rows, key=lambda r: -getattr(r, attr))[:12]
+    return {
+        "wall_ms_per_update": wall * 1e3,
+        "kernel_ms_per_update": per_update * 1e3,
+        "busy": per_update / wall if cuda else None,
+        "top": [
+            {
+                "name": r.key[:90],
+                "calls": r.count // len(batches),
+                "ms_per_update": getattr(r, attr) / 1e3 / len(batches),
+            }
+            for r in top
+        ],  # fmt: skip
+    }
+
+
+def part_train(args, sizes: Sizes) -> dict:
+    run = run_dir(args, sizes, "train")
+    items = [f"run_dir={run}", *sizes.data, *sizes.run, f"train.compile={args.train_compile}"]
+    items += [f"train.precision={sizes.precision}"]
+    if sizes.smoke:
+        items += [f"train.max_steps={sizes.steps}", "train.valid_every=4", "train.log_every=2"]
+        items += ["train.valid_bleu_lines=8", *sizes.compile_backend]
+    else:
+        items += [f"train.max_minutes={sizes.minutes}", "train.max_steps=1000000"]
+    start = time.perf_counter()
+    checked(mtx("train", "--config", sizes.config, *sets(items), timeout=left(args, 1e9)))
+    wall = time.perf_counter() - start
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    valid = [r for r in records if r["kind"] == "valid"]
+    ckpt = run / "checkpoints" / "best.pt"
+    test = json.loads(
+        checked(mtx("evaluate", "--checkpoint", str(ckpt), "--split", "test", "--json",
+                    timeout=left(args, 240))).strip().splitlines()[-1]
+    )  # fmt: skip
+    bench_items = [x for x in items if not x.startswith(("train.max_", "train.valid", "train.log"))]
+    steps = sizes.bench_steps * 2
+    proc = mtx("bench", "--config", sizes.config, *sets(bench_items), "--steps", str(steps),
+               "--warmup", str(steps), "--json", timeout=left(args, 300))  # fmt: skip
+    bench = json.loads(checked(proc).strip().splitlines()[-1])
+    logged = [r["tokens_per_s"] for r in train[1:]] or [r["tokens_per_s"] for r in train]
+    return {
+        "wall_seconds": wall,
+        "steps": train[-1]["step"] if train else None,
+        "logged_tokens_per_s": statistics.median(logged) if logged else None,
+        "bench_tokens_per_s": bench["tokens_per_s"],
+        "valid_seconds": sum(r.get("valid_seconds", 0.0) for r in valid),
+        "bleu_seconds": sum(r.get("bleu_seconds", 0.0) for r in valid),
+        "best_valid_bleu": max((r.get("valid_bleu", 0.0) for r in valid), default=None),
+        "test": test,
+        "checkpoint": str(ckpt),
+        "compile_seconds": train[-1].get("compile_seconds") if train else None,
+        "compilations": train[-1].get("compilations") if train else None,
+    }
+
+
+def part_decode(args, sizes: Sizes) -> dict:
+    import torch
+
+    from mtx.data.batching import pad
+    from mtx.data.sources import read_lines
+    from mtx.decode.translator import SOURCE_BUCKET, Translator
+
+    ckpt = args.work / "train" / "checkpoints" / "best.pt"
+    device = "cpu" if sizes.smoke else "cuda"
+    tr = Translator.from_checkpoint(ckpt, [f"decode.dtype={sizes.precision}"], device=device)
+    if sizes.smoke:
+        from mtx.data import toy
+
+        lines = [src for src, _ in toy.split_pairs("test")][: sizes.decode_lines]
+    else:
+        lines = []
+        for name in ("val", "test2016", "test2017"):
+            lines += list(read_lines(args.data / f"{name}.en"))
+    ids = sorted((tr.encode(x) for x in lines), key=len)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out, first = {}, {}
+    for beam in (4, 1):
+        tr.cfg.decode.beam = beam
+        for size in sizes.batches:
+            srcs = []
+            for i in range(0, len(ids), size):
+                group = ids[i : i + size]
+                length = -(-max(len(x) for x in group) // SOURCE_BUCKET) * SOURCE_BUCKET
+                srcs.append(pad(group, length=length).to(tr.device))
+            for src in srcs[:2] + srcs[-1:]:  # warm-up: the shortest and longest shapes
+                tr.search(src)
+            sync()
+            start = time.perf_counter()
+            hyps = [h[0].tokens for src in srcs for h in tr.search(src)]
+            sync()
+            seconds = time.perf_counter() - start
+            tokens = sum(len(h) for h in hyps)
+            same = None
+            if beam in first:
+                same = sum(a == b for a, b in zip(hyps, first[beam])) / len(hyps)
+            else:
+                first[beam] = hyps
+            out[f"beam {beam}, batch {size}"] = {
+                "lines": len(hyps),
+                "seconds": seconds,
+                "tgt_tokens_per_s": tokens / seconds,
+                "sentences_per_s": len(hyps) / seconds,
+                "same_as_smallest_batch": same,
+            }
+    return out
+
+
+def short_run(args, sizes: Sizes, name: str, steps: int) -> tuple[Path, list[str]]:
+    """The run directory and overrides of a run of `steps` updates (`sizes.steps` in a smoke
+    run) that validates once, by loss, at its end."""
+    run = run_dir(args, sizes, name)
+    steps = sizes.steps or steps
+    items = [f"run_dir={run}", *sizes.data, *sizes.run, f"train.max_steps={steps}"]
+    items += [f"train.log_every={2 if sizes.smoke else 10}", f"train.valid_every={steps}"]
+    return run, items + ["train.bleu_every=0", "train.best_metric=loss"]
+
+
+def part_fp16(args, sizes: Sizes) -> dict:
+    run, items = short_run(args, sizes, "fp16", 50)
+    items += ["train.precision=fp16"]
+    checked(mtx("train", "--config", sizes.config, *sets(items), timeout=left(args, 150)))
+    import torch
+
+    last = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    return {
+        "steps": last["step"],
+        "losses": [r["loss"] for r in train],
+        "skipped": sum(r["skipped"] for r in train),
+        "loss_scale": (last.get("scaler") or {}).get("scale"),
+    }
+
+
+def part_nccl(args, sizes: Sizes) -> dict:
+    run, items = short_run(args, sizes, "nccl", 30)
+    env = os.environ | {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+         "-m", "mtx", "train", "--config", sizes.config, *sets(items)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=left(args, 180),
+    )  # fmt: skip
+    checked(proc)
+    import torch
+
+    last = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    joined = re.search(r"1 process\(es\), (\w+)", proc.stdout + proc.stderr)  # the model line
+    return {"exit": proc.returncode, "backend": joined.group(1) if joined else None,
+            "last_step": last["step"], "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def part_oom(args, sizes: Sizes) -> dict:
+    """A real out-of-memory error in the third update's forward pass (on the CPU, where none
+    can be provoked safely, torch's OutOfMemoryError is raised in its place)."""
+    import torch
+
+    from mtx.config import load_config
+    from mtx.train import trainer as trainer_module
+
+    run, items = short_run(args, sizes, "oom", 12)
+    cfg = load_config(ROOT / sizes.config, items)
+    calls = [0]
+
+    def too_big(module, inputs):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] == 3:
+                if torch.cuda.is_available() and not sizes.smoke:
+                    torch.empty(1 << 46, dtype=torch.uint8, device="cuda")  # 64 TiB
+                raise torch.OutOfMemoryError("out of memory (simulated on the CPU)")
+
+    real_init = trainer_module.Trainer.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        self.model.register_forward_pre_hook(too_big)
+
+    trainer_module.Trainer.__init__ = init
+    lines: list[str] = []
+    trainer_module.train(cfg, overwrite=True, log=lines.append)
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    last = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    return {
+        "oom_records": [r for r in records if r["kind"] == "oom"],
+        "last_step": last["step"],
+        "real_cuda_oom": torch.cuda.is_available() and not sizes.smoke,
+    }

@@ -1,0 +1,110 @@
+"""train.compile (train/compiled.py): the compiled step computes what the eager step computes,
+compiles nothing new once it has seen an epoch's batch shapes, and falls back to eager mode,
+with one warning line, when compiling fails."""
+
+import copy
+
+import datasets
+import pytest
+import torch
+from conftest import TINY_RUN
+
+from mtx.config import load_config
+from mtx.data.batching import BatchDataset, lengths, token_batches
+from mtx.errors import MtxError
+from mtx.model.build import make_model
+from mtx.train import compiled
+from mtx.train.step import LossModel, Precision, forward_loss, make_optimizer, train_step
+
+FP32 = Precision(torch.device("cpu"))
+
+
+def setup(prepared, *extra):
+    cfg = load_config(None, [*TINY_RUN, "model.dropout=0.0", *extra])
+    ds = datasets.load_from_disk(str(prepared / "train"))
+    torch.manual_seed(0)
+    model = make_model(cfg.model, 200)
+    return cfg, ds, model
+
+
+def epoch(cfg, ds, number: int) -> list[dict]:
+    t = cfg.train
+    order = token_batches(*lengths(ds), t.max_tokens, t.seed, number, t.pad_to)
+    return list(BatchDataset(ds, order, t.pad_to))
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_the_compiled_step_agrees_with_eager_and_compiles_nothing_after_one_epoch(
+    prepared, backend
+):
+    """The "eager" backend traces the step as inductor does (graphs, guards, recompiles) but
+    runs it with torch's own kernels, in seconds; inductor generates the kernels too (slow:
+    minutes of compiling on 2 cores). Tolerance: the compiled loss is computed whole, the
+    eager one a chunk at a time, and inductor reorders sums, so gradients differ by float32
+    rounding (relative norm of the difference below 1e-5)."""
+    cfg, ds, model = setup(prepared, f"train.compile_backend={backend}", "train.max_tokens=4096")
+    eager = LossModel(copy.deepcopy(model), cfg.train.label_smoothing)
+    step = compiled.StepModule(LossModel(model, cfg.train.label_smoothing), True, backend=backend)
+    first = epoch(cfg, ds, 0)
+    for batch in first[:3]:  # loss and every gradient, batch by batch
+        for module, m in ((eager, eager.model), (step.compiled, model)):
+            m.zero_grad()
+            loss, nll = forward_loss(module, batch, FP32)
+            loss.backward()
+            module.result = (loss.detach(), nll.detach())
+        torch.testing.assert_close(step.compiled.result, eager.result, rtol=1e-5, atol=1e-4)
+        for (name, p), q in zip(model.named_parameters(), eager.model.parameters()):
+            error = ((p.grad - q.grad).norm() / q.grad.norm()).item()
+            assert error < 1e-5, (name, error)  # float32 sums in another order
+
+    optimizer = make_optimizer(model, cfg)
+    shapes = set()
+    for n, batch in enumerate(first):
+        step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
+        shapes.add((*batch["src"].shape, batch["tgt_in"].size(1)))
+    after_one = compiled.stats()
+    for n, batch in enumerate(epoch(cfg, ds, 1)):  # another order, the same shapes
+        shapes.add((*batch["src"].shape, batch["tgt_in"].size(1)))
+        step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
+    assert step.is_compiled and len(first) > 50 and len(shapes) > 10
+    assert compiled.stats()["compilations"] == after_one["compilations"]  # no recompiles
+    assert after_one["compiled_graphs"] <= 8  # dynamic shapes: a few graphs for every shape
+
+
+def test_a_step_that_fails_to_compile_runs_eagerly_with_one_warning(prepared):
+    cfg, ds, model = setup(prepared)
+    reference = copy.deepcopy(model)
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    warnings = []
+    loss_model = LossModel(model, cfg.train.label_smoothing)
+    step = compiled.StepModule(loss_model, True, warnings.append, broken_backend)
+    eager = compiled.StepModule(LossModel(reference, cfg.train.label_smoothing), False)
+    opt, ref_opt = make_optimizer(model, cfg), make_optimizer(reference, cfg)
+    for n, batch in enumerate(epoch(cfg, ds, 0)[:4]):
+        stats = step.run(lambda m, b=batch, n=n: train_step(m, opt, [b], cfg, n + 1, FP32), opt)
+        want = eager.run(
+            lambda m, b=batch, n=n: train_step(m, ref_opt, [b], cfg, n + 1, FP32), ref_opt
+        )
+        assert torch.equal(stats["loss"], want["loss"])
+    assert len(warnings) == 1 and "train.compile failed" in warnings[0]
+    assert "\n" not in warnings[0] and "no compiler here" in warnings[0]
+    assert not step.is_compiled and loss_model.chunked
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)  # the failed attempt left no trace
+
+
+def test_train_compile_takes_auto_true_or_false():
+    assert compiled.wanted("auto", torch.device("cuda")) and not compiled.wanted(
+        "auto", torch.device("cpu")
+    )
+    assert compiled.wanted("true", torch.device("cpu"))
+    assert not compiled.wanted("false", torch.device("cuda"))
+    assert load_config(None, ["train.compile=true"]).train.compile == "true"  # YAML's boolean
+    assert load_config(None, []).train.compile == "false"  # eager until measured on a GPU
+    with pytest.raises(MtxError, match="train.compile must be auto, true or false"):
+        load_config(None, ["train.compile=sometimes"])
+    with pytest.raises(MtxError, match="train.compile_mode must be one of"):
+        load_config(None, ["train.compile_mode=fastest"])

@@ -1,0 +1,60 @@
+"""scripts/gpu_report.py, the one command for a lent GPU, run with --smoke: every part on the
+CPU with tiny sizes, so that the script works when a GPU session comes."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--smoke", "--out",
+         str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    parts = report["parts"]
+    assert list(parts) == ["prepare", "bench", "train", "decode", "fp16", "nccl", "oom", "profile"]
+    failed = {name: part["error"][-500:] for name, part in parts.items() if "error" in part}
+    assert failed == {}
+    bench = parts["bench"]
+    assert bench["base eager"]["tokens_per_s"] > 0 and not bench["base eager"]["compile"]
+    assert bench["base compiled"]["compile"] and bench["base compiled"]["timed_compilations"] == 0
+    assert all(p["top"] for name, p in parts["profile"].items() if name != "part_seconds")
+    train = parts["train"]
+    assert train["steps"] == 8 and train["logged_tokens_per_s"] > 0 and 0 <= train["test"]["bleu"]
+    decode = {k: v for k, v in parts["decode"].items() if k != "part_seconds"}
+    assert len(decode) == 4 and all(v["tgt_tokens_per_s"] > 0 for v in decode.values())
+    assert [v["same_as_smallest_batch"] for v in decode.values()] == [None, 1.0, None, 1.0]
+    fp16 = parts["fp16"]
+    assert fp16["steps"] == 8 and all(math.isfinite(x) for x in fp16["losses"])
+    assert fp16["loss_scale"] > 0
+    nccl = parts["nccl"]  # on the CPU: gloo, in a process group of one
+    assert (nccl["exit"], nccl["backend"], nccl["last_step"]) == (0, "gloo", 8)
+    assert len(parts["oom"]["oom_records"]) == 1 and parts["oom"]["last_step"] == 8
+    table = (tmp_path / "out" / "report.md").read_text()
+    assert table == out.stdout[out.stdout.index("environment:") :]
+    assert table.count("\n| ") == 14 and "failed" not in table
+
+
+def test_each_part_leaves_the_later_parts_the_least_they_need(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # gpu_report imports gpu_parts
+    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "scripts" / "gpu_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    args = report.arguments(["--out", "x", "--minutes", "3"])
+    now = time.time()
+    most, least = report.limits(args, "bench", ["train", "decode"], now + 530)
+    assert least == report.LEAST["bench"]
+    assert abs(most - (530 - (180 + 60) - report.LEAST["decode"])) < 2  # train: 3 min + 60 s
+    most, _ = report.limits(args, "prepare", [], now + 1000)
+    assert most == report.LIMITS["prepare"]  # its own limit when time is plenty
+    most, least = report.limits(args, "oom", ["profile"], now + 40)
+    assert most < least  # 40 s left, the profile needs 45: the oom part is skipped
