@@ -155,6 +155,31 @@ STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so f
 
 
 @app.command()
+def serve(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    host: Annotated[str | None, typer.Option(help="Address (default serve.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port, 0 = any (default serve.port).")] = None,
+    engine: Annotated[
+        str, typer.Option(help="mtx (exact, the default) or ctranslate2 (an export, faster).")
+    ] = "mtx",
+    ct2_dir: Annotated[
+        Path | None,
+        typer.Option(help="ctranslate2: the export to use (default CKPT.ct2, made if missing)."),
+    ] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Serve translations over HTTP: POST /translate, /health, /ready, /info, /metrics, a page."""
+    from mtx.serve.main import serve as do_serve
+
+    overrides = list(set or [])
+    overrides += [f"serve.{k}={v}" for k, v in (("host", host), ("port", port)) if v is not None]
+    paths = _checkpoint_paths(checkpoint, config, set)
+    run(do_serve, paths, overrides, engine, device, ct2_dir, log)
+
+
+@app.command()
 def translate(
     checkpoint: CkptOpt = None,
     config: ConfigOpt = None,

@@ -131,12 +131,42 @@ class DecodeConfig:
 
 
 @dataclass
+class ServeConfig:
+    """`mtx serve` (serve/): limits and batching of the translation service."""
+
+    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
+    port: int = 8080  # TCP port to listen on (0: one the system picks, printed at start)
+    batching: bool = True  # false: one request at a time, decoded alone (for comparison)
+    max_wait_ms: float = 5.0  # wait at most this long for more sentences to fill a batch
+    max_queue: int = 2048  # sentences waiting at most; a request beyond gets 503
+    max_texts: int = 256  # texts in one request at most (413 beyond)
+    max_chars: int = 4096  # characters in one text at most (413 beyond)
+    max_body_bytes: int = 1_000_000  # bytes in one request body at most (413 beyond)
+    max_beam: int = 8  # the largest beam (and n-best) a request may ask for
+    timeout_s: float = 60.0  # a request waiting longer gets 504
+    drain_s: float = 30.0  # on SIGTERM: finish queued sentences within this, then 503 the rest
+
+    def validate(self) -> None:
+        for key in ("max_queue", "max_texts", "max_chars", "max_body_bytes", "max_beam"):
+            if getattr(self, key) < 1:
+                raise MtxError(f"serve.{key} must be at least 1, got {getattr(self, key)}")
+        if not 0 <= self.port < 65536:
+            raise MtxError(f"serve.port must be in 0..65535 (0: any free port), got {self.port}")
+        if not self.timeout_s > 0:
+            raise MtxError(f"serve.timeout_s must be positive, got {self.timeout_s}")
+        for key in ("max_wait_ms", "drain_s"):
+            if getattr(self, key) < 0:
+                raise MtxError(f"serve.{key} must be 0 or more, got {getattr(self, key)}")
+
+
+@dataclass
 class Config:
     run_dir: str = "runs/default"  # prepared data, checkpoints and metrics go here
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     def validate(self) -> Config:
         """Reject impossible settings with a message naming the key."""
@@ -273,6 +303,7 @@ class Config:
             raise MtxError(f"decode.seed must be 0 or more, got {dec.seed}")
         if d.src_lang == d.tgt_lang:
             raise MtxError("data.src_lang and data.tgt_lang must differ")
+        self.serve.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,6 +18,8 @@ each chunk's translations as soon as they are ready.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -114,6 +116,14 @@ class Translator:
                 )
             models.append(model)
         return cls(Ensemble(models), cfg, spm_proto, device)
+
+    def with_decode(self, **changes) -> Translator:
+        """This translator (the same model and vocabulary, not copies) with other decode.*
+        settings, e.g. `with_decode(beam=1)`."""
+        other = copy.copy(self)
+        decode = dataclasses.replace(self.cfg.decode, **changes)
+        other.cfg = dataclasses.replace(self.cfg, decode=decode)
+        return other
 
     def encode(self, line: str) -> list[int]:
         ids = self.sp.encode(" ".join(line.split()))[: self.model.cfg.max_positions - 1]

@@ -1,0 +1,350 @@
+"""The HTTP side of `mtx serve`: a FastAPI app over the batcher, and the uvicorn server running it.
+
+    POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false}
+    GET  /health      the process is alive
+    GET  /ready       the model is loaded and the worker runs (503 while stopping)
+    GET  /info        what `mtx info --json` says of each checkpoint, the engine and serve.*
+    GET  /metrics     Prometheus text (metrics.py)
+    GET  /            a page to try it, with the attention as a heatmap (page.html)
+    GET  /docs        the OpenAPI page
+
+Every error is JSON, {"error": "one line", "status": N}: 413 for a body, a list or a text over
+its limit (naming the serve.* key), 422 for malformed JSON, wrong types, unknown keys and
+options out of range, 503 (with Retry-After) when the queue is full or the server is stopping,
+504 when a request waited longer than serve.timeout_s. A text with no words gets "" without
+being decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.exceptions import HTTPException
+
+from mtx.serve.batcher import Batcher, Choices, QueueFull, ShuttingDown
+from mtx.serve.batcher import Request as Pending
+from mtx.serve.engine import Result
+from mtx.serve.metrics import Metrics
+
+RETRY_AFTER_S = 1
+RETRY = {"Retry-After": str(RETRY_AFTER_S)}  # with a 503
+
+
+class TranslateRequest(BaseModel):
+    """POST /translate. Types are strict: "4" is not a beam."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str | list[str]  # one text, or a list translated in order
+    beam: int | None = None  # beam size, 1 = greedy (default: the checkpoint's decode.beam)
+    nbest: int = 1  # also return this many best translations of each text, with scores
+    attention: bool = False  # also return the encoder-decoder attention (one checkpoint only)
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str]  # one per text, in order
+    scores: list[float | None]  # each translation's search score (None for a text with no words)
+    nbest: list[list[dict[str, Any]]] | None = None  # with nbest > 1: [{"text", "score"}, ...]
+    attention: list[dict[str, Any] | None] | None = None  # with attention: see MtxEngine
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, outcome: str, headers=None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.outcome, self.headers = status, message, outcome, headers
+
+
+def _error(status: int, message: str, headers=None) -> JSONResponse:
+    return JSONResponse({"error": message, "status": status}, status, headers=headers)
+
+
+def _where(loc: tuple) -> str:
+    """A pydantic error's location as a user writes it: ("text", "list[str]", 1) -> text[1]."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("str", "list[str]"):  # the union's branch, not a place in the body
+            out += ("." if out else "") + str(part)
+    return out or "the body"
+
+
+def _validation_message(e: ValidationError) -> str:
+    """One line for the most specific of pydantic's errors (text[1] rather than text)."""
+    errors = e.errors()
+    best = max(errors, key=lambda x: len(_where(x["loc"])))
+    where = _where(best["loc"])
+    if where == "text" and best["type"] != "missing":
+        return "text: must be a string or a list of strings"
+    return f"{where}: {best['msg']}"
+
+
+def _page() -> str:
+    return resources.files("mtx.serve").joinpath("page.html").read_text(encoding="utf-8")
+
+
+class Service:
+    """The batcher, metrics and limits behind the routes."""
+
+    def __init__(self, engine, info: dict) -> None:
+        self.engine, self.info = engine, info
+        self.cfg = engine.cfg
+        s = self.cfg.serve
+        self.metrics = Metrics()
+        self.batcher = Batcher(
+            self._translate,
+            batch_tokens=self.cfg.decode.batch_tokens,
+            max_wait_s=s.max_wait_ms / 1000,
+            max_queue=s.max_queue,
+            batching=s.batching,
+            on_batch=lambda jobs: self.metrics.batch.observe(len(jobs)),
+        )
+        self.metrics.queue.set_function(self.batcher.depth)
+        self.drain_timer: threading.Timer | None = None
+
+    def _translate(self, texts: list[str], choices: Choices) -> list[Result]:
+        """In the worker thread: decode one batch, and its attention if asked."""
+        results = self.engine.translate(texts, choices.beam, choices.nbest)
+        if choices.attention:
+            for text, result in zip(texts, results):
+                result.attention = self.engine.attention(text, result.ids)
+        return results
+
+    def begin_drain(self) -> None:
+        """SIGTERM/SIGINT: take no new requests, finish the queue, and after serve.drain_s
+        answer what is left with 503."""
+        if self.drain_timer is not None:
+            return
+        if self.cfg.serve.drain_s == 0:  # no draining: what is queued gets 503 now
+            self.batcher.stop(timeout=0)
+        self.batcher.drain()
+        self.drain_timer = threading.Timer(self.cfg.serve.drain_s, self.batcher.stop)
+        self.drain_timer.daemon = True
+        self.drain_timer.start()
+
+    async def read_request(self, request: Request) -> TranslateRequest:
+        s = self.cfg.serve
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > s.max_body_bytes:
+                raise ApiError(
+                    413, f"the request body exceeds serve.max_body_bytes ({s.max_body_bytes})",
+                    "too_large",
+                )  # fmt: skip
+        try:
+            value = json.loads(bytes(body))
+        except UnicodeDecodeError:
+            raise ApiError(422, "the request body is not valid UTF-8", "invalid") from None
+        except (ValueError, RecursionError) as e:
+            raise ApiError(422, f"the request body is not valid JSON ({e})", "invalid") from None
+        try:
+            return TranslateRequest.model_validate(value)
+        except ValidationError as e:
+            raise ApiError(422, _validation_message(e), "invalid") from None
+
+    def check(self, req: TranslateRequest, texts: list[str]) -> Choices:
+        s, d = self.cfg.serve, self.cfg.decode
+        if not texts:
+            raise ApiError(422, "text: an empty list (give at least one text)", "invalid")
+        if len(texts) > s.max_texts:
+            raise ApiError(
+                413, f"{len(texts)} texts; serve.max_texts is {s.max_texts}", "too_large"
+            )
+        for i, text in enumerate(texts):
+            if len(text) > s.max_chars:
+                raise ApiError(
+                    413, f"text {i} has {len(text)} characters; serve.max_chars is {s.max_chars}",
+                    "too_large",
+                )  # fmt: skip
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(
+                    422, f"text {i} is not valid Unicode (a lone surrogate)", "invalid"
+                ) from None
+        beam = d.beam if req.beam is None else req.beam
+        if not 1 <= beam <= s.max_beam:
+            raise ApiError(422, f"beam must be in 1..{s.max_beam} (serve.max_beam)", "invalid")
+        if not 1 <= req.nbest <= beam:
+            raise ApiError(422, f"nbest must be in 1..{beam} (the beam)", "invalid")
+        if req.attention and not self.engine.single_model:
+            raise ApiError(422, "attention needs one --checkpoint and the mtx engine", "invalid")
+        return Choices(beam, req.nbest, req.attention)
+
+    async def translate(self, request: Request) -> dict:
+        req = await self.read_request(request)
+        texts = [req.text] if isinstance(req.text, str) else req.text
+        choices = self.check(req, texts)
+        todo = [i for i, text in enumerate(texts) if text.split()]
+        results: list[Result | None] = [None] * len(texts)
+        if todo:
+            done = await self.decode([texts[i] for i in todo], choices)
+            for i, result in zip(todo, done):
+                results[i] = result
+        return self.answer(results, choices)
+
+    async def decode(self, texts: list[str], choices: Choices) -> list[Result]:
+        """Queue the texts and wait for their results, at most serve.timeout_s."""
+        pending = Pending(asyncio.get_running_loop(), len(texts))
+        lengths = [self.engine.length(text) for text in texts]
+        timeout = self.cfg.serve.timeout_s
+        try:
+            self.batcher.submit(pending, texts, lengths, choices)
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+        except QueueFull as e:
+            raise ApiError(503, str(e), "queue_full", RETRY) from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), "unavailable", RETRY) from None
+        except asyncio.TimeoutError:
+            self.batcher.cancel(pending)
+            raise ApiError(
+                504, f"not translated within serve.timeout_s ({timeout:g} s)", "timeout"
+            ) from None
+        except Exception as e:
+            raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}", "error") from e
+
+    def answer(self, results: list[Result | None], choices: Choices) -> dict:
+        m = self.metrics
+        out: dict[str, Any] = {
+            "translations": [r.texts[0] if r else "" for r in results],
+            "scores": [r.scores[0] if r else None for r in results],
+        }
+        if choices.nbest > 1:
+            out["nbest"] = [
+                [{"text": t, "score": s} for t, s in zip(r.texts, r.scores)] if r else []
+                for r in results
+            ]
+        if choices.attention:
+            out["attention"] = [r.attention if r else None for r in results]
+        m.tokens_in.inc(sum(r.tokens_in for r in results if r))
+        m.tokens_out.inc(sum(len(r.ids) for r in results if r))
+        return out
+
+
+def create_app(engine, info: dict) -> FastAPI:
+    service = Service(engine, info)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.batcher.start()
+        yield
+        service.batcher.stop()
+
+    app = FastAPI(
+        title="mtx serve",
+        summary="Machine translation with mtx: batched, and exact",
+        version=str(info.get("mtx_version", "")),
+        lifespan=lifespan,
+    )
+    app.state.service = service
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail), getattr(e, "headers", None))
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return _error(e.status, e.message, e.headers)
+
+    schema = TranslateRequest.model_json_schema()
+    body = {"required": True, "content": {"application/json": {"schema": schema}}}
+
+    @app.post("/translate", response_model=TranslateResponse, openapi_extra={"requestBody": body})
+    async def translate(request: Request):
+        """Translate one text or a list; each answer equals `mtx translate`'s for that line."""
+        start = time.perf_counter()
+        try:
+            out = await service.translate(request)
+        except ApiError as e:
+            service.metrics.count(e.outcome, 0)
+            raise
+        service.metrics.count("ok", len(out["translations"]))
+        service.metrics.latency.observe(time.perf_counter() - start)
+        return out
+
+    @app.get("/health")
+    async def health() -> dict:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        """The model is loaded and the worker takes requests."""
+        if service.batcher.running:
+            return {"ready": True}
+        return _error(503, "not ready: the worker is stopping or stopped")
+
+    @app.get("/info")
+    async def about() -> dict:
+        """The checkpoints (as `mtx info --json` describes them), the engine and serve.*."""
+        return service.info
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> str:
+        return _page()
+
+    return app
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: one the system picks); the caller prints its address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        from mtx.errors import MtxError
+
+        raise MtxError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+def run_server(engine, info: dict, sock: socket.socket, log_level: str = "warning") -> None:
+    """Serve until SIGTERM or SIGINT, then drain (serve.drain_s) and return: exit status 0."""
+    import uvicorn
+
+    app = create_app(engine, info)
+    service: Service = app.state.service
+    drain_s = engine.cfg.serve.drain_s
+    config = uvicorn.Config(
+        app, log_level=log_level, timeout_graceful_shutdown=drain_s + 5, lifespan="on"
+    )
+    _Server(config, service.begin_drain).run(sockets=[sock])
+
+
+class _Server:
+    """uvicorn's Server, told of the signal so the batcher drains. Unlike uvicorn's own
+    handler, it does not raise the signal again after shutting down, so a drained server
+    exits with status 0 instead of being killed by its own SIGTERM."""
+
+    def __new__(cls, config, on_signal):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame) -> None:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                else:
+                    self.should_exit = True
+                on_signal()
+
+        return Server(config)

@@ -1,0 +1,214 @@
+"""Dynamic batching: sentences of concurrent requests decoded together, off the event loop.
+
+A request's texts become one `Job` each in one queue. A single worker thread takes the oldest
+job, waits at most `max_wait_s` (from its arrival, or from the end of the previous batch if
+later) for more jobs with the same decoding choices (beam, n-best)
+until their source tokens, padded as the translator pads them, fill `batch_tokens`, and hands
+that batch to the engine (engine.py). A long request is spread over several batches; each job
+knows its request and its place in it, and the request is answered, in order, when its last
+job is done. With `batching` off, the worker takes the oldest request's jobs alone: one request
+at a time, as servers that serialise requests behind a lock do (for comparison).
+
+The event loop only queues jobs and awaits the request's future; the worker resolves it with
+`loop.call_soon_threadsafe`. Health checks and new requests are answered while a batch decodes.
+
+Stopping (SIGTERM): `drain()` refuses new requests (ShuttingDown), stops waiting for batches
+to fill, and lets the worker finish the queue; `stop()` fails what is still queued with
+ShuttingDown and ends the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mtx.decode.translator import SOURCE_BUCKET
+from mtx.serve.engine import Result
+
+
+class QueueFull(Exception):
+    """The queue holds too many sentences to take this request."""
+
+
+class ShuttingDown(Exception):
+    """The service is stopping and takes no new work; or stopped before this work was done."""
+
+
+@dataclass(frozen=True)
+class Choices:
+    """A request's decoding choices: only jobs with equal choices share a batch."""
+
+    beam: int
+    nbest: int
+    attention: bool = False  # also the attention of each translation (for the page)
+
+
+class Request:
+    """One HTTP request's texts: resolved on the event loop when every job is done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future = loop.create_future()
+        self.results: list[Result | None] = [None] * n
+        self.left = n
+        self.cancelled = False  # set by the event loop (timeout): the worker skips its jobs
+
+    def _deliver(self, index: int, result: Result | BaseException) -> None:  # on the loop
+        if self.future.done():
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+            return
+        self.results[index] = result
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(self.results)
+
+    def deliver(self, index: int, result: Result | BaseException) -> None:  # from any thread
+        self.loop.call_soon_threadsafe(self._deliver, index, result)
+
+
+@dataclass
+class Job:
+    text: str
+    tokens: int  # source tokens padded as the translator pads them: the budget's unit
+    choices: Choices
+    request: Request
+    index: int  # its place in the request
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    def __init__(
+        self,
+        translate: Callable[[list[str], Choices], list[Result]],
+        batch_tokens: int,
+        max_wait_s: float,
+        max_queue: int,
+        batching: bool = True,
+        on_batch: Callable[[list[Job]], None] = lambda jobs: None,
+    ) -> None:
+        self.translate = translate
+        self.batch_tokens = batch_tokens
+        self.max_wait_s = max_wait_s
+        self.max_queue = max_queue
+        self.batching = batching
+        self.on_batch = on_batch  # metrics: called with each batch before it decodes
+        self.queue: list[Job] = []
+        self.cond = threading.Condition()
+        self.draining = False
+        self.stopped = False
+        self.last_done = 0.0  # time.monotonic() when the last batch was answered
+        self.thread = threading.Thread(target=self._run, name="mtx-serve-worker", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive() and not self.draining
+
+    def depth(self) -> int:
+        with self.cond:
+            return len(self.queue)
+
+    def submit(self, request: Request, texts: list[str], lengths: list[int], choices: Choices):
+        """Queue a request's texts (their source lengths in `lengths`), or raise QueueFull or
+        ShuttingDown. Returns at once; the request's future gets the results."""
+        padded = [-(-n // SOURCE_BUCKET) * SOURCE_BUCKET for n in lengths]
+        with self.cond:
+            if self.draining:
+                raise ShuttingDown("the server is shutting down")
+            if len(self.queue) + len(texts) > self.max_queue:
+                raise QueueFull(
+                    f"{len(self.queue)} sentences are queued and serve.max_queue is "
+                    f"{self.max_queue}: try again shortly"
+                )
+            self.queue += [
+                Job(text, n, choices, request, i) for i, (text, n) in enumerate(zip(texts, padded))
+            ]
+            self.cond.notify()
+
+    def cancel(self, request: Request) -> None:
+        """Drop a request's queued jobs (it timed out); a batch already decoding finishes."""
+        with self.cond:
+            request.cancelled = True
+            self.queue = [job for job in self.queue if job.request is not request]
+
+    def drain(self) -> None:
+        with self.cond:
+            self.draining = True
+            self.cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Fail what is still queued with ShuttingDown, end the worker and wait for it (the
+        batch decoding now finishes first)."""
+        with self.cond:
+            self.draining = self.stopped = True
+            left, self.queue = self.queue, []
+            self.cond.notify()
+        for job in left:
+            job.request.deliver(job.index, ShuttingDown("the server stopped before this was done"))
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _full(self, choices: Choices) -> bool:
+        tokens = sum(job.tokens for job in self.queue if job.choices == choices)
+        return tokens >= self.batch_tokens
+
+    def _take(self) -> list[Job] | None:
+        """The next batch, waiting for it to fill; None once stopped."""
+        with self.cond:
+            while not self.queue and not self.stopped:
+                if self.draining:
+                    return None
+                self.cond.wait()
+            if self.stopped:
+                return None
+            first = self.queue[0]
+            if self.batching:
+                # wait from the later of its arrival and the last batch's end: the clients that
+                # batch answered get max_wait_s to send their next request and join this one
+                deadline = max(first.arrived, self.last_done) + self.max_wait_s
+                while not (self.draining or self.stopped or self._full(first.choices)):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+                if self.stopped or not self.queue or self.queue[0] is not first:
+                    return []  # stopped, or `first` was cancelled meanwhile: look again
+            batch, rest, tokens = [], [], 0
+            for job in self.queue:
+                if self.batching:
+                    fits = job.choices == first.choices and (
+                        not batch or tokens + job.tokens <= self.batch_tokens
+                    )
+                else:
+                    fits = job.request is first.request
+                if fits:
+                    batch.append(job)
+                    tokens += job.tokens
+                else:
+                    rest.append(job)
+            self.queue = rest
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            batch = [job for job in batch if not job.request.cancelled]
+            if not batch:
+                continue
+            self.on_batch(batch)
+            try:
+                results = self.translate([job.text for job in batch], batch[0].choices)
+            except Exception as e:  # the requests fail; the worker goes on
+                results = [e] * len(batch)
+            for job, result in zip(batch, results):
+                job.request.deliver(job.index, result)
+            self.last_done = time.monotonic()

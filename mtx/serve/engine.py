@@ -1,0 +1,149 @@
+"""What `mtx serve` decodes with: mtx's own search (the default, exact) or a CTranslate2 export.
+
+An engine takes a list of texts and the request's choices (beam, n-best) and returns one
+`Result` per text, in order. The batcher (batcher.py) calls it from its worker thread only,
+one batch at a time, so an engine needs no locking.
+
+`MtxEngine` is `Translator.translate_ids`: the same search, settings and batch independence as
+`mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
+else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
+faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
+its outputs may differ from mtx's and from one batch to the next.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mtx.decode.translator import Translator
+from mtx.errors import MtxError
+from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
+
+ENGINES = ("mtx", "ctranslate2")
+
+
+@dataclass
+class Result:
+    texts: list[str]  # the n-best translations, best first
+    scores: list[float]  # what the search ranked them by
+    ids: list[int] = field(default_factory=list)  # the best translation's subword ids
+    tokens_in: int = 0  # source subwords, EOS included
+    attention: dict | None = None  # MtxEngine.attention's, when the request asks for it
+
+
+class MtxEngine:
+    name = "mtx"
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator = translator
+        self.cfg = translator.cfg
+        self.single_model = not hasattr(translator.model, "models")  # an Ensemble has models
+        self._by_beam: dict[int, Translator] = {}
+
+    def length(self, text: str) -> int:
+        """Source subwords of `text`, EOS included: what the token budget counts."""
+        return len(self.translator.encode(text))
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
+        if beam not in self._by_beam:
+            self._by_beam[beam] = self.translator.with_decode(beam=beam)
+        tr = self._by_beam[beam]
+        out = []
+        for text, hyps in zip(texts, tr.translate_ids(texts, nbest)):
+            out.append(
+                Result(
+                    texts=[tr.detokenize(h.tokens) for h in hyps],
+                    scores=[float(h.score) for h in hyps],
+                    ids=list(hyps[0].tokens),
+                    tokens_in=self.length(text),
+                )
+            )
+        return out
+
+    def attention(self, text: str, ids: list[int]) -> dict:
+        """The encoder-decoder attention of the translation `ids` of `text`, averaged over
+        decoder layers and heads: {"source": pieces, "output": pieces, "weights": rows}, one
+        row per output subword (EOS last), one column per source subword (EOS last)."""
+        record = self.translator.cross_attention(text, ids)
+        mean = record["weights"].mean(dim=(0, 1))
+        return {"source": record["source"], "output": record["output"], "weights": mean.tolist()}
+
+
+class CT2Engine:
+    """A CTranslate2 export of one checkpoint (made on first use into `ct2_dir`)."""
+
+    name = "ctranslate2"
+    single_model = False  # no attention for the page
+
+    def __init__(self, checkpoint: Path, translator: Translator, ct2_dir: Path | None) -> None:
+        try:
+            import ctranslate2
+        except ImportError:
+            raise MtxError(
+                "--engine ctranslate2 needs the ctranslate2 package: pip install 'mtx[serve,export]'"
+            ) from None
+        self.translator = translator  # its SentencePiece model and decode.* settings
+        self.cfg = translator.cfg
+        self.dir = ct2_dir or checkpoint.with_name(checkpoint.stem + ".ct2")
+        if not (self.dir / "model.bin").is_file():
+            from mtx.export import export
+
+            if self.dir.exists():
+                raise MtxError(f"{self.dir} exists but holds no CTranslate2 model (model.bin)")
+            export(checkpoint, "ctranslate2", self.dir)
+        threads = torch.get_num_threads()
+        self.model = ctranslate2.Translator(
+            str(self.dir), device="cpu", intra_threads=threads, inter_threads=1
+        )
+        sp = translator.sp
+        self.suppress = [[sp.id_to_piece(i)] for i in (PAD_ID, UNK_ID, BOS_ID)]
+
+    def length(self, text: str) -> int:
+        return len(self.translator.encode(text))
+
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
+        sp, d = self.translator.sp, self.cfg.decode
+        limit = self.translator.model.cfg.max_positions - 1
+        pieces = [sp.encode(" ".join(t.split()), out_type=str)[: limit - 1] for t in texts]
+        longest = max(len(p) for p in pieces) + 1
+        results = self.model.translate_batch(
+            pieces,
+            beam_size=beam,
+            num_hypotheses=nbest,
+            length_penalty=d.alpha,
+            max_decoding_length=min(int(d.max_len_a * longest + d.max_len_b), limit),
+            suppress_sequences=self.suppress,
+            return_scores=True,
+            max_batch_size=len(pieces),
+        )
+        out = []
+        for p, r in zip(pieces, results):
+            hyps = [" ".join(sp.decode_pieces(h).split()) for h in r.hypotheses]
+            ids = [sp.piece_to_id(x) for x in r.hypotheses[0]]
+            out.append(Result(hyps, [float(s) for s in r.scores], ids, len(p) + 1))
+        return out
+
+    def attention(self, text: str, ids: list[int]) -> dict:
+        raise MtxError("the attention comes with --engine mtx only")
+
+
+def make_engine(
+    name: str, checkpoints: list[Path], overrides: list[str], device: str, ct2_dir: Path | None
+) -> MtxEngine | CT2Engine:
+    if name not in ENGINES:
+        raise MtxError(f"--engine must be one of {', '.join(ENGINES)}, got {name!r}")
+    if name == "ctranslate2" and len(checkpoints) > 1:
+        raise MtxError("--engine ctranslate2 serves one --checkpoint (no ensembles)")
+    if name == "ctranslate2" and device not in ("auto", "cpu"):
+        raise MtxError("--engine ctranslate2 runs on the CPU here (--device cpu)")
+    translator = Translator.from_checkpoints(checkpoints, overrides, device)
+    if translator.cfg.decode.sampling:
+        raise MtxError("mtx serve runs the search: set decode.sampling=false")
+    if name == "ctranslate2":
+        os.environ.setdefault("CT2_VERBOSE", "-1")
+        return CT2Engine(checkpoints[0], translator, ct2_dir)
+    return MtxEngine(translator)

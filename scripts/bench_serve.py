@@ -1,0 +1,170 @@
+"""Load test of `mtx serve` on 127.0.0.1: throughput and latency against the batch CLI.
+
+    python scripts/bench_serve.py --checkpoint CKPT --src ../shared/data/multi30k/test2016.en
+
+1. `mtx translate`'s search on the whole file in one process (Translator.translate, the CLI's
+   code, after a warm-up): sentences/s and target tokens/s.
+2. A server with batching (serve.batching true) and one without (false: one request at a
+   time), each in its own process; for each client count (--clients), that many threads each
+   send one request at a time (--lines-per-request lines of the file, in turn) over a kept-alive
+   connection, at most --requests requests or --seconds seconds in all. Reported: sentences/s,
+   target tokens/s (the server's mtx_tokens_out_total), p50/p95/p99 latency, mean batch size
+   (mtx_batch_sentences) and errors.
+3. With --memory-requests N: the batching server's resident memory (VmRSS) after a warm-up and
+   after N more requests at 16 clients.
+
+Only loopback is used, and every stage is bounded in requests and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers.server import Server  # noqa: E402
+
+
+def cli_baseline(checkpoint: Path, lines: list[str]) -> dict:
+    from mtx.decode.translator import Translator
+
+    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    tr.translate(lines[:64])  # warm-up
+    start = time.perf_counter()
+    out = tr.translate(lines)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(tr.sp.encode(x)) for x in out)
+    return {"sentences_s": len(lines) / seconds, "tokens_s": tokens / seconds, "seconds": seconds}
+
+
+def load(server: Server, lines, clients: int, per_request: int, requests: int, seconds: float):
+    """`clients` threads, one request at a time each, until `requests` or `seconds`."""
+    lock = threading.Lock()
+    state = {"next": 0, "sent": 0}
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        while time.monotonic() < deadline:
+            with lock:
+                if state["sent"] >= requests:
+                    break
+                state["sent"] += 1
+                i = state["next"]
+                state["next"] = (i + per_request) % len(lines)
+            texts = [lines[(i + k) % len(lines)] for k in range(per_request)]
+            body = json.dumps({"text": texts}).encode()
+            start = time.perf_counter()
+            conn.request("POST", "/translate", body, {"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            data = reply.read()
+            took = time.perf_counter() - start
+            with lock:
+                if reply.status == 200:
+                    latencies.append(took)
+                else:
+                    errors.append(f"{reply.status} {data[:100]!r}")
+        conn.close()
+
+    before = metrics(server)
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    after = metrics(server)
+    done = len(latencies) * per_request
+    batches = after["mtx_batch_sentences_count"] - before["mtx_batch_sentences_count"]
+    sentences = after["mtx_batch_sentences_sum"] - before["mtx_batch_sentences_sum"]
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "sentences_s": done / wall,
+        "tokens_s": (after["mtx_tokens_out_total"] - before["mtx_tokens_out_total"]) / wall,
+        "p50_ms": 1000 * q[49],
+        "p95_ms": 1000 * q[94],
+        "p99_ms": 1000 * q[98],
+        "mean_batch": sentences / batches if batches else 0.0,
+        "seconds": wall,
+    }
+
+
+def metrics(server: Server) -> dict[str, float]:
+    names = ("mtx_batch_sentences_count", "mtx_batch_sentences_sum", "mtx_tokens_out_total")
+    return {name: server.metric(name) for name in names}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--src", type=Path, required=True)
+    ap.add_argument("--lines", type=int, default=0, help="Use the first N lines (0 = all).")
+    ap.add_argument("--clients", default="1,4,16,64")
+    ap.add_argument("--lines-per-request", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=1000, help="At most, per client count.")
+    ap.add_argument("--seconds", type=float, default=60.0, help="At most, per client count.")
+    ap.add_argument("--modes", default="batched,unbatched")
+    ap.add_argument("--memory-requests", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], help="More --set for the servers.")
+    ap.add_argument("--json", type=Path, help="Also write the figures here.")
+    args = ap.parse_args()
+    lines = args.src.read_text(encoding="utf-8").splitlines()
+    lines = lines[: args.lines] if args.lines else lines
+    clients = [int(x) for x in args.clients.split(",")]
+    report: dict = {"lines": len(lines), "lines_per_request": args.lines_per_request}
+    report["cli"] = cli_baseline(args.checkpoint, lines)
+    cli = report["cli"]
+    print(f"mtx translate (one process): {cli['sentences_s']:.1f} sentences/s, "
+          f"{cli['tokens_s']:.0f} target tokens/s", flush=True)  # fmt: skip
+    print("| server | clients | sentences/s | target tok/s | vs CLI | p50 ms | p95 ms | p99 ms "
+          "| mean batch | errors |", flush=True)  # fmt: skip
+    for mode in args.modes.split(","):
+        sets = [f"serve.batching={'true' if mode == 'batched' else 'false'}", *args.set]
+        with Server(args.checkpoint, *sets, "serve.max_queue=100000") as server:
+            load(server, lines, 4, args.lines_per_request, 64, 30)  # warm-up
+            for n in clients:
+                r = load(server, lines, n, args.lines_per_request, args.requests, args.seconds)
+                report.setdefault(mode, []).append(r)
+                print(f"| {mode} | {n} | {r['sentences_s']:.1f} | {r['tokens_s']:.0f} | "
+                      f"{r['sentences_s'] / cli['sentences_s']:.2f}x | {r['p50_ms']:.0f} | "
+                      f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['mean_batch']:.1f} | "
+                      f"{r['errors']} |", flush=True)  # fmt: skip
+            if mode == "batched" and args.memory_requests:
+                load(server, lines, 16, args.lines_per_request, 500, 600)
+                before = rss_mb(server.proc.pid)
+                r = load(server, lines, 16, args.lines_per_request, args.memory_requests, 3600)
+                after = rss_mb(server.proc.pid)
+                report["memory"] = {"requests": r["requests"], "rss_before_mb": before,
+                                    "rss_after_mb": after, "errors": r["errors"]}  # fmt: skip
+                print(f"memory: {before:.0f} MB after warm-up, {after:.0f} MB after "
+                      f"{r['requests']} more requests ({after - before:+.0f} MB), "
+                      f"{r['errors']} errors", flush=True)  # fmt: skip
+            assert server.stop() == 0
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

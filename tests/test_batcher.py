@@ -1,0 +1,176 @@
+"""The serve batcher (mtx/serve/batcher.py) with a fake engine: what goes in which batch."""
+
+import asyncio
+import threading
+
+import pytest
+
+from mtx.serve.batcher import Batcher, Choices, QueueFull, ShuttingDown
+from mtx.serve.batcher import Request as Pending
+from mtx.serve.engine import Result
+
+GREEDY, BEAM = Choices(1, 1), Choices(4, 1)
+FOREVER = 3600.0  # a batch never goes for want of waiting: only a full budget or a drain sends it
+
+
+class Recorder:
+    """A fake engine that records its batches; `gate` holds each batch until released."""
+
+    def __init__(self, gated: bool = False) -> None:
+        self.batches: list[tuple[list[str], Choices]] = []
+        self.gate = threading.Semaphore(0) if gated else None
+        self.started = threading.Event()
+
+    def __call__(self, texts: list[str], choices: Choices) -> list[Result]:
+        self.started.set()
+        if self.gate is not None:
+            self.gate.acquire()
+        self.batches.append((list(texts), choices))
+        return [Result([t.upper()], [float(len(t))]) for t in texts]
+
+
+async def submit(batcher, texts, choices=GREEDY, length=8):
+    pending = Pending(asyncio.get_running_loop(), len(texts))
+    batcher.submit(pending, texts, [length] * len(texts), choices)
+    return pending
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_long_request_spans_batches_and_comes_back_in_order():
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=24, max_wait_s=0.0, max_queue=100)
+        b.start()
+        texts = [f"t{i}" for i in range(10)]
+        pending = await submit(b, texts)
+        results = await pending.future
+        b.stop()
+        return texts, results
+
+    texts, results = run(main())
+    assert [r.texts[0] for r in results] == [t.upper() for t in texts]
+    assert [len(batch) for batch, _ in engine.batches] == [3, 3, 3, 1]  # 24 tokens: 3 of 8
+
+
+def test_requests_with_the_same_choices_share_a_batch_and_others_wait_their_turn():
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=32, max_wait_s=FOREVER, max_queue=100)
+        b.start()
+        a = await submit(b, ["a1", "a2"])
+        c = await submit(b, ["c1"], BEAM)  # other choices: not in a greedy batch
+        d = await submit(b, ["d1", "d2"])  # the greedy budget is full now: a1 a2 d1 d2 go
+        first = await asyncio.gather(a.future, d.future)
+        b.drain()  # stop waiting to fill: c goes alone
+        await c.future
+        b.stop()
+        return first
+
+    run(main())
+    assert engine.batches == [(["a1", "a2", "d1", "d2"], GREEDY), (["c1"], BEAM)]
+
+
+def test_without_batching_each_request_is_decoded_alone():
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=1000, max_wait_s=FOREVER, max_queue=100, batching=False)
+        b.start()
+        futures = [(await submit(b, [f"r{i}a", f"r{i}b"])).future for i in range(3)]
+        await asyncio.gather(*futures)
+        b.stop()
+
+    run(main())
+    assert [batch for batch, _ in engine.batches] == [
+        ["r0a", "r0b"],
+        ["r1a", "r1b"],
+        ["r2a", "r2b"],
+    ]
+
+
+def test_a_full_queue_refuses_a_request_whole_and_a_draining_one_refuses_all():
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=1000, max_wait_s=FOREVER, max_queue=3)
+        b.start()
+        first = await submit(b, ["a", "b"])
+        with pytest.raises(QueueFull, match="max_queue is 3"):
+            await submit(b, ["c", "d"])
+        assert b.depth() == 2  # nothing of the refused request was queued
+        b.drain()
+        with pytest.raises(ShuttingDown):
+            await submit(b, ["e"])
+        results = await first.future  # drained: what was queued is still answered
+        b.stop()
+        return results
+
+    assert [r.texts[0] for r in run(main())] == ["A", "B"]
+
+
+def test_a_cancelled_request_leaves_the_queue_and_stop_fails_what_is_left():
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=1000, max_wait_s=FOREVER, max_queue=10)
+        b.start()
+        gone = await submit(b, ["x", "y"])
+        kept = await submit(b, ["z"])
+        b.cancel(gone)
+        assert b.depth() == 1
+        b.stop()
+        with pytest.raises(ShuttingDown):
+            await kept.future
+
+    run(main())
+    assert engine.batches == []  # nothing was decoded
+
+
+def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
+    calls = []
+
+    def engine(texts, choices):
+        calls.append(texts)
+        if texts == ["bad"]:
+            raise RuntimeError("boom")
+        return [Result([t], [0.0]) for t in texts]
+
+    async def main():
+        b = Batcher(engine, batch_tokens=8, max_wait_s=0.0, max_queue=10)
+        b.start()
+        bad = await submit(b, ["bad"])
+        with pytest.raises(RuntimeError, match="boom"):
+            await bad.future
+        good = await submit(b, ["good"])
+        results = await good.future
+        b.stop()
+        return results
+
+    assert run(main())[0].texts == ["good"]
+
+
+def test_the_event_loop_is_free_while_a_batch_decodes():
+    engine = Recorder(gated=True)
+
+    async def main():
+        b = Batcher(engine, batch_tokens=8, max_wait_s=0.0, max_queue=10)
+        b.start()
+        pending = await submit(b, ["slow"])
+        while not engine.started.is_set():  # the worker is inside the engine, held by the gate
+            await asyncio.sleep(0.001)
+        ticks = 0
+        for _ in range(5):  # the loop runs other work meanwhile
+            await asyncio.sleep(0)
+            ticks += 1
+        assert not pending.future.done()
+        engine.gate.release()
+        await pending.future
+        b.stop()
+        return ticks
+
+    assert run(main()) == 5

@@ -1,0 +1,291 @@
+"""`mtx serve` as a user meets it: a real server process on 127.0.0.1 and a real HTTP client.
+
+The model is the Multi30k fixture's (conftest.py); the texts are test2016's.
+"""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+from conftest import MULTI30K
+from helpers.server import Server
+from typer.testing import CliRunner
+
+from mtx.cli import app
+from mtx.decode.translator import SOURCE_BUCKET, Translator
+
+LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:96]
+# a worker that never sends a batch for want of waiting: only a full budget or SIGTERM does
+STALLED = ("serve.max_wait_ms=3600000", "decode.batch_tokens=100000")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(multi30k_run):
+    return multi30k_run / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """`mtx translate`'s output for LINES, and each line's score translated alone."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mtx", "translate", "--checkpoint", str(checkpoint)],
+        input="\n".join(LINES) + "\n", capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    scores = [tr.translate_ids([line])[0][0].score for line in LINES]
+    return dict(zip(LINES, zip(out, scores)))
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    # small batches, so that a request of several lines spans batches
+    sets = ("decode.batch_tokens=64", "serve.max_texts=40", "serve.max_chars=600")
+    with Server(checkpoint, *sets, "serve.max_body_bytes=30000") as s:
+        yield s
+        assert s.stop() == 0, "".join(s.lines)
+
+
+def test_concurrent_clients_get_exactly_what_mtx_translate_gives(server, reference):
+    """Four clients send test2016 lines in random groups, interleaved: every answer equals
+    `mtx translate`'s line, and its score equals the line's score decoded alone, bit for bit."""
+    order = list(LINES)
+    random.Random(7).shuffle(order)
+    groups, i, rng = [], 0, random.Random(8)
+    while i < len(order):
+        n = rng.choice((1, 1, 2, 3, 5, 8))
+        groups.append(order[i : i + n])
+        i += n
+    answers, errors = [], []
+
+    def client(mine):
+        for texts in mine:
+            status, answer = server.translate(texts)
+            if status != 200:
+                errors.append(answer)
+                continue
+            answers.extend(zip(texts, answer["translations"], answer["scores"]))
+
+    threads = [threading.Thread(target=client, args=(groups[k::4],)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(answers) == len(LINES)
+    for text, translation, score in answers:
+        assert (translation, score) == reference[text], text
+    assert server.metric("mtx_batch_sentences_count") < len(LINES)  # some batches held several
+
+
+def test_an_empty_text_gets_an_empty_translation_in_its_place(server, reference):
+    status, answer = server.translate([LINES[0], "", "   ", LINES[1]])
+    assert status == 200
+    assert answer["translations"] == [reference[LINES[0]][0], "", "", reference[LINES[1]][0]]
+    assert answer["scores"][1:3] == [None, None]
+
+
+def test_nbest_and_beam_choices_are_the_searchs(server, checkpoint):
+    status, answer = server.translate(LINES[2], beam=3, nbest=3)
+    assert status == 200
+    tr = Translator.from_checkpoint(checkpoint, ["decode.beam=3"], device="cpu")
+    hyps = tr.translate_ids([LINES[2]], nbest=3)[0]
+    assert answer["nbest"][0] == [{"text": tr.detokenize(h.tokens), "score": h.score} for h in hyps]
+    status, greedy = server.translate(LINES[2], beam=1)
+    assert greedy["translations"] == tr.with_decode(beam=1).translate([LINES[2]])
+
+
+BAD = [  # (what, body, status, words in the error)
+    ("not JSON", b"{bad", 422, "not valid JSON"),
+    ("invalid UTF-8", b'{"text": "\xff\xfe caf\xe9"}', 422, "UTF-8"),
+    ("too deeply nested", b"[" * 100_000 + b"]" * 100_000, 413, "max_body_bytes"),
+    ("JSON that is not an object", b"[1, 2]", 422, "valid dictionary"),
+    ("no text", {}, 422, "text: Field required"),
+    ("a number for text", {"text": 3}, 422, "text: must be a string or a list"),
+    ("a number in the list", {"text": ["a", 4]}, 422, "text[1]"),
+    ("an unknown key", {"text": "a", "bem": 2}, 422, "bem: Extra inputs"),
+    ("a string for beam", {"text": "a", "beam": "4"}, 422, "beam"),
+    ("beam 0", {"text": "a", "beam": 0}, 422, "beam must be in 1..8"),
+    ("beam over serve.max_beam", {"text": "a", "beam": 99}, 422, "serve.max_beam"),
+    ("nbest over the beam", {"text": "a", "beam": 2, "nbest": 3}, 422, "nbest must be in 1..2"),
+    ("nbest 0", {"text": "a", "nbest": 0}, 422, "nbest"),
+    ("an empty list", {"text": []}, 422, "empty list"),
+    ("a lone surrogate", b'{"text": "a \\ud800 b"}', 422, "lone surrogate"),
+    ("a string for attention", {"text": "a", "attention": "yes"}, 422, "attention"),
+    ("too many texts", {"text": ["a"] * 41}, 413, "serve.max_texts is 40"),
+    ("a text too long", {"text": "a " * 301}, 413, "serve.max_chars is 600"),
+    ("a body too large", {"text": ["\u00e9" * 200] * 40}, 413, "serve.max_body_bytes (30000)"),
+]
+
+
+def test_every_kind_of_bad_request_gets_a_clear_json_error_and_the_next_one_is_served(
+    server, reference
+):
+    before = server.metric('mtx_requests_total{outcome="invalid"}')
+    for what, body, status, words in BAD:
+        got, headers, answer = server.request("POST", "/translate", body)
+        assert got == status, (what, answer)
+        assert isinstance(answer, dict) and words in answer["error"], (what, answer)
+        assert "\n" not in answer["error"] and answer["status"] == status
+    assert server.request("GET", "/translate")[0] == 405
+    status, _, answer = server.request("GET", "/nowhere")
+    assert status == 404 and answer["error"] == "Not Found"
+    invalid = sum(1 for _, _, status, _ in BAD if status == 422)
+    assert server.metric('mtx_requests_total{outcome="invalid"}') - before == invalid
+    # control characters and odd Unicode are translated, not a crash
+    status, answer = server.translate(["\x00\x07 a \x1b[31m dog \u202e", "\U0001f600 " * 50])
+    assert status == 200 and len(answer["translations"]) == 2
+    status, answer = server.translate(LINES[3])
+    assert status == 200 and answer["translations"] == [reference[LINES[3]][0]]
+    assert server.get("/ready")[0] == 200
+
+
+def test_health_ready_info_metrics_docs_and_the_page(server, checkpoint):
+    assert server.get("/health")[2] == {"status": "ok"}
+    assert server.get("/ready")[2] == {"ready": True}
+    status, _, info = server.get("/info")
+    sets = ["--set", "decode.batch_tokens=64", "--set", "serve.max_texts=40"]
+    cli = json.loads(CliRunner().invoke(app, ["info", str(checkpoint), "--json", *sets]).output)
+    served = info["checkpoints"][0]
+    assert {k: v for k, v in served.items() if k != "config"} == {
+        k: v for k, v in cli.items() if k != "config"
+    }
+    assert served["config"]["decode"] == cli["config"]["decode"]  # with the server's --set
+    assert info["engine"] == "mtx" and info["serve"]["max_texts"] == 40
+    text = server.get("/metrics")[2]
+    for name in ("mtx_requests_total", "mtx_sentences_total", "mtx_tokens_in_total",
+                 "mtx_tokens_out_total", "mtx_queue_depth", "mtx_batch_sentences_bucket",
+                 "mtx_request_seconds_bucket"):  # fmt: skip
+        assert name in text
+    assert "/translate" in server.get("/openapi.json")[2]["paths"]
+    status, headers, page = server.get("/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert 'id="source"' in page and "http://" not in page and "https://" not in page
+
+
+def test_attention_for_the_page(server, reference):
+    status, answer = server.translate(LINES[4], attention=True)
+    assert status == 200
+    att = answer["attention"][0]
+    assert att["output"][-1] == att["source"][-1] == "</s>"
+    assert len(att["weights"]) == len(att["output"])
+    for row in att["weights"]:  # each output subword's attention sums to 1 over the source
+        assert len(row) == len(att["source"]) and abs(sum(row) - 1) < 1e-4
+    assert answer["translations"] == [reference[LINES[4]][0]]
+
+
+def lines_of_padded_length(checkpoint, length: int, n: int) -> list[str]:
+    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    same = [x for x in LINES if -(-len(tr.encode(x)) // SOURCE_BUCKET) * SOURCE_BUCKET == length]
+    assert len(same) >= n
+    return same[:n]
+
+
+def test_sentences_of_concurrent_requests_go_in_one_batch_when_the_budget_fills(checkpoint):
+    texts = lines_of_padded_length(checkpoint, 16, 6)
+    with Server(checkpoint, "serve.max_wait_ms=3600000", "decode.batch_tokens=96") as s:
+        answers = {}
+        threads = [
+            threading.Thread(target=lambda t=t: answers.setdefault(t, s.translate(t)))
+            for t in texts
+        ]
+        for t in threads:  # six requests of 16 tokens fill the budget of 96: one batch
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(status == 200 for status, _ in answers.values())
+        assert s.metric("mtx_batch_sentences_count") == 1
+        assert s.metric("mtx_batch_sentences_sum") == 6
+        assert s.stop() == 0
+
+
+def test_a_full_queue_answers_503_and_a_request_waiting_too_long_504(checkpoint):
+    sets = (*STALLED, "serve.max_queue=3", "serve.timeout_s=2", "serve.drain_s=0")
+    with Server(checkpoint, *sets) as s:
+        waiting = {}
+        t = threading.Thread(target=lambda: waiting.update(r=s.translate(LINES[:3])))
+        t.start()
+        s.wait_for_queue(3)
+        status, headers, answer = s.request("POST", "/translate", {"text": "One more."})
+        assert status == 503 and headers["retry-after"] == "1"
+        assert "serve.max_queue is 3" in answer["error"]
+        t.join()
+        status, answer = waiting["r"]
+        assert status == 504 and "serve.timeout_s (2 s)" in answer["error"]
+        assert s.metric("mtx_queue_depth") == 0  # the timed-out request left the queue
+        assert s.metric('mtx_requests_total{outcome="timeout"}') == 1
+        assert s.metric('mtx_requests_total{outcome="queue_full"}') == 1
+        # SIGTERM with serve.drain_s 0: what is queued gets a clean 503, and the exit is 0
+        t = threading.Thread(target=lambda: waiting.update(r=s.translate(LINES[5])))
+        t.start()
+        s.wait_for_queue(1)
+        assert s.stop() == 0, "".join(s.lines)
+        t.join()
+        status, answer = waiting["r"]
+        assert status == 503 and "stopped before" in answer["error"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_drains_the_queue_answers_everything_and_exits_0(checkpoint, reference, sig):
+    with Server(checkpoint, *STALLED, "serve.drain_s=60") as s:
+        groups = [LINES[i : i + 2] for i in range(10, 22, 2)]
+        answers = {}
+
+        def client(texts):
+            answers[tuple(texts)] = s.translate(texts)
+
+        threads = [threading.Thread(target=client, args=(g,)) for g in groups]
+        for t in threads:
+            t.start()
+        s.wait_for_queue(12)  # all six requests are in the server, none decoded
+        assert s.stop(sig) == 0, "".join(s.lines)
+        for t in threads:
+            t.join()
+    for texts in groups:
+        status, answer = answers[tuple(texts)]
+        assert status == 200, answer
+        assert answer["translations"] == [reference[x][0] for x in texts]
+
+
+def test_without_the_extra_serve_says_what_to_install(checkpoint, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a)
+    )
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(checkpoint)])
+    assert result.exit_code == 2
+    assert "pip install 'mtx[serve]'" in result.output and "uvicorn" in result.output
+
+
+def test_serve_refuses_bad_settings_in_one_line(checkpoint):
+    for sets, words in (
+        (["serve.max_queue=0"], "serve.max_queue must be at least 1"),
+        (["serve.port=70000"], "serve.port must be in 0..65535"),
+        (["serve.timeout_s=0"], "serve.timeout_s must be positive"),
+        (["decode.sampling=true"], "decode.sampling=false"),
+    ):
+        args = ["serve", "--checkpoint", str(checkpoint)]
+        result = CliRunner().invoke(app, args + [x for s in sets for x in ("--set", s)])
+        assert result.exit_code == 2 and words in result.output, result.output
+    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(checkpoint), "--engine", "x"])
+    assert result.exit_code == 2 and "--engine must be one of mtx, ctranslate2" in result.output
+
+
+def test_the_ctranslate2_engine_serves_an_export_made_once(checkpoint, tmp_path):
+    from mtx.serve.engine import make_engine
+
+    ct2_dir = tmp_path / "model.ct2"
+    engine = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)
+    assert (ct2_dir / "model.bin").is_file()
+    results = engine.translate(LINES[:4], beam=2, nbest=2)
+    assert [len(r.texts) for r in results] == [2, 2, 2, 2]
+    assert all(r.texts[0] and r.scores[0] >= r.scores[1] for r in results)
+    stamp = (ct2_dir / "model.bin").stat().st_mtime_ns
+    again = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)  # reused, not redone
+    assert (ct2_dir / "model.bin").stat().st_mtime_ns == stamp
+    assert [r.texts for r in again.translate(LINES[:4], 2, 2)] == [r.texts for r in results]
