@@ -4,10 +4,12 @@
 
 1. `mtx translate`'s search on the whole file in one process (Translator.translate, the CLI's
    code, after a warm-up): sentences/s and target tokens/s.
-2. A server with batching (serve.batching true) and one without (false: one request at a
-   time), each in its own process; for each client count (--clients), that many threads each
-   send one request at a time (--lines-per-request lines of the file, in turn) over a kept-alive
-   connection, at most --requests requests or --seconds seconds in all. Reported: sentences/s,
+2. A server with batching (serve.batching true), one without (false: one request at a
+   time) and one with --engine ctranslate2 (--modes), each in its own process: first the
+   share of lines it translates as `mtx translate` does (also its warm-up); then for each
+   client count (--clients), that many threads each send one request at a time
+   (--lines-per-request lines of the file, in turn) over a kept-alive connection, at most
+   --requests requests or --seconds seconds in all. Reported: sentences/s,
    target tokens/s (the server's mtx_tokens_out_total), p50/p95/p99 latency, mean batch size
    (mtx_batch_sentences) and errors.
 3. With --memory-requests N: the batching server's resident memory (VmRSS) after a warm-up and
@@ -42,7 +44,18 @@ def cli_baseline(checkpoint: Path, lines: list[str]) -> dict:
     out = tr.translate(lines)
     seconds = time.perf_counter() - start
     tokens = sum(len(tr.sp.encode(x)) for x in out)
-    return {"sentences_s": len(lines) / seconds, "tokens_s": tokens / seconds, "seconds": seconds}
+    rate = {"sentences_s": len(lines) / seconds, "tokens_s": tokens / seconds, "seconds": seconds}
+    return rate, out
+
+
+def agreement(server: Server, lines: list[str], expected: list[str], size: int = 8) -> float:
+    """The share of lines whose server translation equals `mtx translate`'s."""
+    same = 0
+    for i in range(0, len(lines), size):
+        status, answer = server.translate(lines[i : i + size])
+        assert status == 200, answer
+        same += sum(a == b for a, b in zip(answer["translations"], expected[i : i + size]))
+    return same / len(lines)
 
 
 def load(server: Server, lines, clients: int, per_request: int, requests: int, seconds: float):
@@ -125,7 +138,7 @@ def main() -> None:
     ap.add_argument("--lines-per-request", type=int, default=1)
     ap.add_argument("--requests", type=int, default=1000, help="At most, per client count.")
     ap.add_argument("--seconds", type=float, default=60.0, help="At most, per client count.")
-    ap.add_argument("--modes", default="batched,unbatched")
+    ap.add_argument("--modes", default="batched,unbatched,ctranslate2")
     ap.add_argument("--memory-requests", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="More --set for the servers.")
     ap.add_argument("--json", type=Path, help="Also write the figures here.")
@@ -134,16 +147,19 @@ def main() -> None:
     lines = lines[: args.lines] if args.lines else lines
     clients = [int(x) for x in args.clients.split(",")]
     report: dict = {"lines": len(lines), "lines_per_request": args.lines_per_request}
-    report["cli"] = cli_baseline(args.checkpoint, lines)
+    report["cli"], expected = cli_baseline(args.checkpoint, lines)
     cli = report["cli"]
     print(f"mtx translate (one process): {cli['sentences_s']:.1f} sentences/s, "
           f"{cli['tokens_s']:.0f} target tokens/s", flush=True)  # fmt: skip
     print("| server | clients | sentences/s | target tok/s | vs CLI | p50 ms | p95 ms | p99 ms "
           "| mean batch | errors |", flush=True)  # fmt: skip
     for mode in args.modes.split(","):
-        sets = [f"serve.batching={'true' if mode == 'batched' else 'false'}", *args.set]
-        with Server(args.checkpoint, *sets, "serve.max_queue=100000") as server:
-            load(server, lines, 4, args.lines_per_request, 64, 30)  # warm-up
+        sets = [f"serve.batching={'false' if mode == 'unbatched' else 'true'}", *args.set]
+        engine = ("--engine", "ctranslate2") if mode == "ctranslate2" else ()
+        with Server(args.checkpoint, *sets, "serve.max_queue=100000", args=engine) as server:
+            same = agreement(server, lines, expected)  # also the warm-up
+            report.setdefault("same_as_cli", {})[mode] = same
+            print(f"{mode}: {100 * same:.1f}% of lines the same as mtx translate", flush=True)
             for n in clients:
                 r = load(server, lines, n, args.lines_per_request, args.requests, args.seconds)
                 report.setdefault(mode, []).append(r)

@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -238,8 +239,7 @@ def create_app(engine, info: dict) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        service.batcher.start()
-        yield
+        yield  # the worker is started by run_server, or by the caller
         service.batcher.stop()
 
     app = FastAPI(
@@ -305,7 +305,10 @@ def create_app(engine, info: dict) -> FastAPI:
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: one the system picks); the caller prints its address."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it a kept-alive connection waited about 45 ms for each answer (Nagle's
+    # algorithm against the client's delayed acknowledgement)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -319,32 +322,36 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def run_server(engine, info: dict, sock: socket.socket, log_level: str = "warning") -> None:
-    """Serve until SIGTERM or SIGINT, then drain (serve.drain_s) and return: exit status 0."""
-    import uvicorn
+    """Serve until SIGTERM or SIGINT, then drain (serve.drain_s) and return: exit status 0.
 
+    The batcher's worker runs in this (the main) thread and uvicorn in another: torch's CPU
+    kernels called from a secondary thread ran 2-3x slower (BENCHMARKS.md, "Serving")."""
     app = create_app(engine, info)
     service: Service = app.state.service
-    drain_s = engine.cfg.serve.drain_s
     config = uvicorn.Config(
-        app, log_level=log_level, timeout_graceful_shutdown=drain_s + 5, lifespan="on"
+        app,
+        log_level=log_level,
+        timeout_graceful_shutdown=engine.cfg.serve.drain_s + 5,
+        lifespan="on",
     )
-    _Server(config, service.begin_drain).run(sockets=[sock])
+    server = uvicorn.Server(config)  # in a thread, it leaves the signals to us
 
+    def http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:  # however it ends, the worker ends too
+            service.batcher.stop()
 
-class _Server:
-    """uvicorn's Server, told of the signal so the batcher drains. Unlike uvicorn's own
-    handler, it does not raise the signal again after shutting down, so a drained server
-    exits with status 0 instead of being killed by its own SIGTERM."""
+    def on_signal(sig: int, frame) -> None:
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True  # a second Ctrl-C
+        server.should_exit = True
+        # not here: the handler interrupts the worker, which may hold the batcher's lock
+        threading.Thread(target=service.begin_drain, daemon=True).start()
 
-    def __new__(cls, config, on_signal):
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame) -> None:
-                if self.should_exit and sig == signal.SIGINT:
-                    self.force_exit = True
-                else:
-                    self.should_exit = True
-                on_signal()
-
-        return Server(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    thread = threading.Thread(target=http, name="mtx-serve-http")
+    thread.start()
+    service.batcher.work()
+    thread.join()

@@ -10,7 +10,8 @@ job is done. With `batching` off, the worker takes the oldest request's jobs alo
 at a time, as servers that serialise requests behind a lock do (for comparison).
 
 The event loop only queues jobs and awaits the request's future; the worker resolves it with
-`loop.call_soon_threadsafe`. Health checks and new requests are answered while a batch decodes.
+`loop.call_soon_threadsafe`. The worker is `work()`, run by `mtx serve` in its main thread
+(the HTTP server runs in another; app.py), or in a thread of its own after `start()`. Health checks and new requests are answered while a batch decodes.
 
 Stopping (SIGTERM): `drain()` refuses new requests (ShuttingDown), stops waiting for batches
 to fill, and lets the worker finish the queue; `stop()` fails what is still queued with
@@ -102,14 +103,18 @@ class Batcher:
         self.draining = False
         self.stopped = False
         self.last_done = 0.0  # time.monotonic() when the last batch was answered
-        self.thread = threading.Thread(target=self._run, name="mtx-serve-worker", daemon=True)
+        self.working = False  # work() is running
+        self.thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Run the worker in a thread of its own (`mtx serve` runs `work()` in its main thread
+        instead: torch's CPU kernels run 2-3x slower when called from a secondary thread)."""
+        self.thread = threading.Thread(target=self.work, name="mtx-serve-worker", daemon=True)
         self.thread.start()
 
     @property
     def running(self) -> bool:
-        return self.thread.is_alive() and not self.draining
+        return self.working and not self.draining
 
     def depth(self) -> int:
         with self.cond:
@@ -152,7 +157,7 @@ class Batcher:
             self.cond.notify()
         for job in left:
             job.request.deliver(job.index, ShuttingDown("the server stopped before this was done"))
-        if self.thread.is_alive():
+        if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
     def _full(self, choices: Choices) -> bool:
@@ -196,7 +201,15 @@ class Batcher:
             self.queue = rest
             return batch
 
-    def _run(self) -> None:
+    def work(self) -> None:
+        """Decode batches until drained or stopped."""
+        self.working = True
+        try:
+            self._work()
+        finally:
+            self.working = False
+
+    def _work(self) -> None:
         while True:
             batch = self._take()
             if batch is None:
