@@ -113,9 +113,10 @@ class Service:
         )
         self.metrics.queue.set_function(self.batcher.depth)
         self.drain_timer: threading.Timer | None = None
+        self.drain_lock = threading.Lock()
 
     def _translate(self, texts: list[str], choices: Choices) -> list[Result]:
-        """In the worker thread: decode one batch, and its attention if asked."""
+        """In the worker: decode one batch, and its attention if asked."""
         results = self.engine.translate(texts, choices.beam, choices.nbest)
         if choices.attention:
             for text, result in zip(texts, results):
@@ -125,14 +126,15 @@ class Service:
     def begin_drain(self) -> None:
         """SIGTERM/SIGINT: take no new requests, finish the queue, and after serve.drain_s
         answer what is left with 503."""
-        if self.drain_timer is not None:
-            return
-        if self.cfg.serve.drain_s == 0:  # no draining: what is queued gets 503 now
-            self.batcher.stop(timeout=0)
-        self.batcher.drain()
-        self.drain_timer = threading.Timer(self.cfg.serve.drain_s, self.batcher.stop)
-        self.drain_timer.daemon = True
-        self.drain_timer.start()
+        with self.drain_lock:  # a second signal changes nothing
+            if self.drain_timer is not None:
+                return
+            if self.cfg.serve.drain_s == 0:  # no draining: what is queued gets 503 now
+                self.batcher.stop(timeout=0)
+            self.batcher.drain()
+            self.drain_timer = threading.Timer(self.cfg.serve.drain_s, self.batcher.stop)
+            self.drain_timer.daemon = True
+            self.drain_timer.start()
 
     async def read_request(self, request: Request) -> TranslateRequest:
         s = self.cfg.serve

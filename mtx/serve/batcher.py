@@ -1,6 +1,6 @@
 """Dynamic batching: sentences of concurrent requests decoded together, off the event loop.
 
-A request's texts become one `Job` each in one queue. A single worker thread takes the oldest
+A request's texts become one `Job` each in one queue. A single worker takes the oldest
 job, waits at most `max_wait_s` (from its arrival, or from the end of the previous batch if
 later) for more jobs with the same decoding choices (beam, n-best)
 until their source tokens, padded as the translator pads them, fill `batch_tokens`, and hands

@@ -1,7 +1,7 @@
 """What `mtx serve` decodes with: mtx's own search (the default, exact) or a CTranslate2 export.
 
 An engine takes a list of texts and the request's choices (beam, n-best) and returns one
-`Result` per text, in order. The batcher (batcher.py) calls it from its worker thread only,
+`Result` per text, in order. The batcher (batcher.py) calls it from its one worker only,
 one batch at a time, so an engine needs no locking.
 
 `MtxEngine` is `Translator.translate_ids`: the same search, settings and batch independence as
