@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,10 +40,17 @@ class Server:
             if time.monotonic() > deadline:
                 self.proc.kill()
                 raise RuntimeError("mtx serve did not start in time")
+        # keep reading what it prints, so that a full pipe never blocks the server
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         while self.get("/ready")[0] != 200:  # the socket listens before the worker starts
             if time.monotonic() > deadline:
                 raise RuntimeError("mtx serve did not become ready in time")
             time.sleep(0.05)
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
 
     def request(
         self, method: str, path: str, body: bytes | dict | None = None, timeout: float = 120
@@ -93,7 +101,7 @@ class Server:
         try:
             return self.proc.wait(timeout)
         finally:
-            self.lines += self.proc.stderr.readlines()
+            self.reader.join(10)
 
     def __enter__(self) -> Server:
         return self
