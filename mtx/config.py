@@ -150,6 +150,11 @@ class ServeConfig:
         for key in ("max_queue", "max_texts", "max_chars", "max_body_bytes", "max_beam"):
             if getattr(self, key) < 1:
                 raise MtxError(f"serve.{key} must be at least 1, got {getattr(self, key)}")
+        if self.max_texts > self.max_queue:  # such a request could never be queued
+            raise MtxError(
+                f"serve.max_texts ({self.max_texts}) must not exceed serve.max_queue "
+                f"({self.max_queue})"
+            )
         if not 0 <= self.port < 65536:
             raise MtxError(f"serve.port must be in 0..65535 (0: any free port), got {self.port}")
         if not self.timeout_s > 0:

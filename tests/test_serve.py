@@ -203,7 +203,8 @@ def test_sentences_of_concurrent_requests_go_in_one_batch_when_the_budget_fills(
 
 
 def test_a_full_queue_answers_503_and_a_request_waiting_too_long_504(checkpoint):
-    sets = (*STALLED, "serve.max_queue=3", "serve.timeout_s=2", "serve.drain_s=0")
+    sets = (*STALLED, "serve.max_queue=3", "serve.max_texts=3", "serve.timeout_s=2")
+    sets += ("serve.drain_s=0",)
     with Server(checkpoint, *sets) as s:
         waiting = {}
         t = threading.Thread(target=lambda: waiting.update(r=s.translate(LINES[:3])))
@@ -267,6 +268,7 @@ def test_serve_refuses_bad_settings_in_one_line(checkpoint):
         (["serve.max_queue=0"], "serve.max_queue must be at least 1"),
         (["serve.port=70000"], "serve.port must be in 0..65535"),
         (["serve.timeout_s=0"], "serve.timeout_s must be positive"),
+        (["serve.max_queue=10"], "serve.max_texts (256) must not exceed serve.max_queue (10)"),
         (["decode.sampling=true"], "decode.sampling=false"),
     ):
         args = ["serve", "--checkpoint", str(checkpoint)]
