@@ -162,7 +162,7 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address (default serve.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Port, 0 = any (default serve.port).")] = None,
     engine: Annotated[
-        str, typer.Option(help="mtx (exact, the default) or ctranslate2 (an export, faster).")
+        str, typer.Option(help="mtx (exact, the default) or ctranslate2 (an export; not exact).")
     ] = "mtx",
     ct2_dir: Annotated[
         Path | None,
