@@ -66,6 +66,14 @@ class ApiError(Exception):
         self.status, self.message, self.outcome, self.headers = status, message, outcome, headers
 
 
+def invalid(message: str) -> ApiError:
+    return ApiError(422, message, "invalid")
+
+
+def too_large(message: str) -> ApiError:
+    return ApiError(413, message, "too_large")
+
+
 def _error(status: int, message: str, headers=None) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status, headers=headers)
 
@@ -142,48 +150,40 @@ class Service:
         async for chunk in request.stream():
             body += chunk
             if len(body) > s.max_body_bytes:
-                raise ApiError(
-                    413, f"the request body exceeds serve.max_body_bytes ({s.max_body_bytes})",
-                    "too_large",
-                )  # fmt: skip
+                limit = s.max_body_bytes
+                raise too_large(f"the request body exceeds serve.max_body_bytes ({limit})")
         try:
             value = json.loads(bytes(body))
         except UnicodeDecodeError:
-            raise ApiError(422, "the request body is not valid UTF-8", "invalid") from None
+            raise invalid("the request body is not valid UTF-8") from None
         except (ValueError, RecursionError) as e:
-            raise ApiError(422, f"the request body is not valid JSON ({e})", "invalid") from None
+            raise invalid(f"the request body is not valid JSON ({e})") from None
         try:
             return TranslateRequest.model_validate(value)
         except ValidationError as e:
-            raise ApiError(422, _validation_message(e), "invalid") from None
+            raise invalid(_validation_message(e)) from None
 
     def check(self, req: TranslateRequest, texts: list[str]) -> Choices:
         s, d = self.cfg.serve, self.cfg.decode
         if not texts:
-            raise ApiError(422, "text: an empty list (give at least one text)", "invalid")
+            raise invalid("text: an empty list (give at least one text)")
         if len(texts) > s.max_texts:
-            raise ApiError(
-                413, f"{len(texts)} texts; serve.max_texts is {s.max_texts}", "too_large"
-            )
+            raise too_large(f"{len(texts)} texts; serve.max_texts is {s.max_texts}")
         for i, text in enumerate(texts):
             if len(text) > s.max_chars:
-                raise ApiError(
-                    413, f"text {i} has {len(text)} characters; serve.max_chars is {s.max_chars}",
-                    "too_large",
-                )  # fmt: skip
+                n = len(text)
+                raise too_large(f"text {i} has {n} characters; serve.max_chars is {s.max_chars}")
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise ApiError(
-                    422, f"text {i} is not valid Unicode (a lone surrogate)", "invalid"
-                ) from None
+                raise invalid(f"text {i} is not valid Unicode (a lone surrogate)") from None
         beam = d.beam if req.beam is None else req.beam
         if not 1 <= beam <= s.max_beam:
-            raise ApiError(422, f"beam must be in 1..{s.max_beam} (serve.max_beam)", "invalid")
+            raise invalid(f"beam must be in 1..{s.max_beam} (serve.max_beam)")
         if not 1 <= req.nbest <= beam:
-            raise ApiError(422, f"nbest must be in 1..{beam} (the beam)", "invalid")
+            raise invalid(f"nbest must be in 1..{beam} (the beam)")
         if req.attention and not self.engine.single_model:
-            raise ApiError(422, "attention needs one --checkpoint and the mtx engine", "invalid")
+            raise invalid("attention needs one --checkpoint and the mtx engine")
         return Choices(beam, req.nbest, req.attention)
 
     async def translate(self, request: Request) -> dict:
