@@ -1,0 +1,90 @@
+"""What a server pays on the CPU, measured in one process (BENCHMARKS.md, "Serving").
+
+    python scripts/serve_causes.py --checkpoint CKPT --src ../shared/data/multi30k/test2016.en
+
+1. `Translator.translate` at fixed batch sizes (lines taken in order) and on the whole file.
+2. The same search called from the main thread and from a secondary thread: one sentence at a
+   time (40 lines) and one batch of 256 lines.
+3. A real `mtx serve` on 127.0.0.1: 60 one-line requests in a row over one kept-alive
+   connection (the latency TCP_NODELAY decides), serve.max_wait_ms 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers.server import Server  # noqa: E402
+
+
+def rate(tr, lines: list[str], size: int) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(lines), size):
+        tr.translate(lines[i : i + size])
+    return len(lines) / (time.perf_counter() - start)
+
+
+def threads(tr, lines: list[str]) -> dict[str, tuple[float, float]]:
+    """(ms per sentence alone, sentences/s in a 256-line batch), main thread and another."""
+    out = {}
+
+    def run(name: str) -> None:
+        tr.translate(lines[:4])
+        alone = 1000 / rate(tr, lines[:40], 1)
+        out[name] = (alone, rate(tr, lines[:256], 256))
+
+    run("main thread")
+    thread = threading.Thread(target=run, args=("secondary thread",))
+    thread.start()
+    thread.join()
+    return out
+
+
+def kept_alive_ms(checkpoint: Path, lines: list[str]) -> float:
+    with Server(checkpoint, "serve.max_wait_ms=0") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port)
+        headers = {"Content-Type": "application/json"}
+
+        def one(line: str) -> None:
+            conn.request("POST", "/translate", json.dumps({"text": [line]}).encode(), headers)
+            conn.getresponse().read()
+
+        for line in lines[:10]:
+            one(line)
+        start = time.perf_counter()
+        for line in lines[:60]:
+            one(line)
+        took = (time.perf_counter() - start) / 60
+        conn.close()
+        assert server.stop() == 0
+    return 1000 * took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--src", type=Path, required=True)
+    args = ap.parse_args()
+    from mtx.decode.translator import Translator
+
+    lines = args.src.read_text(encoding="utf-8").splitlines()
+    tr = Translator.from_checkpoint(args.checkpoint, device="cpu")
+    tr.translate(lines[:32])  # warm-up
+    for size, n in ((1, 128), (4, 128), (16, 128), (64, 256)):
+        print(f"batches of {size}: {rate(tr, lines[:n], size):.1f} sentences/s (lines 0-{n - 1})")
+    print(f"whole file: {rate(tr, lines, len(lines)):.1f} sentences/s")
+    for name, (alone, batched) in threads(tr, lines).items():
+        print(f"{name}: {alone:.1f} ms a sentence alone, {batched:.0f} sentences/s in 256")
+    print(f"kept-alive connection: {kept_alive_ms(args.checkpoint, lines):.1f} ms a request")
+
+
+if __name__ == "__main__":
+    main()
