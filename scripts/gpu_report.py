@@ -41,7 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-import gpu_parts
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # mtx, installed or not
+import gpu_parts  # noqa: E402
 
 PARTS = ("prepare", "bench", "train", "decode", "fp16", "nccl", "oom", "profile")
 LIMITS = {"prepare": 150, "bench": 420, "profile": 240, "decode": 300, "fp16": 150}

@@ -158,3 +158,31 @@ def test_an_update_larger_than_the_data_is_a_clear_error(tmp_path, prepared):
     cfg = run_config(tmp_path / "r", prepared, "train.update_freq=100000")
     with pytest.raises(MtxError, match=r"fewer than one update takes \(100000: 1 process"):
         train(cfg, log=lambda *_: None)
+
+
+def test_logged_tokens_per_second_leave_validation_time_out(tmp_path, prepared, monkeypatch):
+    """A validation that took a billion seconds (on a shifted clock) does not lower the
+    tokens/s of the window it falls in: the rate is the training's alone."""
+    import time as real_time
+    import types
+
+    from mtx.train import metrics, trainer
+
+    shift = [0.0]
+    clock = types.SimpleNamespace(monotonic=lambda: real_time.monotonic() + shift[0])
+    monkeypatch.setattr(trainer, "time", clock)
+    monkeypatch.setattr(metrics, "time", clock)
+    validate_and_save = trainer.Trainer.validate_and_save
+
+    def slow_validation(self, **kw):
+        shift[0] += 1e9
+        return validate_and_save(self, **kw)
+
+    monkeypatch.setattr(trainer.Trainer, "validate_and_save", slow_validation)
+    run = tmp_path / "r"
+    steps = ["train.max_steps=12", "train.valid_every=3", "train.log_every=4"]
+    train(run_config(run, prepared, *steps), log=lambda *_: None)
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["tokens_per_s"] for r in records if r["kind"] == "train"]
+    assert len(rates) == 3 and shift[0] == 4e9  # each window holds a validation
+    assert min(rates) > 1e-3  # a window timed with a validation in it: under 512 * 4 / 1e9

@@ -112,6 +112,11 @@ class Window:
         self.src_tokens += stats["src_tokens"]
         self.padded_tokens += stats["padded_tokens"]
 
+    def leave_out(self, seconds: float) -> None:
+        """Take `seconds` (a validation, a checkpoint) out of the window's clock: its tokens/s
+        is the training's alone."""
+        self.t += seconds
+
     def worst_streak(self) -> int:
         return int(self.worst)  # the same on every process: skipping is decided together
 

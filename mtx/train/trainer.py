@@ -220,7 +220,9 @@ class Trainer:
                 time_up, stop = self.should_stop(start)
                 finished = state.step >= cfg.train.max_steps or time_up
                 if state.step % cfg.train.valid_every == 0 or finished:
+                    paused = time.monotonic()
                     result = self.validate_and_save(last=finished)
+                    self.window.leave_out(time.monotonic() - paused)
                     finished = finished or self.out_of_patience()
                 if stop:
                     if self.saved_step != state.step:
