@@ -115,11 +115,28 @@ def train(
     overwrite: Annotated[
         bool, typer.Option(help="Delete RUN's checkpoints and metrics and start again.")
     ] = False,
+    init_from: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from this checkpoint's weights (fine-tuning; train.init_from): fresh "
+            "optimizer, step 0. Prepare the data with data.spm_model=CKPT first."
+        ),
+    ] = None,
+    keep_optimizer: Annotated[
+        bool, typer.Option(help="With --init-from: keep its Adam state (last.pt, step-N.pt).")
+    ] = False,
+    keep_step: Annotated[
+        bool, typer.Option(help="With --init-from: continue its step and learning rate.")
+    ] = False,
 ) -> None:
     """Train on the prepared data; checkpoints and metrics.jsonl go to RUN."""
     from mtx.train.trainer import train as do_train
 
-    cfg = _config(config, set)
+    items = list(set or [])
+    items += [f"train.init_from={init_from}"] if init_from else []
+    items += ["train.init_keep_optimizer=true"] if keep_optimizer else []
+    items += ["train.init_keep_step=true"] if keep_step else []
+    cfg = _config(config, items)
     run(do_train, cfg, resume=resume, overwrite=overwrite, log=log)
 
 
@@ -365,6 +382,10 @@ def info(
         typer.echo(f"trained steps: {facts['step']} (mtx {facts.get('mtx_version')})")
     for source in facts.get("averaged_from") or []:
         typer.echo(f"averaged from: {source['path']} (step {source['step']})")
+    if facts.get("init_from"):
+        r = facts["init_from"]
+        kept = f", kept its {' and '.join(r['kept'])}" if r["kept"] else ""
+        typer.echo(f"started from: {r['path']} (step {r['step']}, sha256 {r['sha256'][:12]}{kept})")
     for split, data in ((facts.get("manifest") or {}).get("splits") or {}).items():
         typer.echo(
             f"data: {split} {data['source']} ({data['kept']:,} pairs, "

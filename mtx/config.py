@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import yaml
 
 from mtx.errors import MtxError
+
+PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name (each model's parts)
 
 
 @dataclass
@@ -33,6 +36,10 @@ class DataConfig:
     dedup: bool = False  # drop exact duplicate training pairs
     spm_sample: int = 2_000_000  # sentences sampled to train SentencePiece (0 = all)
     character_coverage: float = 1.0  # SentencePiece character coverage
+    # encode with this SentencePiece model (a .model file, or a checkpoint, which embeds one)
+    # instead of training one: to fine-tune a model on new data (vocab_size is then unused)
+    spm_model: str = ""
+    workers: int = 0  # processes that encode the data (0 = one per CPU core)
 
 
 ATTENTION_SCORES = ("additive", "general", "dot", "scaled_dot", "location")
@@ -106,6 +113,13 @@ class TrainConfig:
     # tokens, never more than 1/8 of the length (data/batching.py; 1 = exact lengths)
     pad_to: int = 8
     workers: int = 1  # background processes building batches (0 = in the training process)
+    # Fine-tuning (train/init.py): start from this checkpoint's weights, with a fresh optimizer
+    # at step 0 and this run's schedule; model.* keys left out of the config come from it
+    init_from: str = ""
+    init_keep_optimizer: bool = False  # init_from: keep its Adam moments (last.pt, step-N.pt)
+    init_keep_step: bool = False  # init_from: continue its step count, and so its learning rate
+    # parts left as they are: embeddings (shared with the output layer), encoder, decoder
+    freeze: list[str] = field(default_factory=list)
     threads: int = 0  # CPU threads for torch (0 = torch's default)
     # torchrun: a collective that waits this many seconds fails and ends the job (a process
     # died or hangs); raise it where rank 0 writes large checkpoints to a slow disk
@@ -243,6 +257,17 @@ class Config:
             )
         if t.workers < 0:
             raise MtxError(f"train.workers must be 0 or more, got {t.workers}")
+        if d.workers < 0:
+            raise MtxError(f"data.workers must be 0 or more, got {d.workers}")
+        unknown = [part for part in t.freeze if part not in PARTS]
+        if unknown:
+            raise MtxError(f"train.freeze: no part {unknown[0]!r} (parts: {', '.join(PARTS)})")
+        if set(t.freeze) == set(PARTS):
+            raise MtxError("train.freeze: every part is frozen, so nothing would be trained")
+        if (t.init_keep_optimizer or t.init_keep_step) and not t.init_from:
+            raise MtxError(
+                "train.init_keep_optimizer and train.init_keep_step need train.init_from"
+            )
         if t.max_tokens < d.max_len + 1:
             raise MtxError(
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
@@ -321,7 +346,12 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
     """Check `value` against the field type `tp`; `raw` is the --set text, if any."""
-    if tp is str:
+    if typing.get_origin(tp) is list:  # list[str]: a YAML list, or "a,b" on the command line
+        if isinstance(value, str):
+            value = [x.strip() for x in value.split(",") if x.strip()]
+        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+            return value
+    elif tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, bool):  # `compile: true` in YAML, for a key that takes a word
@@ -426,7 +456,17 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     except MtxError as e:
         raise MtxError(f"{p}: {e}") from None
     apply_overrides(cfg, overrides)
+    # the keys a user wrote (file or --set): train.init_from fills the model.* keys left out
+    cfg.given = set(_dotted(values)) | {o.split("=", 1)[0].strip() for o in overrides or []}
     return cfg.validate()
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for name, value in values.items():
+        if isinstance(value, dict):
+            yield from _dotted(value, f"{prefix}{name}.")
+        else:
+            yield prefix + name
 
 
 def apply_overrides(cfg: Config, overrides: list[str] | None) -> Config:

@@ -23,6 +23,7 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
             "mtx_version": ckpt.get("mtx_version"),
             "manifest": ckpt.get("manifest"),
             "averaged_from": ckpt.get("averaged_from"),
+            "init_from": ckpt.get("init_from"),
         }
     else:
         cfg, step, about = load_config(target, overrides), None, {}

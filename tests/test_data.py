@@ -1,8 +1,10 @@
 import hashlib
 import json
+import pickle
 
 import datasets
 import pytest
+import torch
 
 from mtx.config import load_config
 from mtx.data import sources, toy
@@ -159,3 +161,72 @@ def test_prepare_of_an_empty_corpus_fails_cleanly(tmp_path):
         prepare(cfg, log=lambda *_: None)
     assert not (tmp_path / "run" / "prepared").exists()
     assert not (tmp_path / "run" / "prepared.tmp").exists()
+
+
+def toy_prepare(run, *extra):
+    """The toy corpus prepared into `run` (pairs over 12 subwords dropped: the filter runs)."""
+    cfg = load_config(None, [f"run_dir={run}", "data.vocab_size=200", "data.max_len=12", *extra])
+    return prepare(cfg, log=lambda *_: None), cfg
+
+
+def test_one_and_two_encoding_workers_prepare_the_same_data(tmp_path):
+    one, cfg1 = toy_prepare(tmp_path / "one", "data.workers=1")
+    two, cfg2 = toy_prepare(tmp_path / "two", "data.workers=2")
+    manifest = (one / "manifest.json").read_text()
+    assert manifest == (two / "manifest.json").read_text()
+    assert json.loads(manifest)["splits"]["train"]["dropped"]["too_long"] > 100
+    for split in ("train", "valid", "test"):
+        a, b = load_prepared(cfg1, split), load_prepared(cfg2, split)
+        assert a.to_dict() == b.to_dict(), split
+
+
+def test_encoding_workers_each_load_the_model_from_its_file(tmp_path):
+    from mtx.data.prepare import Encoder
+
+    toy_prepare(tmp_path / "run")
+    encoder = Encoder(tmp_path / "run" / "prepared" / "spm.model")
+    assert encoder({"src": ["a"], "tgt": ["b"]})["src_ids"][0][-1] == EOS_ID  # loaded here
+    assert pickle.loads(pickle.dumps(encoder)).sp is None  # a worker gets the path only
+
+
+def test_data_spm_model_encodes_with_a_given_model_or_a_checkpoint_s(tmp_path):
+    first, cfg = toy_prepare(tmp_path / "first")
+    model_file = first / "spm.model"
+    ckpt = tmp_path / "model.pt"
+    torch.save({"spm_model": model_file.read_bytes(), "model": {}}, ckpt)
+    for name, given in (("file", model_file), ("ckpt", ckpt)):
+        # another vocabulary size, which a reused model ignores
+        out, cfg2 = toy_prepare(tmp_path / name, f"data.spm_model={given}", "data.vocab_size=90")
+        assert (out / "spm.model").read_bytes() == model_file.read_bytes()
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["spm_source"] == {
+            "path": str(given.resolve()),
+            "kind": "sentencepiece" if name == "file" else "checkpoint",
+            "file_sha256": hashlib.sha256(given.read_bytes()).hexdigest(),
+        }
+        assert load_prepared(cfg2, "train")["src_ids"] == load_prepared(cfg, "train")["src_ids"]
+
+
+def test_a_bad_data_spm_model_is_refused_before_anything_is_written(tmp_path):
+    import sentencepiece as spm
+
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(b"not a model")
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    foreign = tmp_path / "foreign"  # SentencePiece's default ids: unk 0, bos 1, eos 2
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([s for s, _ in toy.split_pairs("train")[:500]]),
+        model_prefix=str(foreign),
+        vocab_size=60, minloglevel=2,
+    )  # fmt: skip
+    cases = {
+        tmp_path / "missing.model": "no such file",
+        junk: "not a SentencePiece model file or an mtx checkpoint",
+        other: "a torch file without an mtx SentencePiece model",
+        tmp_path / "foreign.model": r"pad, unk, bos and eos ids are \(-1, 0, 1, 2\)",
+    }
+    for path, message in cases.items():
+        with pytest.raises(MtxError, match=message):
+            toy_prepare(tmp_path / "run", f"data.spm_model={path}")
+        assert not (tmp_path / "run" / "prepared").exists()

@@ -3,32 +3,43 @@
 Layout of RUN/prepared/ (written to a temporary folder and renamed when complete, so an
 interrupted prepare never leaves data that `train` would accept):
 
-    spm.model          the joint SentencePiece model
+    spm.model          the joint SentencePiece model: trained here, or the one data.spm_model
+                       names (a SentencePiece model file, or a checkpoint, which embeds one)
     spm.vocab          its pieces, one per line with their id and score (for people to read)
     manifest.json      the data's description: sources, sha256 of local source files, counts of
                        read, kept and dropped pairs, sha256 of the kept pairs and of spm.model,
-                       vocabulary size, mtx version (checkpoints carry a copy)
+                       vocabulary size, where spm.model came from, mtx version (checkpoints
+                       carry a copy)
     train/ valid/ test/  `datasets` folders (save_to_disk), memory-mapped by training, columns:
                        src, tgt (text), src_ids, tgt_ids (int32, each ending in EOS), src_len, tgt_len
+
+Encoding runs in `data.workers` processes (datasets.map's num_proc), each loading spm.model
+from its file; the pairs are then filtered by length in this process, so the prepared data
+and its manifest are the same for any number of workers (tests/test_data.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import time
+import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
+import sentencepiece as spm
+import torch
 
 from mtx import __version__
 from mtx.config import Config
 from mtx.data import sources, vocab
 from mtx.data.clean import TextCleaner, length_reason
 from mtx.errors import MtxError
-from mtx.tokens import EOS_ID
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> hub default split
 ENCODED = datasets.Features(
@@ -54,29 +65,84 @@ def _training_sentences(ds: datasets.Dataset) -> Iterator[str]:
 
 
 class Encoder:
-    """Batched `datasets.map` function: text -> ids (+EOS), dropping over-long pairs if asked."""
+    """Batched `datasets.map` function: text -> ids (+EOS) and lengths. It pickles as the
+    model file's path: each worker process loads the SentencePiece model once, itself."""
 
-    def __init__(self, sp, max_len: int | None, max_ratio: float) -> None:
-        self.sp, self.max_len, self.max_ratio = sp, max_len, max_ratio
-        self.counts: Counter[str] = Counter()
+    def __init__(self, spm_path: Path) -> None:
+        self.path, self.sp = str(spm_path), None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "sp": None}
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        out: dict[str, list] = {k: [] for k in ENCODED}
-        src_ids = self.sp.encode(batch["src"])
-        tgt_ids = self.sp.encode(batch["tgt"])
-        for src, tgt, s, t in zip(batch["src"], batch["tgt"], src_ids, tgt_ids):
-            if self.max_len is not None:
-                reason = length_reason(len(s), len(t), self.max_len, self.max_ratio)
-                if reason:
-                    self.counts[reason] += 1
-                    continue
-            out["src"].append(src)
-            out["tgt"].append(tgt)
-            out["src_ids"].append(s + [EOS_ID])
-            out["tgt_ids"].append(t + [EOS_ID])
-            out["src_len"].append(len(s) + 1)
-            out["tgt_len"].append(len(t) + 1)
-        return out
+        if self.sp is None:
+            self.sp = spm.SentencePieceProcessor(model_file=self.path)
+        src_ids = [ids + [EOS_ID] for ids in self.sp.encode(batch["src"])]
+        tgt_ids = [ids + [EOS_ID] for ids in self.sp.encode(batch["tgt"])]
+        return {
+            "src": batch["src"],
+            "tgt": batch["tgt"],
+            "src_ids": src_ids,
+            "tgt_ids": tgt_ids,
+            "src_len": [len(x) for x in src_ids],
+            "tgt_len": [len(x) for x in tgt_ids],
+        }
+
+
+def keep_by_length(ds: datasets.Dataset, max_len: int, max_ratio: float) -> tuple:
+    """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason)."""
+    counts: Counter[str] = Counter()
+    kept = []
+    lens = ds.select_columns(["src_len", "tgt_len"])
+    for start, batch in enumerate(lens.iter(batch_size=100_000)):
+        for i, (s, t) in enumerate(zip(batch["src_len"], batch["tgt_len"])):
+            reason = length_reason(s - 1, t - 1, max_len, max_ratio)  # EOS excluded
+            if reason:
+                counts[reason] += 1
+            else:
+                kept.append(start * 100_000 + i)
+    return (ds.select(kept) if counts else ds), counts
+
+
+def worker_count(setting: int, pairs: int) -> int:
+    """data.workers: the number asked for, or with 0 one per CPU core this process may use,
+    but no more than one per 20,000 pairs (a process costs more than it saves below that)."""
+    if setting > 0:
+        return setting
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, pairs // 20_000))
+
+
+def read_spm_model(path: str) -> tuple[bytes, dict]:
+    """data.spm_model: (the SentencePiece model proto, where it came from for the manifest).
+    PATH is a SentencePiece model file or an mtx checkpoint, which embeds its model."""
+    p = Path(path)
+    if not p.is_file():
+        raise MtxError(f"data.spm_model: no such file: {p}")
+    kind = "sentencepiece"
+    proto = p.read_bytes()
+    if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
+        try:
+            ckpt = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise MtxError(f"data.spm_model {p}: not a readable checkpoint ({e})") from None
+        if not isinstance(ckpt, dict) or not isinstance(ckpt.get("spm_model"), bytes):
+            raise MtxError(f"data.spm_model {p}: a torch file without an mtx SentencePiece model")
+        proto, kind = ckpt["spm_model"], "checkpoint"
+    try:
+        sp = vocab.load(proto)
+    except Exception:  # sentencepiece raises RuntimeError or OSError, with C++ detail
+        raise MtxError(
+            f"data.spm_model {p}: not a SentencePiece model file or an mtx checkpoint"
+        ) from None
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise MtxError(
+            f"data.spm_model {p}: its pad, unk, bos and eos ids are {ids}; mtx needs "
+            f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)"
+        )
+    source = {"path": str(p.resolve()), "kind": kind}
+    return proto, source | {"file_sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
 
 
 def prepare(cfg: Config, log=print) -> Path:
@@ -105,11 +171,16 @@ def prepare(cfg: Config, log=print) -> Path:
 def _prepare_into(cfg: Config, out: Path, log) -> dict:
     d = cfg.data
     cache = out / "cache"
+    given = read_spm_model(d.spm_model) if d.spm_model else None  # refused before any work
+    seconds: Counter[str] = Counter()  # per stage, logged at the end
     texts, counts = {}, {}
     for split, hub_split in SPLITS.items():
         spec = getattr(d, split)
         log(f"{split}: loading {sources.describe(spec, d.src_lang, d.tgt_lang)}")
+        start = time.perf_counter()
         raw = sources.load_split(spec, d.src_lang, d.tgt_lang, hub_split, cache)
+        seconds["read"] += time.perf_counter() - start
+        start = time.perf_counter()
         cleaner = TextCleaner(drop_empty=split != "test", dedup=d.dedup and split == "train")
         texts[split] = raw.map(
             cleaner,
@@ -117,14 +188,21 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
             new_fingerprint=f"clean-{split}",
             cache_file_name=str(cache / f"clean-{split}.arrow"),
         )
+        seconds["clean"] += time.perf_counter() - start
         counts[split] = cleaner.counts
         if split != "test" and len(texts[split]) == 0:
             raise MtxError(f"data.{split} ({spec}) has no usable pairs after cleaning")
 
-    log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
-    model_proto = vocab.train_bpe(
-        _training_sentences(texts["train"]), d.vocab_size, d.spm_sample, d.character_coverage
-    )
+    start = time.perf_counter()
+    if given:
+        model_proto, spm_source = given
+        log(f"encoding with {spm_source['path']} (data.spm_model); data.vocab_size is not used")
+    else:
+        log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
+        model_proto = vocab.train_bpe(
+            _training_sentences(texts["train"]), d.vocab_size, d.spm_sample, d.character_coverage
+        )
+        spm_source = {"kind": "trained"}
     (out / "spm.model").write_bytes(model_proto)
     sp = vocab.load(model_proto)
     (out / "spm.vocab").write_text(
@@ -133,6 +211,7 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
         ),
         encoding="utf-8",
     )
+    seconds["sentencepiece"] += time.perf_counter() - start
 
     manifest = {
         "mtx_version": __version__,
@@ -140,23 +219,30 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
         "tgt_lang": d.tgt_lang,
         "vocab_size": sp.get_piece_size(),
         "spm_sha256": hashlib.sha256(model_proto).hexdigest(),
+        "spm_source": spm_source,
         "splits": {},
     }
     for split, text in texts.items():
-        # Test pairs are never dropped: BLEU is computed on the whole test set.
-        encoder = Encoder(sp, None if split == "test" else d.max_len, d.max_ratio)
+        start = time.perf_counter()
+        workers = worker_count(d.workers, len(text))
         encoded = text.map(
-            encoder,
+            Encoder(out / "spm.model"),
             batched=True,
             features=ENCODED,
-            remove_columns=text.column_names,
+            num_proc=workers if workers > 1 else None,
             new_fingerprint=f"encode-{split}",
             cache_file_name=str(cache / f"encode-{split}.arrow"),
+            desc=f"encoding {split}",
         )
+        dropped = dict(counts[split])
+        if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
+            encoded, too_long = keep_by_length(encoded, d.max_len, d.max_ratio)
+            dropped |= too_long
+        seconds["encode"] += time.perf_counter() - start
         if split == "train" and len(encoded) == 0:
             raise MtxError(f"data.train ({d.train}) is empty after cleaning (max_len {d.max_len})")
+        start = time.perf_counter()
         encoded.save_to_disk(str(out / split))
-        dropped = dict(counts[split]) | dict(encoder.counts)
         read = dropped.pop("read", 0)
         manifest["splits"][split] = {
             "source": getattr(d, split),
@@ -166,6 +252,7 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
             "dropped": dropped,
             "pairs_sha256": pairs_sha256(encoded),
         }
+        seconds["write"] += time.perf_counter() - start
         log(
             f"{split}: kept {len(encoded)} of {read} pairs"
             + (
@@ -176,6 +263,7 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
         )
     del encoded, text, texts
     shutil.rmtree(cache, ignore_errors=True)
+    log("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     return manifest
 
 

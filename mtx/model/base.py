@@ -13,6 +13,17 @@ from mtx.model.rows import linear
 
 
 class EncoderDecoder:
+    # Each part (config.PARTS, what train.freeze names): the prefixes of its parameter names.
+    PARTS: dict[str, tuple[str, ...]] = {}
+
+    def freeze(self, parts: list[str]) -> int:
+        """Stop gradients to the parameters of `parts`; returns how many were frozen."""
+        prefixes = tuple(prefix for part in parts for prefix in self.PARTS[part])
+        frozen = [p for name, p in self.named_parameters() if name.startswith(prefixes)]
+        for p in frozen:
+            p.requires_grad_(False)
+        return sum(p.numel() for p in frozen)
+
     def forward(
         self,
         src: Tensor,

@@ -124,6 +124,12 @@ class BidirectionalLayer(nn.Module):
 
 
 class RNN(EncoderDecoder, nn.Module):
+    PARTS = {
+        "embeddings": ("embed.",),  # shared by both sides and the output layer
+        "encoder": ("encoder_layers.",),
+        "decoder": ("bridge.", "decoder_cells.", "attention.", "combine."),
+    }
+
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg

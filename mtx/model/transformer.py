@@ -32,6 +32,12 @@ Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 
 
 class Transformer(EncoderDecoder, nn.Module):
+    PARTS = {
+        "embeddings": ("embed.", "position_embed."),  # the shared embedding is the output layer
+        "encoder": ("encoder_layers.", "encoder_norm."),
+        "decoder": ("decoder_layers.", "decoder_norm."),
+    }
+
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg

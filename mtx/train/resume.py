@@ -152,6 +152,7 @@ def restore(trainer: Trainer) -> None:
             torch.cuda.set_rng_state_all(cuda_rng)
     else:  # another number of processes than before: fresh dropout streams
         torch.manual_seed(t.cfg.train.seed + 1000 * ckpt["step"] + t.dist.rank)
+    t.init_record = ckpt.get("init_from")
     t.state = TrainState(
         ckpt["step"],
         ckpt["epoch"],
@@ -188,6 +189,7 @@ def save_checkpoints(trainer: Trainer, is_best: bool) -> None:
         "best_valid_bleu": t.state.best_valid_bleu,
         "best_step": t.state.best_step,
         "stale_validations": t.state.stale,
+        "init_from": t.init_record,  # train.init_from: the checkpoint the run started from
     }
     scaler = t.precision.scaler
     resume = {

@@ -36,6 +36,7 @@ from mtx.files import atomic_write_text
 from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
 from mtx.train import compiled
+from mtx.train import init as init_from
 from mtx.train.distributed import Dist, fingerprint
 from mtx.train.metrics import MetricsLog, Window, summary_writer
 from mtx.train.resume import TrainState, prepare_run_dir, save_checkpoints
@@ -46,7 +47,7 @@ from mtx.train.validate import valid_bleu, validate
 class Trainer:
     """A run: its data, model, optimizer and position, and the loop that advances them."""
 
-    def __init__(self, cfg: Config, dist: Dist, log=print) -> None:
+    def __init__(self, cfg: Config, dist: Dist, log=print, init: dict | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -64,6 +65,10 @@ class Trainer:
         self.vocab_size = self.manifest["vocab_size"]
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         self.model = make_model(cfg.model, self.vocab_size).to(self.device)
+        self.init_record: dict | None = None  # train.init_from: where the run started (init.py)
+        if init is not None:
+            init_from.load_weights(self, init)
+        self.frozen = self.model.freeze(cfg.train.freeze)  # before DDP sees what needs grads
         if dist.rank:
             torch.manual_seed(cfg.train.seed + dist.rank)  # but its own dropout
         step_module: torch.nn.Module = LossModel(self.model, cfg.train.label_smoothing)
@@ -84,6 +89,8 @@ class Trainer:
         )
         self.optimizer = make_optimizer(self.model, cfg)
         self.state = TrainState()
+        if init is not None:
+            init_from.load_optimizer(self, init)
         self.window = Window(self.device)
         self.stop_signal: str | None = None  # set by SIGTERM/SIGINT; acted on between steps
         self.ooms_in_a_row = 0
@@ -147,6 +154,12 @@ class Trainer:
             f"model: {params:,} parameters, vocabulary {self.vocab_size}, {where}device "
             f"{self.device}, {self.precision.name}"
         )
+        if self.init_record:
+            r = self.init_record
+            kept = f", keeping its {' and '.join(r['kept'])}" if r["kept"] else ""
+            self.log(f"starting from {r['path']} (step {r['step']}){kept}")
+        if self.frozen:
+            self.log(f"frozen: {', '.join(cfg.train.freeze)} ({self.frozen:,} parameters)")
         tensorboard = self.run_dir / "tensorboard" if cfg.train.tensorboard else None
         self.metrics = MetricsLog(
             self.run_dir / "metrics.jsonl" if self.dist.main else None,
@@ -393,7 +406,11 @@ def train(
     stopped answering) becomes one line naming the process."""
     dist = Dist.from_env(pick_device(cfg.train.device), cfg.train.dist_timeout)
     try:
-        trainer = Trainer(cfg, dist, log)
+        init = None
+        if cfg.train.init_from:  # fine-tuning: the model.* keys left out come from it
+            init = init_from.read(cfg, dist)
+            init_from.take_model_config(cfg, init)
+        trainer = Trainer(cfg, dist, log, init)
         prepare_run_dir(trainer, resume, overwrite)
         return trainer.run()
     except RuntimeError as e:
