@@ -14,12 +14,15 @@ interrupted prepare never leaves data that `train` would accept):
                        src, tgt (text), src_ids, tgt_ids (int32, each ending in EOS), src_len, tgt_len
 
 Encoding runs in `data.workers` processes (datasets.map's num_proc), each loading spm.model
-from its file; the pairs are then filtered by length in this process, so the prepared data
-and its manifest are the same for any number of workers (tests/test_data.py).
+from its file and encoding in cores / workers threads (SentencePiece encodes a batch in
+threads); the pairs are then filtered by length in this process, so the prepared data and its
+manifest are the same for any number of workers (tests/test_data.py).
 """
 
 from __future__ import annotations
 
+import array
+import functools
 import hashlib
 import json
 import os
@@ -31,8 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
+import numpy as np
 import sentencepiece as spm
-import torch
 
 from mtx import __version__
 from mtx.config import Config
@@ -65,20 +68,22 @@ def _training_sentences(ds: datasets.Dataset) -> Iterator[str]:
 
 
 class Encoder:
-    """Batched `datasets.map` function: text -> ids (+EOS) and lengths. It pickles as the
-    model file's path: each worker process loads the SentencePiece model once, itself."""
+    """Batched `datasets.map` function: text -> ids (+EOS) and lengths, SentencePiece
+    encoding each batch in `threads` threads. It pickles as the model file's path: each
+    worker process loads the SentencePiece model once, itself."""
 
-    def __init__(self, spm_path: Path) -> None:
-        self.path, self.sp = str(spm_path), None
+    def __init__(self, spm_path: Path, threads: int = 1) -> None:
+        self.path, self.threads, self.sp = str(spm_path), threads, None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "sp": None}
+        return {"path": self.path, "threads": self.threads, "sp": None}
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         if self.sp is None:
             self.sp = spm.SentencePieceProcessor(model_file=self.path)
-        src_ids = [ids + [EOS_ID] for ids in self.sp.encode(batch["src"])]
-        tgt_ids = [ids + [EOS_ID] for ids in self.sp.encode(batch["tgt"])]
+        encode = functools.partial(self.sp.encode, num_threads=self.threads)
+        src_ids = [ids + [EOS_ID] for ids in encode(batch["src"])]
+        tgt_ids = [ids + [EOS_ID] for ids in encode(batch["tgt"])]
         return {
             "src": batch["src"],
             "tgt": batch["tgt"],
@@ -92,7 +97,7 @@ class Encoder:
 def keep_by_length(ds: datasets.Dataset, max_len: int, max_ratio: float) -> tuple:
     """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason)."""
     counts: Counter[str] = Counter()
-    kept = []
+    kept = array.array("q")  # 8 bytes a pair: millions of pairs stay small
     lens = ds.select_columns(["src_len", "tgt_len"])
     for start, batch in enumerate(lens.iter(batch_size=100_000)):
         for i, (s, t) in enumerate(zip(batch["src_len"], batch["tgt_len"])):
@@ -101,7 +106,14 @@ def keep_by_length(ds: datasets.Dataset, max_len: int, max_ratio: float) -> tupl
                 counts[reason] += 1
             else:
                 kept.append(start * 100_000 + i)
-    return (ds.select(kept) if counts else ds), counts
+    return (ds.select(np.frombuffer(kept, dtype=np.int64)) if counts else ds), counts
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def worker_count(setting: int, pairs: int) -> int:
@@ -109,8 +121,7 @@ def worker_count(setting: int, pairs: int) -> int:
     but no more than one per 20,000 pairs (a process costs more than it saves below that)."""
     if setting > 0:
         return setting
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, pairs // 20_000))
+    return max(1, min(cores(), pairs // 20_000))
 
 
 def read_spm_model(path: str) -> tuple[bytes, dict]:
@@ -122,6 +133,8 @@ def read_spm_model(path: str) -> tuple[bytes, dict]:
     kind = "sentencepiece"
     proto = p.read_bytes()
     if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
+        import torch
+
         try:
             ckpt = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:
@@ -225,8 +238,9 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
     for split, text in texts.items():
         start = time.perf_counter()
         workers = worker_count(d.workers, len(text))
+        # SentencePiece encodes a batch in threads: the cores are shared among the workers
         encoded = text.map(
-            Encoder(out / "spm.model"),
+            Encoder(out / "spm.model", threads=max(1, cores() // workers)),
             batched=True,
             features=ENCODED,
             num_proc=workers if workers > 1 else None,
