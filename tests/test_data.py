@@ -1,6 +1,7 @@
 import hashlib
 import json
 import pickle
+import re
 
 import datasets
 import pytest
@@ -115,7 +116,8 @@ def test_prepare_cleans_reports_and_encodes(tmp_path):
             "train.max_tokens=100",
         ],
     )
-    out = prepare(cfg, log=lambda *_: None)
+    logged = []
+    out = prepare(cfg, log=logged.append)
     manifest = json.loads((out / "manifest.json").read_text())
     train = manifest["splits"]["train"]
     assert train["read"] == 7
@@ -144,6 +146,10 @@ def test_prepare_cleans_reports_and_encodes(tmp_path):
         assert row["src_ids"][-1] == EOS_ID and row["tgt_ids"][-1] == EOS_ID
         assert row["src_len"] == len(row["src_ids"])
     assert not (tmp_path / "run" / "prepared.tmp").exists()
+    # the time of each stage, in one line
+    stages = ("read", "clean", "dedup", "sentencepiece", "encode", "write")
+    line = next(x for x in logged if x.startswith("seconds: "))
+    assert re.fullmatch("seconds: " + ", ".join(rf"{s} \d+\.\d" for s in stages), line)
 
 
 def test_prepare_of_an_empty_corpus_fails_cleanly(tmp_path):
