@@ -1,15 +1,20 @@
 """`mtx prepare` of a WMT-size corpus with 1 and 2 encoding workers: time per stage, peak memory.
 
-    python scripts/bench_prepare.py [--pairs 4500000] [--workers 1,2] [--work /tmp/bench_prepare]
+    python scripts/bench_prepare.py [--pairs 4500000] [--workers 1@1,1,2] [--work /tmp/bench_prepare]
+                                    [--sample-every 2]
 
 The corpus is built from Multi30k's training pairs (../shared/data/multi30k), joining 2 or 3
 pairs picked at random (seed 1) into one, about WMT's sentence lengths (few duplicates); valid and test are
 Multi30k's val and test2016. Each `mtx prepare` (configs/base.yaml: vocabulary 37,000, max_len
 250) runs in its own process, one after the other; the peak memory is the proportional set
 size (PSS: shared pages split among the processes that share them) of the whole process tree
-(the main process and its encoding workers), sampled every 0.2 s from /proc. The stage
-seconds come from prepare's own "seconds:" log line. The run directories are deleted after
-each run; the manifests' pairs sha256 are compared.
+(the main process and its encoding workers), sampled from /proc every --sample-every seconds
+(default 2). Sampling is not free: reading a process's smaps_rollup walks all its mappings,
+memory-mapped Arrow files included, and the sampler's CPU time (in the table) is taken from the
+cores the workers run on; every 0.2 s it took 17 s of CPU in a 109 s run of 1.5M pairs and
+slowed 2 workers' encoding by 14%. The stage seconds come from prepare's own "seconds:" log
+line. The run directories are deleted after each run; the manifests' pairs sha256 are
+compared.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ def tree_memory(pid: int) -> tuple[int, int]:
     return pss, anon
 
 
-def run(corpus: Path, work: Path, spec: str) -> dict:
+def run(corpus: Path, work: Path, spec: str, every: float) -> dict:
     """`mtx prepare` with data.workers W, given as "W" (every core) or "W@C" (C cores)."""
     workers, _, ncores = spec.partition("@")
     run_dir = work / f"run-{spec}"
@@ -73,12 +78,13 @@ def run(corpus: Path, work: Path, spec: str) -> dict:
     command += [x for s in sets for x in ("--set", s)]
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0, 0]
+    peak, sampler_cpu = [0, 0], [0.0]
 
     def sample() -> None:
         while proc.poll() is None:
             peak[:] = map(max, peak, tree_memory(proc.pid))
-            time.sleep(0.2)
+            sampler_cpu[0] = time.thread_time()
+            time.sleep(every)
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -96,6 +102,7 @@ def run(corpus: Path, work: Path, spec: str) -> dict:
         "stages": {k: float(v) for k, v in (x.split() for x in stages.split(", "))},
         "peak_pss_bytes": peak[0],
         "peak_pss_anon_bytes": peak[1],
+        "sampler_cpu_seconds": sampler_cpu[0],
         "train_pairs": manifest["splits"]["train"]["kept"],
         "pairs_sha256": {k: v["pairs_sha256"] for k, v in manifest["splits"].items()},
     }
@@ -110,22 +117,24 @@ def main() -> None:
         help="comma-separated runs: data.workers W, or W@C on C cores (taskset)",
     )
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_prepare"))
+    ap.add_argument("--sample-every", type=float, default=2.0, help="seconds between samples")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / f"corpus-{args.pairs}-2to3"
     if not Path(f"{corpus}.de").is_file():
         build_corpus(corpus, args.pairs)
-    results = [run(corpus, args.work, w) for w in args.workers.split(",")]
+    results = [run(corpus, args.work, w, args.sample_every) for w in args.workers.split(",")]
     print(json.dumps(results, indent=1))
     same = len({json.dumps(r["pairs_sha256"], sort_keys=True) for r in results}) == 1
     print(f"\ncorpus: {args.pairs:,} pairs; cpus: {os.cpu_count()}; same data: {same}\n")
     stages = list(results[0]["stages"])
-    print("| workers | " + " | ".join(stages) + " | total | peak PSS (anonymous) |")
-    print("|---" * (len(stages) + 3) + "|")
+    print("| workers | " + " | ".join(stages) + " | total | peak PSS (anonymous) | sampler CPU |")
+    print("|---" * (len(stages) + 4) + "|")
     for r in results:
         cells = [f"{r['stages'][s]:.1f} s" for s in stages]
         print(f"| {r['workers']} | " + " | ".join(cells) + f" | {r['wall_seconds']:.1f} s | "
-              f"{r['peak_pss_bytes'] / 2**30:.2f} GiB ({r['peak_pss_anon_bytes'] / 2**30:.2f}) |")  # fmt: skip
+              f"{r['peak_pss_bytes'] / 2**30:.2f} GiB ({r['peak_pss_anon_bytes'] / 2**30:.2f}) | "
+              f"{r['sampler_cpu_seconds']:.1f} s |")  # fmt: skip
     for r in results[1:]:
         a, b = results[0]["stages"]["encode"], r["stages"]["encode"]
         print(f"encoding with data.workers {r['workers']}: {a / b:.2f}x the speed of "
