@@ -33,7 +33,11 @@ if [ -z "${GENERAL:-}" ]; then
   GENERAL=$WORK/general/checkpoints/best.pt
 fi
 
-# The fine-tuning run's config names no model.* key: they come from the checkpoint.
+# The fine-tuning run's config names no model.* key: they come from the checkpoint. Its
+# learning rate peaks at 1e-4 (step 50: lr_scale * 256^-0.5 * 50^-0.5), a tenth of the general
+# run's peak: 400 pairs are seen many times over, and a rate like the general run's overwrites
+# what the general model knew (BENCHMARKS.md, "Fine-tuning"). best.pt is the step of the lowest
+# validation loss on the new domain.
 cat > "$WORK/ft.yaml" <<EOF
 run_dir: $WORK/ft
 data:
@@ -45,8 +49,8 @@ data:
 train:
   max_tokens: 2048
   warmup_steps: 50
-  lr_scale: 0.5
-  max_steps: 120
+  lr_scale: 0.0113
+  max_steps: 100
   valid_every: 10
   bleu_every: 0
   device: cpu
