@@ -38,7 +38,7 @@ import numpy as np
 import sentencepiece as spm
 
 from mtx import __version__
-from mtx.config import Config
+from mtx.config import Config, DataConfig
 from mtx.data import sources, vocab
 from mtx.data.clean import TextCleaner, length_reason
 from mtx.errors import MtxError
@@ -188,36 +188,12 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
     seconds: Counter[str] = Counter()  # per stage, logged at the end
     texts, counts = {}, {}
     for split, hub_split in SPLITS.items():
-        spec = getattr(d, split)
-        log(f"{split}: loading {sources.describe(spec, d.src_lang, d.tgt_lang)}")
-        start = time.perf_counter()
-        raw = sources.load_split(spec, d.src_lang, d.tgt_lang, hub_split, cache)
-        seconds["read"] += time.perf_counter() - start
-        start = time.perf_counter()
-        cleaner = TextCleaner(drop_empty=split != "test", dedup=d.dedup and split == "train")
-        texts[split] = raw.map(
-            cleaner,
-            batched=True,
-            new_fingerprint=f"clean-{split}",
-            cache_file_name=str(cache / f"clean-{split}.arrow"),
-        )
-        # the map's own reading and writing counts as cleaning; deduplication on its own
-        seconds["clean"] += time.perf_counter() - start - cleaner.dedup_seconds
-        seconds["dedup"] += cleaner.dedup_seconds
-        counts[split] = cleaner.counts
-        if split != "test" and len(texts[split]) == 0:
-            raise MtxError(f"data.{split} ({spec}) has no usable pairs after cleaning")
+        texts[split], counts[split] = _read_and_clean(d, split, hub_split, cache, seconds, log)
 
     start = time.perf_counter()
+    model_proto, spm_source = given or _train_spm(d, texts["train"], log)
     if given:
-        model_proto, spm_source = given
         log(f"encoding with {spm_source['path']} (data.spm_model); data.vocab_size is not used")
-    else:
-        log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
-        model_proto = vocab.train_bpe(
-            _training_sentences(texts["train"]), d.vocab_size, d.spm_sample, d.character_coverage
-        )
-        spm_source = {"kind": "trained"}
     (out / "spm.model").write_bytes(model_proto)
     sp = vocab.load(model_proto)
     (out / "spm.vocab").write_text(
@@ -237,50 +213,90 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
         "spm_source": spm_source,
         "splits": {},
     }
-    for split, text in texts.items():
-        start = time.perf_counter()
-        workers = worker_count(d.workers, len(text))
-        # SentencePiece encodes a batch in threads: the cores are shared among the workers
-        encoded = text.map(
-            Encoder(out / "spm.model", threads=max(1, cores() // workers)),
-            batched=True,
-            features=ENCODED,
-            num_proc=workers if workers > 1 else None,
-            new_fingerprint=f"encode-{split}",
-            cache_file_name=str(cache / f"encode-{split}.arrow"),
-            desc=f"encoding {split}",
-        )
-        dropped = dict(counts[split])
-        if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
-            encoded, too_long = keep_by_length(encoded, d.max_len, d.max_ratio)
-            dropped |= too_long
-        seconds["encode"] += time.perf_counter() - start
-        if split == "train" and len(encoded) == 0:
-            raise MtxError(f"data.train ({d.train}) is empty after cleaning (max_len {d.max_len})")
-        start = time.perf_counter()
-        encoded.save_to_disk(str(out / split))
-        read = dropped.pop("read", 0)
-        manifest["splits"][split] = {
-            "source": getattr(d, split),
-            "files": sources.file_hashes(getattr(d, split), d.src_lang, d.tgt_lang),
-            "read": read,
-            "kept": len(encoded),
-            "dropped": dropped,
-            "pairs_sha256": pairs_sha256(encoded),
-        }
-        seconds["write"] += time.perf_counter() - start
-        log(
-            f"{split}: kept {len(encoded)} of {read} pairs"
-            + (
-                f" (dropped: {', '.join(f'{k} {v}' for k, v in sorted(dropped.items()))})"
-                if dropped
-                else ""
-            )
-        )
-    del encoded, text, texts
+    for split in SPLITS:  # popped: each split's memory map is let go once it is written
+        entry = _encode_and_write(d, split, texts.pop(split), counts[split], out, seconds, log)
+        manifest["splits"][split] = entry
     shutil.rmtree(cache, ignore_errors=True)
     log("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     return manifest
+
+
+def _read_and_clean(
+    d: DataConfig, split: str, hub_split: str, cache: Path, seconds: Counter, log
+) -> tuple:
+    """(the split's cleaned pairs, counts of the pairs read and dropped by reason)."""
+    spec = getattr(d, split)
+    log(f"{split}: loading {sources.describe(spec, d.src_lang, d.tgt_lang)}")
+    start = time.perf_counter()
+    raw = sources.load_split(spec, d.src_lang, d.tgt_lang, hub_split, cache)
+    seconds["read"] += time.perf_counter() - start
+    start = time.perf_counter()
+    cleaner = TextCleaner(drop_empty=split != "test", dedup=d.dedup and split == "train")
+    text = raw.map(
+        cleaner,
+        batched=True,
+        new_fingerprint=f"clean-{split}",
+        cache_file_name=str(cache / f"clean-{split}.arrow"),
+    )
+    # the map's own reading and writing counts as cleaning; deduplication on its own
+    seconds["clean"] += time.perf_counter() - start - cleaner.dedup_seconds
+    seconds["dedup"] += cleaner.dedup_seconds
+    if split != "test" and len(text) == 0:
+        raise MtxError(f"data.{split} ({spec}) has no usable pairs after cleaning")
+    return text, cleaner.counts
+
+
+def _train_spm(d: DataConfig, train: datasets.Dataset, log) -> tuple[bytes, dict]:
+    """(a joint SentencePiece BPE model trained on the training pairs, where it came from)."""
+    log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
+    proto = vocab.train_bpe(
+        _training_sentences(train), d.vocab_size, d.spm_sample, d.character_coverage
+    )
+    return proto, {"kind": "trained"}
+
+
+def _encode_and_write(
+    d: DataConfig, split: str, text: datasets.Dataset, counts: Counter, out: Path, seconds, log
+) -> dict:
+    """Encode a split in data.workers processes, drop what is too long, write it to out/split;
+    returns its entry of the manifest."""
+    start = time.perf_counter()
+    workers = worker_count(d.workers, len(text))
+    # SentencePiece encodes a batch in threads: the cores are shared among the workers
+    encoded = text.map(
+        Encoder(out / "spm.model", threads=max(1, cores() // workers)),
+        batched=True,
+        features=ENCODED,
+        num_proc=workers if workers > 1 else None,
+        new_fingerprint=f"encode-{split}",
+        cache_file_name=str(out / "cache" / f"encode-{split}.arrow"),
+        desc=f"encoding {split}",
+    )
+    dropped = dict(counts)
+    if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
+        encoded, too_long = keep_by_length(encoded, d.max_len, d.max_ratio)
+        dropped |= too_long
+    seconds["encode"] += time.perf_counter() - start
+    if split == "train" and len(encoded) == 0:
+        raise MtxError(f"data.train ({d.train}) is empty after cleaning (max_len {d.max_len})")
+    start = time.perf_counter()
+    encoded.save_to_disk(str(out / split))
+    read = dropped.pop("read", 0)
+    entry = {
+        "source": getattr(d, split),
+        "files": sources.file_hashes(getattr(d, split), d.src_lang, d.tgt_lang),
+        "read": read,
+        "kept": len(encoded),
+        "dropped": dropped,
+        "pairs_sha256": pairs_sha256(encoded),
+    }
+    seconds["write"] += time.perf_counter() - start
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()))
+    log(
+        f"{split}: kept {len(encoded)} of {read} pairs"
+        + (f" (dropped: {reasons})" if dropped else "")
+    )
+    return entry
 
 
 def pairs_sha256(ds: datasets.Dataset) -> str:
