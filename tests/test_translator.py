@@ -12,7 +12,13 @@ from conftest import MULTI30K, tiny_model_config
 
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.decode.translator import SOURCE_BUCKET, Translator, chunks, source_batches
+from mtx.decode.translator import (
+    SOURCE_BUCKET,
+    Translator,
+    chunks,
+    padded_length,
+    source_batches,
+)
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
 
@@ -160,17 +166,30 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
     assert hypotheses(4, 64, lines, "int8") == int8
 
 
-def test_source_batches_hold_one_padded_length_within_the_budget():
+def test_source_batches_pad_each_source_to_its_own_length_within_the_budget():
     lengths = [3, 17, 8, 9, 1, 16, 40, 12, 5, 33] * 7
-    batches = source_batches(lengths, max_tokens=64)
-    assert sorted(i for _, idx in batches for i in idx) == list(range(len(lengths)))
-    for length, idx in batches:
-        assert length % SOURCE_BUCKET == 0
-        assert {-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET for i in idx} == {length}
-        assert len(idx) == 1 or len(idx) * length <= 64
-    assert [length for length, _ in batches] == sorted(length for length, _ in batches)
+    for mix in (True, False):
+        batches = source_batches(lengths, max_tokens=64, mix=mix)
+        lines = [i for batch in batches for _, idx in batch for i in idx]
+        assert sorted(lines) == list(range(len(lengths)))
+        assert [lengths[i] for i in lines] == sorted(lengths)  # shortest first
+        for batch in batches:
+            assert [n for n, _ in batch] == sorted({n for n, _ in batch})  # one group a length
+            for length, idx in batch:
+                assert length % SOURCE_BUCKET == 0
+                assert {padded_length(lengths[i]) for i in idx} == {length}
+            tokens = sum(length * len(idx) for length, idx in batch)
+            assert tokens <= 64 or sum(len(idx) for _, idx in batch) == 1
+        if mix:  # lengths share batches, and a batch is full when the next source is left out
+            assert max(len(batch) for batch in batches) > 1
+            for batch, after in zip(batches, batches[1:]):
+                tokens = sum(length * len(idx) for length, idx in batch)
+                assert tokens + after[0][0] > 64
+        else:
+            assert all(len(batch) == 1 for batch in batches)
     # never padded past the longest source the model takes
-    assert {length for length, _ in source_batches([3, 9, 10, 10], 64, limit=10)} == {8, 10}
+    padded = {n for batch in source_batches([3, 9, 10, 10], 64, limit=10) for n, _ in batch}
+    assert padded == {8, 10}
 
 
 def test_nbest_sampling_and_dtype_through_the_api(spm_proto):

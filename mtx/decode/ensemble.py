@@ -54,6 +54,8 @@ class Ensemble:
         self.vocab_size = models[0].vocab_size
         self.cfg = Limits(min(m.cfg.max_positions for m in models))
         self.cache_sizes = [len(m.new_cache()) for m in models]
+        # sources of several lengths in one batch (model/groups.py) if every model takes them
+        self.mixes_lengths = all(getattr(m, "mixes_lengths", False) for m in models)
 
     def to(self, *args, **kwargs) -> Ensemble:
         self.models = [m.to(*args, **kwargs) for m in self.models]

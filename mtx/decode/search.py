@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mtx.model.groups import Groups
 from mtx.model.transformer import reorder_cache
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -61,8 +62,10 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
+def max_lengths(src: Tensor | Groups, a: float, b: int, limit: int) -> Tensor:
     """(B,) longest output per sentence, EOS included: a * source tokens (EOS excluded) + b."""
+    if isinstance(src, Groups):
+        return torch.cat([max_lengths(part, a, b, limit) for part in src.parts])
     src_len = (src != PAD_ID).sum(1) - 1
     return (a * src_len.float() + b).long().clamp(min=1, max=limit)
 

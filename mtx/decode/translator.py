@@ -7,10 +7,11 @@ Input lines are sorted by length into token-budget batches (`decode.batch_tokens
 tokens, padding included) and the output is put back in input order, one output per input
 line (an empty input line gets a translation too). A line's translation does not depend on
 the other lines, on the batch size or on the order: the search treats each sentence on its
-own (decode/search.py), sources are padded to a length of their own (`source_batches`) and
-small matrix products are padded to a fixed number of rows (model/rows.py), so a sentence is
-computed with the same numbers in any batch. With `decode.sampling`, the line numbered i
-draws its random numbers from the seed (decode.seed, i).
+own (decode/search.py), sources are padded to a length of their own (`source_batches`; a
+batch of several such lengths reads each group's source with that group's own shapes,
+model/groups.py) and small matrix products are padded to a fixed number of rows
+(model/rows.py), so a sentence is computed with the same numbers in any batch. With
+`decode.sampling`, the line numbered i draws its random numbers from the seed (decode.seed, i).
 
 `translate_stream` translates an endless iterable in chunks with bounded memory, yielding
 each chunk's translations as soon as they are ready.
@@ -37,6 +38,7 @@ from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
 from mtx.model.build import Model
+from mtx.model.groups import Groups
 from mtx.tokens import BOS_ID, EOS_ID
 
 # int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
@@ -137,9 +139,10 @@ class Translator:
             raise MtxError(f"--nbest {nbest} needs a beam of at least {nbest} (or sampling)")
 
     def search(
-        self, src: torch.Tensor, nbest: int = 1, lines: list[int] | None = None
+        self, src: torch.Tensor | Groups, nbest: int = 1, lines: list[int] | None = None
     ) -> list[list[Hypothesis]]:
-        """The `nbest` hypotheses of each sentence of `src` (B, S), best first; with sampling,
+        """The `nbest` hypotheses of each sentence of `src` (B, S), or of several padded
+        lengths (`Groups`, for a model that `mixes_lengths`), best first; with sampling,
         `nbest` samples of each, `lines` giving each sentence's line number (its seed)."""
         self.check_nbest(nbest)
         d = self.cfg.decode
@@ -169,10 +172,13 @@ class Translator:
         ids = [self.encode(line) for line in lines]
         out: list[list[Hypothesis]] = [[] for _ in lines]
         lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
-        for length, batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit):
-            src = pad([ids[i] for i in batch], length=length).to(self.device)
-            numbers = [first_line + i for i in batch]
-            for i, hyps in zip(batch, self.search(src, nbest, numbers)):
+        mix = getattr(self.model, "mixes_lengths", False)
+        for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
+            parts = [pad([ids[i] for i in idx], length=n).to(self.device) for n, idx in batch]
+            src = parts[0] if len(parts) == 1 else Groups(parts)
+            lines = [i for _, idx in batch for i in idx]
+            numbers = [first_line + i for i in lines]
+            for i, hyps in zip(lines, self.search(src, nbest, numbers)):
                 out[i] = hyps
         return out
 
@@ -234,26 +240,43 @@ class Translator:
 
 SOURCE_BUCKET = 8
 
+Batch = list[tuple[int, list[int]]]  # groups of (padded source length, line indices)
+
+
+def padded_length(length: int, limit: int = 1 << 30) -> int:
+    """The length a source of `length` tokens is padded to: a multiple of SOURCE_BUCKET, at
+    most `limit` (the longest source the model takes)."""
+    return min(-(-length // SOURCE_BUCKET) * SOURCE_BUCKET, max(limit, length))
+
 
 def source_batches(
-    lengths: list[int], max_tokens: int, limit: int = 1 << 30
-) -> list[tuple[int, list[int]]]:
-    """(padded length, line indices) of translation batches, shortest first.
+    lengths: list[int], max_tokens: int, limit: int = 1 << 30, mix: bool = True
+) -> list[Batch]:
+    """Translation batches, shortest sources first: each a list of groups (padded length, line
+    indices), ascending in length.
 
-    Each source is padded to a multiple of SOURCE_BUCKET tokens (at most `limit`, the longest
-    source the model takes), and a batch holds sources of one padded length, at most
-    `max_tokens` tokens of them (at least one source). A sentence is then computed with the
-    same shapes, and so the same numbers, alone or in any batch.
+    Each source is padded to its own `padded_length`, so a sentence is computed with the same
+    shapes, and so the same numbers, alone or in any batch. A batch holds at most `max_tokens`
+    padded source tokens (at least one source); with `mix` it may hold several padded lengths
+    (decoded together, each group's encoder and encoder-decoder attention on its own:
+    model/groups.py), without it one.
     """
-    buckets: dict[int, list[int]] = {}
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        padded = min(-(-lengths[i] // SOURCE_BUCKET) * SOURCE_BUCKET, max(limit, lengths[i]))
-        buckets.setdefault(padded, []).append(i)
-    out = []
-    for length, idx in sorted(buckets.items()):
-        size = max(1, max_tokens // length)
-        out += [(length, idx[j : j + size]) for j in range(0, len(idx), size)]
-    return out
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[Batch] = []
+    tokens = 0
+    for i in order:
+        padded = padded_length(lengths[i], limit)
+        batch = batches[-1] if batches else None
+        if batch is None or tokens + padded > max_tokens or (not mix and batch[-1][0] != padded):
+            batches.append([(padded, [i])])
+            tokens = padded
+            continue
+        if batch[-1][0] == padded:
+            batch[-1][1].append(i)
+        else:
+            batch.append((padded, [i]))
+        tokens += padded
+    return batches
 
 
 class _Failed:

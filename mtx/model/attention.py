@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mtx.model.groups import Groups
 from mtx.model.packed import Packable
 from mtx.model.rows import linear
 
@@ -124,8 +125,12 @@ class MultiHeadAttention(Packable, nn.Module):
     def project_q(self, x: Tensor) -> Tensor:
         return self._heads(self.project("q", x), 1)[0]
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of `memory` (B, S, d_model), each (B, H, S, d_k)."""
+    def project_kv(self, memory: Tensor | Groups) -> tuple[Tensor, Tensor]:
+        """Keys and values of `memory` (B, S, d_model), each (B, H, S, d_k) (each `Groups`
+        of those for a `Groups` memory)."""
+        if isinstance(memory, Groups):
+            kv = [self.project_kv(part) for part in memory.parts]
+            return Groups([k for k, _ in kv]), Groups([v for _, v in kv])
         return self._heads(self.project("kv", memory), 2)
 
     def forward(
@@ -162,6 +167,22 @@ class MultiHeadAttention(Packable, nn.Module):
                     k, v = self.project_kv(memory)
                     cache["memory_k"], cache["memory_v"] = k.contiguous(), v.contiguous()
                 k, v = cache["memory_k"], cache["memory_v"]
+        if isinstance(k, Groups):  # sources of several lengths: each group's own shapes
+            if self.keep_weights:
+                raise ValueError("keep_weights takes sources of one length")
+            G = q.size(0) // k.size(0)
+            masks = [None] * len(k.parts) if mask is None else mask.parts
+            parts = zip(k.split(q, G), k.parts, v.parts, masks)
+            out = torch.cat([self._attend(*part, causal, start) for part in parts])
+        else:
+            out = self._attend(q, k, v, mask, causal, start)
+        return self.project("out", out)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, start: int
+    ) -> Tensor:
+        """q (B, H, T, d_k) over k, v (B / G, H, S, d_k) -> (B, T, d_model), the heads
+        concatenated (before W^O)."""
         B, H, T, d_k = q.shape
         G = B // k.size(0)  # query rows per key/value row
         if G > 1:  # (B, H, T, d_k) -> (Bm, H, G * T, d_k): a sentence's beams as one query
@@ -181,7 +202,7 @@ class MultiHeadAttention(Packable, nn.Module):
                 self.weights = weights.detach()
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
         out = out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
-        return self.project("out", out)
+        return out
 
 
 def attention(
@@ -201,9 +222,11 @@ def attention(
     q (B, H, T, d_k), k and v (B, H, S, d_k), mask (B, 1, T or 1, S) True = attend."""
     B, H, T, d_k = q.shape
     S = k.size(2)
-    # (B * H, n, d_k) in one layout, so that every (sentence, head) takes one kernel: torch.bmm
-    # is what torch.matmul calls on these, with fewer small operations around it
-    q3, k3, v3 = q.reshape(-1, T, d_k), k.reshape(-1, S, d_k), v.reshape(-1, S, d_k)
+    # (B * H, n, d_k) contiguous, so that every (sentence, head) takes one kernel: torch.bmm
+    # is what torch.matmul calls on these, with fewer small operations around it. The heads of
+    # one sentence (B = 1) would otherwise reach it as a strided view where several sentences
+    # reach it copied, and with some shapes (d_k 10 over 8 keys) the two layouts round apart.
+    q3, k3, v3 = (x.reshape(-1, x.size(2), d_k).contiguous() for x in (q, k, v))
     scores = torch.bmm(q3, k3.transpose(1, 2)).view(B, H, T, S)
     if relative is not None:
         index = relative.index(T, S, start, q.device).expand(B, H, T, S)

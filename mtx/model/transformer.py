@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
+from mtx.model.groups import Groups
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
@@ -32,6 +33,7 @@ Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 
 
 class Transformer(EncoderDecoder, nn.Module):
+    mixes_lengths = True  # encode and decode take `Groups` of sources (model/groups.py)
     PARTS = {
         "embeddings": ("embed.", "position_embed."),  # the shared embedding is the output layer
         "encoder": ("encoder_layers.", "encoder_norm."),
@@ -95,12 +97,18 @@ class Transformer(EncoderDecoder, nn.Module):
             x = x + self.position_embed.weight[start : start + n].to(x.dtype)
         return self.dropout(x)
 
-    def encode(self, src: Tensor, padded: bool = True) -> tuple[Tensor, Tensor | None]:
+    def encode(self, src: Tensor | Groups, padded: bool = True) -> tuple[Tensor, Tensor | None]:
         """(B, S) source ids -> memory (B, S, d) and src_mask (B, 1, S), True on real tokens.
 
         A caller that knows `src` holds no padding passes padded=False: the mask is then None,
         which lets attention use its fastest kernels (flash attention takes no mask).
+        Sources of several padded lengths (`Groups`, model/groups.py) are encoded group by
+        group, into a `Groups` memory and mask that `decode` takes as it takes tensors.
         """
+        if isinstance(src, Groups):
+            out = [self.encode(part, padded) for part in src.parts]
+            masks = [mask for _, mask in out]
+            return Groups([x for x, _ in out]), None if not padded else Groups(masks)
         src_mask = (src != PAD_ID).unsqueeze(1) if padded else None  # (B, 1, S)
         x = self.embed_tokens(src)
         for layer in self.encoder_layers:

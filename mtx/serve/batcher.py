@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mtx.decode.translator import SOURCE_BUCKET
+from mtx.decode.translator import padded_length
 from mtx.serve.engine import Result
 
 
@@ -123,7 +123,7 @@ class Batcher:
     def submit(self, request: Request, texts: list[str], lengths: list[int], choices: Choices):
         """Queue a request's texts (their source lengths in `lengths`), or raise QueueFull or
         ShuttingDown. Returns at once; the request's future gets the results."""
-        padded = [-(-n // SOURCE_BUCKET) * SOURCE_BUCKET for n in lengths]
+        padded = [padded_length(n) for n in lengths]
         with self.cond:
             if self.draining:
                 raise ShuttingDown("the server is shutting down")

@@ -11,7 +11,9 @@ two lists naming what gave an element or a sentence other numbers in another bat
    ATen's vector loops tails (d_model 40, d_k 10, d_ff 72), beam 4 (2-best) and greedy, with
    torch's products, packed fp32 and int8 layers: each of 12 sentences, padded to one length
    as the translator pads them, gets bit-identical hypotheses and scores alone, in the
-   batch, in the reversed batch and in halves.
+   batch, in the reversed batch and in halves; and for the Transformer (which takes sources
+   of several lengths in one batch, model/groups.py), each cut to its own padded length gets
+   the same alone as in a batch of both lengths.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import torch.nn.functional as F
 
 from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.decode.search import beam_search, greedy_search
+from mtx.decode.translator import padded_length
 from mtx.model import packed
 from mtx.model.build import make_model
+from mtx.model.groups import Groups
 from mtx.model.rows import linear, sigmoid
 from mtx.tokens import EOS_ID, PAD_ID
 
@@ -83,6 +87,16 @@ def sources(n: int = 12) -> torch.Tensor:
     return src
 
 
+def mixed_lengths(src: torch.Tensor) -> tuple[Groups, list[torch.Tensor], list[int]]:
+    """The sources cut to their own padded lengths (as the translator pads them): a batch of
+    groups, ascending in length, each source alone, and the order of the batch's rows."""
+    own = [src[i : i + 1, : padded_length(int((src[i] != PAD_ID).sum()))] for i in range(len(src))]
+    order = sorted(range(len(own)), key=lambda i: own[i].size(1))
+    lengths = sorted({s.size(1) for s in own})
+    groups = [torch.cat([own[i] for i in order if own[i].size(1) == n]) for n in lengths]
+    return Groups(groups), own, order
+
+
 def searches() -> tuple[list[str], int]:
     src = sources()
     n = src.size(0)
@@ -91,6 +105,8 @@ def searches() -> tuple[list[str], int]:
         "reversed": [list(range(n))[::-1]],
         "halves": [list(range(0, n, 2)), list(range(1, n, 2))],
     }
+    mixed, own, order = mixed_lengths(src)
+    assert len(mixed.parts) > 1
     kinds = ["torch products", *(k for k in packed.KINDS if packed.available(k))]
     bad, checked = [], 0
     for values in architectures():
@@ -104,20 +120,24 @@ def searches() -> tuple[list[str], int]:
             model.pack(None if kind == "torch products" else kind)
             for search in ("beam", "greedy"):
 
-                def run(rows: list[int], search=search, model=model) -> list:
-                    s = src[rows]
+                def run(s, search=search, model=model) -> list:
                     if search == "greedy":
                         return [(h.tokens, h.score) for h in greedy_search(model, s, max_len_b=6)]
                     hyps = beam_search(model, s, beam=4, max_len_b=6, nbest=2)
                     return [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
 
-                together = run(list(range(n)))
+                together = run(src)
                 for label, parts in groups.items():
                     for rows in parts:
                         checked += 1
-                        if run(rows) != [together[i] for i in rows]:
+                        if run(src[rows]) != [together[i] for i in rows]:
                             bad.append(f"{name}, {kind}, {search}: {label} {rows}")
                             break
+                if getattr(model, "mixes_lengths", False):  # several source lengths at once
+                    checked += 1
+                    alone = [run(own[i])[0] for i in order]
+                    if run(mixed) != alone:
+                        bad.append(f"{name}, {kind}, {search}: mixed lengths")
     return bad, checked
 
 
