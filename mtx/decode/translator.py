@@ -176,9 +176,9 @@ class Translator:
         for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
             parts = [pad([ids[i] for i in idx], length=n).to(self.device) for n, idx in batch]
             src = parts[0] if len(parts) == 1 else Groups(parts)
-            lines = [i for _, idx in batch for i in idx]
-            numbers = [first_line + i for i in lines]
-            for i, hyps in zip(lines, self.search(src, nbest, numbers)):
+            rows = [i for _, idx in batch for i in idx]  # the lines of src's rows, in order
+            numbers = [first_line + i for i in rows]
+            for i, hyps in zip(rows, self.search(src, nbest, numbers)):
                 out[i] = hyps
         return out
 

@@ -97,7 +97,9 @@ class Transformer(EncoderDecoder, nn.Module):
             x = x + self.position_embed.weight[start : start + n].to(x.dtype)
         return self.dropout(x)
 
-    def encode(self, src: Tensor | Groups, padded: bool = True) -> tuple[Tensor, Tensor | None]:
+    def encode(
+        self, src: Tensor | Groups, padded: bool = True
+    ) -> tuple[Tensor | Groups, Tensor | Groups | None]:
         """(B, S) source ids -> memory (B, S, d) and src_mask (B, 1, S), True on real tokens.
 
         A caller that knows `src` holds no padding passes padded=False: the mask is then None,
