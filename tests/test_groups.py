@@ -7,7 +7,7 @@ from conftest import tiny_model_config
 from test_search import random_model
 
 from mtx.decode.ensemble import Ensemble
-from mtx.decode.search import beam_search, greedy_search
+from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
 from mtx.tokens import EOS_ID, PAD_ID
@@ -73,6 +73,9 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
     assert len(batch.parts) == 4
     beams = beam_search(model, batch, beam=4, max_len_b=8, nbest=2)
     greedy = greedy_search(model, batch, max_len_b=8)
+    seeds = [[7, i, j] for i in range(len(srcs)) for j in range(2)]  # 2 samples a sentence
+    sampling = Sampling(top_k=5)
+    samples = greedy_search(model, batch.repeat_interleave(2), 1.0, 8, 1024, sampling, seeds)
     for i, src in enumerate(srcs):
         alone = beam_search(model, src, beam=4, max_len_b=8, nbest=2)[0]
         assert [(h.tokens, h.score, h.log_prob) for h in alone] == [
@@ -80,6 +83,12 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
         ]
         one = greedy_search(model, src, max_len_b=8)[0]
         assert (one.tokens, one.score) == (greedy[i].tokens, greedy[i].score)
+        drawn = greedy_search(
+            model, src.repeat_interleave(2, 0), 1.0, 8, 1024, sampling, seeds[2 * i : 2 * i + 2]
+        )
+        assert [(h.tokens, h.score) for h in drawn] == [
+            (h.tokens, h.score) for h in samples[2 * i : 2 * i + 2]
+        ]
     # the sentences did not all end together: some left the batch while others went on
     assert len({len(b[0].tokens) for b in beams}) > 2
 
