@@ -10,6 +10,10 @@
    time (40 lines) and one batch of 256 lines.
 3. A real `mtx serve` on 127.0.0.1: 60 one-line requests in a row over one kept-alive
    connection (the latency TCP_NODELAY decides), serve.max_wait_ms 0.
+4. The search's steps (the time from one decoder call to the next: the decoder and the
+   beam's bookkeeping) in batches of 1 and 16 lines drawn at random: the median by the number
+   of hypotheses decoded, and in batches of 16 the steps a batch and the share of its rows
+   still decoding (a finished sentence leaves; the step's fixed cost stays).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import random
+import statistics
 import sys
 import threading
 import time
@@ -71,6 +77,29 @@ def kept_alive_ms(checkpoint: Path, lines: list[str]) -> float:
     return 1000 * took
 
 
+def steps(tr, lines: list[str], size: int, batches: int) -> list[tuple[int, float]]:
+    """(hypotheses, seconds) of every step but each search's last, batches of `size` lines."""
+    out, last = [], [0.0, 0]
+    decode = tr.model.decode
+
+    def timed(tgt_in, *args, **kwargs):
+        now = time.perf_counter()
+        if last[0]:
+            out.append((last[1], now - last[0]))
+        last[0], last[1] = now, tgt_in.size(0)
+        return decode(tgt_in, *args, **kwargs)
+
+    rng = random.Random(0)
+    tr.model.decode = timed
+    try:
+        for _ in range(batches):
+            last[0] = 0.0
+            tr.translate(rng.sample(lines, size))
+    finally:
+        del tr.model.decode
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", type=Path, required=True)
@@ -94,6 +123,15 @@ def main() -> None:
     for name, (alone, batched) in threads(tr, lines).items():
         print(f"{name}: {alone:.1f} ms a sentence alone, {batched:.0f} sentences/s in 256")
     print(f"kept-alive connection: {kept_alive_ms(args.checkpoint, lines):.1f} ms a request")
+    beam = tr.cfg.decode.beam
+    alone = steps(tr, lines, 1, 64)
+    sixteen = steps(tr, lines, 16, 32)
+    ms = statistics.median(1000 * s for n, s in alone if n == beam)
+    print(f"a step with one sentence ({beam} hypotheses): median {ms:.2f} ms")
+    full = [1000 * s for n, s in sixteen if n > 8 * beam]
+    print(f"a step with 9-16 sentences: median {statistics.median(full):.2f} ms")
+    live = sum(n for n, _ in sixteen) / (len(sixteen) * 16 * beam)
+    print(f"batches of 16: {len(sixteen) / 32 + 1:.1f} steps a batch, {live:.0%} of rows live")
 
 
 if __name__ == "__main__":
