@@ -270,7 +270,7 @@ def part_decode(args, sizes: Sizes) -> dict:
 
     from mtx.data.batching import pad
     from mtx.data.sources import read_lines
-    from mtx.decode.translator import SOURCE_BUCKET, Translator
+    from mtx.decode.translator import Translator, padded_length
 
     ckpt = args.work / "train" / "checkpoints" / "best.pt"
     device = "cpu" if sizes.smoke else "cuda"
@@ -292,7 +292,7 @@ def part_decode(args, sizes: Sizes) -> dict:
             srcs = []
             for i in range(0, len(ids), size):
                 group = ids[i : i + size]
-                length = -(-max(len(x) for x in group) // SOURCE_BUCKET) * SOURCE_BUCKET
+                length = padded_length(max(len(x) for x in group))
                 srcs.append(pad(group, length=length).to(tr.device))
             for src in srcs[:2] + srcs[-1:]:  # warm-up: the shortest and longest shapes
                 tr.search(src)
