@@ -151,6 +151,9 @@ class ServeConfig:
     host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
     port: int = 8080  # TCP port to listen on (0: one the system picks, printed at start)
     batching: bool = True  # false: one request at a time, decoded alone (for comparison)
+    # decoding processes, each with its share of the cores (serve/workers.py); 0 = auto: on
+    # the CPU one per core, at most 4; on a GPU 1. With 1, the server's process decodes
+    workers: int = 0
     max_wait_ms: float = 5.0  # wait at most this long for more sentences to fill a batch
     max_queue: int = 2048  # sentences waiting at most; a request beyond gets 503
     max_texts: int = 256  # texts in one request at most (413 beyond)
@@ -173,7 +176,7 @@ class ServeConfig:
             raise MtxError(f"serve.port must be in 0..65535 (0: any free port), got {self.port}")
         if not self.timeout_s > 0:
             raise MtxError(f"serve.timeout_s must be positive, got {self.timeout_s}")
-        for key in ("max_wait_ms", "drain_s"):
+        for key in ("max_wait_ms", "drain_s", "workers"):
             if getattr(self, key) < 0:
                 raise MtxError(f"serve.{key} must be 0 or more, got {getattr(self, key)}")
 

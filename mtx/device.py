@@ -19,3 +19,10 @@ def pick_device(name: str, key: str = "train.device") -> torch.device:
     if name.startswith("cuda") and "WORLD_SIZE" in os.environ:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(name)
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -4,16 +4,18 @@
 
 1. `mtx translate`'s search on the whole file in one process (Translator.translate, the CLI's
    code, after a warm-up): sentences/s and target tokens/s.
-2. A server with batching (serve.batching true), one without (false: one request at a
-   time) and one with --engine ctranslate2 (--modes), each in its own process: first the
+2. Servers (--modes), each in its own process: `batched` (serve.* as given: by default one
+   decoding process per core), `one-process` (batching, serve.workers 1: the server's own
+   process decodes), `unbatched` (serve.batching false and serve.workers 1: one request at a
+   time, as servers that serialise requests do) and `ctranslate2` (--engine ctranslate2): first the
    share of lines it translates as `mtx translate` does (also its warm-up); then for each
    client count (--clients), that many threads each send one request at a time
    (--lines-per-request lines of the file, in turn) over a kept-alive connection, at most
    --requests requests or --seconds seconds in all. Reported: sentences/s,
    target tokens/s (the server's mtx_tokens_out_total), p50/p95/p99 latency, mean batch size
    (mtx_batch_sentences) and errors.
-3. With --memory-requests N: the batching server's resident memory (VmRSS) after a warm-up and
-   after N more requests at 16 clients.
+3. With --memory-requests N: the `batched` server's resident memory (VmRSS of the server and
+   its decoding processes) after a warm-up and after N more requests at 16 clients.
 
 Only loopback is used, and every stage is bounded in requests and time.
 """
@@ -123,10 +125,23 @@ def metrics(server: Server) -> dict[str, float]:
 
 
 def rss_mb(pid: int) -> float:
+    """VmRSS of process `pid` and of its descendants, in MB."""
+    total = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+            total += int(line.split()[1]) / 1024
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += rss_mb(int(child))
+    return total
+
+
+MODES = {  # --set for each server
+    "batched": [],
+    "one-process": ["serve.workers=1"],
+    "unbatched": ["serve.batching=false", "serve.workers=1"],
+    "ctranslate2": [],
+}
 
 
 def main() -> None:
@@ -138,7 +153,7 @@ def main() -> None:
     ap.add_argument("--lines-per-request", type=int, default=1)
     ap.add_argument("--requests", type=int, default=1000, help="At most, per client count.")
     ap.add_argument("--seconds", type=float, default=60.0, help="At most, per client count.")
-    ap.add_argument("--modes", default="batched,unbatched,ctranslate2")
+    ap.add_argument("--modes", default="batched,one-process,unbatched,ctranslate2")
     ap.add_argument("--memory-requests", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="More --set for the servers.")
     ap.add_argument("--json", type=Path, help="Also write the figures here.")
@@ -154,7 +169,7 @@ def main() -> None:
     print("| server | clients | sentences/s | target tok/s | vs CLI | p50 ms | p95 ms | p99 ms "
           "| mean batch | errors |", flush=True)  # fmt: skip
     for mode in args.modes.split(","):
-        sets = [f"serve.batching={'false' if mode == 'unbatched' else 'true'}", *args.set]
+        sets = [*MODES[mode], *args.set]
         engine = ("--engine", "ctranslate2") if mode == "ctranslate2" else ()
         with Server(args.checkpoint, *sets, "serve.max_queue=100000", args=engine) as server:
             same = agreement(server, lines, expected)  # also the warm-up

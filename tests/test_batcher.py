@@ -174,3 +174,49 @@ def test_the_event_loop_is_free_while_a_batch_decodes():
         return ticks
 
     assert run(main()) == 5
+
+
+def test_idle_workers_share_the_queue_and_a_busy_one_leaves_it_to_the_others():
+    """Two workers: eight sentences queued while both are idle go half to each; once one is
+    busy, the other takes all that is queued (within the budget)."""
+    first, second = Recorder(gated=True), Recorder(gated=True)
+
+    async def main():
+        b = Batcher([first, second], batch_tokens=1000, max_wait_s=FOREVER, max_queue=100)
+        b.start()
+        requests = [await submit(b, [f"a{i}"]) for i in range(8)]
+        b.drain()  # stop waiting to fill: the queue goes now, shared by the idle workers
+        while not (first.started.is_set() and second.started.is_set()):
+            await asyncio.sleep(0.001)
+        assert b.busy_workers() == 2 and b.depth() == 0
+        first.gate.release()
+        second.gate.release()
+        results = await asyncio.gather(*(r.future for r in requests))
+        b.stop()
+        return results
+
+    results = run(main())
+    assert [r[0].texts[0] for r in results] == [f"A{i}" for i in range(8)]
+    sizes = sorted(len(batch) for engine in (first, second) for batch, _ in engine.batches)
+    assert sizes == [4, 4]
+
+    engines = [Recorder(gated=True), Recorder(gated=True)]
+
+    async def one_busy():
+        b = Batcher(engines, batch_tokens=1000, max_wait_s=0.0, max_queue=100)
+        b.start()
+        held = await submit(b, ["x"])
+        while not any(engine.started.is_set() for engine in engines):
+            await asyncio.sleep(0.001)
+        busy, idle = engines if engines[0].started.is_set() else engines[::-1]
+        idle.gate.release()
+        rest = await submit(b, [f"r{i}" for i in range(6)])
+        await rest.future
+        busy.gate.release()
+        await held.future
+        b.stop()
+        return busy, idle
+
+    busy, idle = run(one_busy())
+    assert busy.batches == [(["x"], GREEDY)]
+    assert idle.batches == [([f"r{i}" for i in range(6)], GREEDY)]

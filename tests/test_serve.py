@@ -4,11 +4,13 @@ The model is the Multi30k fixture's (conftest.py); the texts are test2016's.
 """
 
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import MULTI30K
@@ -43,8 +45,9 @@ def reference(checkpoint):
 @pytest.fixture(scope="module")
 def server(checkpoint):
     # small batches, so that a request of several lines spans batches
+    # two decoding processes (serve/workers.py), whatever this machine's cores
     sets = ("decode.batch_tokens=64", "serve.max_texts=40", "serve.max_chars=600")
-    with Server(checkpoint, *sets, "serve.max_body_bytes=30000") as s:
+    with Server(checkpoint, *sets, "serve.max_body_bytes=30000", "serve.workers=2") as s:
         yield s
         assert s.stop() == 0, "".join(s.lines)
 
@@ -186,7 +189,8 @@ def lines_of_padded_length(checkpoint, length: int, n: int) -> list[str]:
 
 def test_sentences_of_concurrent_requests_go_in_one_batch_when_the_budget_fills(checkpoint):
     texts = lines_of_padded_length(checkpoint, 16, 6)
-    with Server(checkpoint, "serve.max_wait_ms=3600000", "decode.batch_tokens=96") as s:
+    sets = ("serve.max_wait_ms=3600000", "decode.batch_tokens=96", "serve.workers=1")
+    with Server(checkpoint, *sets) as s:
         answers = {}
         threads = [
             threading.Thread(target=lambda t=t: answers.setdefault(t, s.translate(t)))
@@ -249,6 +253,26 @@ def test_a_signal_drains_the_queue_answers_everything_and_exits_0(checkpoint, re
         status, answer = answers[tuple(texts)]
         assert status == 200, answer
         assert answer["translations"] == [reference[x][0] for x in texts]
+
+
+def test_a_decoding_process_that_dies_is_replaced_and_no_request_is_lost(checkpoint, reference):
+    texts = lines_of_padded_length(checkpoint, 16, 8)
+    # 8 lines of 16 tokens, a budget of 64 filled twice: one batch of 4 for each process
+    sets = ("serve.workers=2", "serve.max_wait_ms=3600000", "decode.batch_tokens=64")
+    with Server(checkpoint, *sets) as s:
+        assert s.get("/info")[2]["workers"] == 2 and s.metric("mtx_workers") == 2
+        before = s.decoders()
+        assert len(before) == 2
+        os.kill(before[0], signal.SIGKILL)
+        status, answer = s.translate(texts)
+        assert status == 200, answer
+        assert answer["translations"] == [reference[x][0] for x in texts]
+        assert answer["scores"] == [reference[x][1] for x in texts]
+        assert s.metric("mtx_batch_sentences_count") == 2
+        after = s.decoders()
+        assert len(after) == 2 and before[0] not in after and before[1] in after
+        assert s.stop() == 0, "".join(s.lines)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in after)  # none outlives the server
 
 
 def test_without_the_extra_serve_says_what_to_install(checkpoint, monkeypatch):

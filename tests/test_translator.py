@@ -166,6 +166,29 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
     assert hypotheses(4, 64, lines, "int8") == int8
 
 
+def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
+    """`mtx serve`'s decoding processes run with a share of the cores (serve/workers.py), and
+    must answer what `mtx translate` gives with all of them: beam 4 over 300 test2016 lines, in
+    whole and 64-token batches, fp32 and int8, with 1 and 3 torch threads: bit for bit."""
+    lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:300]
+    ckpt = multi30k_run / "checkpoints" / "best.pt"
+    before = torch.get_num_threads()
+    try:
+        for dtype in ("fp32", "int8"):
+            out = {}
+            for threads, batch_tokens in ((3, 8000), (1, 8000), (1, 64), (3, 64)):
+                torch.set_num_threads(threads)
+                sets = [f"decode.dtype={dtype}", f"decode.batch_tokens={batch_tokens}"]
+                tr = Translator.from_checkpoint(ckpt, sets, device="cpu")
+                hyps = [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
+                out[threads, batch_tokens] = hyps
+            first = out[3, 8000]
+            assert len({tuple(tokens) for tokens, _ in first}) > 50  # something to compare
+            assert all(hyps == first for hyps in out.values()), dtype
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_source_batches_pad_each_source_to_its_own_length_within_the_budget():
     lengths = [3, 17, 8, 9, 1, 16, 40, 12, 5, 33] * 7
     for mix in (True, False):

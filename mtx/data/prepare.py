@@ -25,7 +25,6 @@ import array
 import functools
 import hashlib
 import json
-import os
 import shutil
 import time
 import zipfile
@@ -41,6 +40,7 @@ from mtx import __version__
 from mtx.config import Config, DataConfig
 from mtx.data import sources, vocab
 from mtx.data.clean import TextCleaner, length_reason
+from mtx.device import cores
 from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -107,13 +107,6 @@ def keep_by_length(ds: datasets.Dataset, max_len: int, max_ratio: float) -> tupl
             else:
                 kept.append(start * 100_000 + i)
     return (ds.select(np.frombuffer(kept, dtype=np.int64)) if counts else ds), counts
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def worker_count(setting: int, pairs: int) -> int:

@@ -34,9 +34,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException
 
-from mtx.serve.batcher import Batcher, Choices, QueueFull, ShuttingDown
+from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
-from mtx.serve.engine import Result
+from mtx.serve.engine import Choices, Result, decode_batch
 from mtx.serve.metrics import Metrics
 
 RETRY_AFTER_S = 1
@@ -104,15 +104,17 @@ def _page() -> str:
 
 
 class Service:
-    """The batcher, metrics and limits behind the routes."""
+    """The batcher, metrics and limits behind the routes. The batcher's workers decode with
+    `decoders` (the decoding processes' `translate`: workers.py), or without them with the
+    engine, in this process."""
 
-    def __init__(self, engine, info: dict) -> None:
+    def __init__(self, engine, info: dict, decoders: list | None = None) -> None:
         self.engine, self.info = engine, info
         self.cfg = engine.cfg
         s = self.cfg.serve
         self.metrics = Metrics()
         self.batcher = Batcher(
-            self._translate,
+            decoders or [self._translate],
             batch_tokens=self.cfg.decode.batch_tokens,
             max_wait_s=s.max_wait_ms / 1000,
             max_queue=s.max_queue,
@@ -120,16 +122,14 @@ class Service:
             on_batch=lambda jobs: self.metrics.batch.observe(len(jobs)),
         )
         self.metrics.queue.set_function(self.batcher.depth)
+        self.metrics.workers.set(len(self.batcher.engines))
+        self.metrics.busy.set_function(self.batcher.busy_workers)
         self.drain_timer: threading.Timer | None = None
         self.drain_lock = threading.Lock()
 
     def _translate(self, texts: list[str], choices: Choices) -> list[Result]:
         """In the worker: decode one batch, and its attention if asked."""
-        results = self.engine.translate(texts, choices.beam, choices.nbest)
-        if choices.attention:
-            for text, result in zip(texts, results):
-                result.attention = self.engine.attention(text, result.ids)
-        return results
+        return decode_batch(self.engine, texts, choices)
 
     def begin_drain(self) -> None:
         """SIGTERM/SIGINT: take no new requests, finish the queue, and after serve.drain_s
@@ -236,8 +236,8 @@ class Service:
         return out
 
 
-def create_app(engine, info: dict) -> FastAPI:
-    service = Service(engine, info)
+def create_app(engine, info: dict, decoders: list | None = None) -> FastAPI:
+    service = Service(engine, info, decoders)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -323,12 +323,14 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(engine, info: dict, sock: socket.socket, log_level: str = "warning") -> None:
+def run_server(
+    engine, info: dict, sock: socket.socket, decoders: list | None = None, log_level="warning"
+) -> None:
     """Serve until SIGTERM or SIGINT, then drain (serve.drain_s) and return: exit status 0.
 
-    The batcher's worker runs in this (the main) thread and uvicorn in another: torch's CPU
-    kernels called from a secondary thread ran 2-3x slower (BENCHMARKS.md, "Serving")."""
-    app = create_app(engine, info)
+    The batcher's first worker runs in this (the main) thread and uvicorn in another: torch's
+    CPU kernels called from a secondary thread ran 2-3x slower (BENCHMARKS.md, "Serving")."""
+    app = create_app(engine, info, decoders)
     service: Service = app.state.service
     config = uvicorn.Config(
         app,

@@ -1,33 +1,44 @@
 """Dynamic batching: sentences of concurrent requests decoded together, off the event loop.
 
-A request's texts become one `Job` each in one queue. A single worker takes the oldest
-job, waits at most `max_wait_s` (from its arrival, or from the end of the previous batch if
-later) for more jobs with the same decoding choices (beam, n-best)
-until their source tokens, padded as the translator pads them, fill `batch_tokens`, and hands
-that batch to the engine (engine.py). A long request is spread over several batches; each job
-knows its request and its place in it, and the request is answered, in order, when its last
-job is done. With `batching` off, the worker takes the oldest request's jobs alone: one request
-at a time, as servers that serialise requests behind a lock do (for comparison).
+A request's texts become one `Job` each in one queue. A worker takes the oldest job, waits at
+most `max_wait_s` (from its arrival, or from the end of that worker's previous batch if later)
+for more jobs with the same decoding choices (beam, n-best) until their source tokens, padded
+as the translator pads them, fill `batch_tokens`, and hands that batch to its engine
+(engine.py). A long request is spread over several batches; each job knows its request and its
+place in it, and the request is answered, in order, when its last job is done. With `batching`
+off, a worker takes the oldest request's jobs alone: one request at a time, as servers that
+serialise requests behind a lock do (for comparison).
 
-The event loop only queues jobs and awaits the request's future; the worker resolves it with
-`loop.call_soon_threadsafe`. The worker is `work()`, run by `mtx serve` in its main thread
-(the HTTP server runs in another; app.py), or in a thread of its own after `start()`. Health checks and new requests are answered while a batch decodes.
+There is one worker per engine given (`mtx serve` gives one per decoding process:
+workers.py). One worker at a time builds a batch; while others are idle, it takes its share of
+the queued tokens (the queued tokens divided by the idle workers), so that the sentences of
+concurrent clients are spread over the workers rather than all decoded by one while the
+others wait.
+
+The event loop only queues jobs and awaits the request's future; a worker resolves it with
+`loop.call_soon_threadsafe`. The workers are `work()`, run by `mtx serve` in its main thread
+(the first worker there, the others in threads of their own; the HTTP server runs in another
+thread: app.py), or in a thread after `start()`. Health checks and new requests are answered
+while batches decode.
 
 Stopping (SIGTERM): `drain()` refuses new requests (ShuttingDown), stops waiting for batches
-to fill, and lets the worker finish the queue; `stop()` fails what is still queued with
-ShuttingDown and ends the worker.
+to fill, and lets the workers finish the queue; `stop()` fails what is still queued with
+ShuttingDown and ends the workers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mtx.decode.translator import padded_length
-from mtx.serve.engine import Result
+from mtx.serve.engine import Choices, Result
+
+__all__ = ["Batcher", "Choices", "Job", "QueueFull", "Request", "ShuttingDown"]
 
 
 class QueueFull(Exception):
@@ -36,15 +47,6 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The service is stopping and takes no new work; or stopped before this work was done."""
-
-
-@dataclass(frozen=True)
-class Choices:
-    """A request's decoding choices: only jobs with equal choices share a batch."""
-
-    beam: int
-    nbest: int
-    attention: bool = False  # also the attention of each translation (for the page)
 
 
 class Request:
@@ -82,17 +84,20 @@ class Job:
     arrived: float = field(default_factory=time.monotonic)
 
 
+Translate = Callable[[list[str], Choices], list[Result]]
+
+
 class Batcher:
     def __init__(
         self,
-        translate: Callable[[list[str], Choices], list[Result]],
+        translate: Translate | Sequence[Translate],  # one engine per worker
         batch_tokens: int,
         max_wait_s: float,
         max_queue: int,
         batching: bool = True,
         on_batch: Callable[[list[Job]], None] = lambda jobs: None,
     ) -> None:
-        self.translate = translate
+        self.engines = [translate] if callable(translate) else list(translate)
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
@@ -102,19 +107,27 @@ class Batcher:
         self.cond = threading.Condition()
         self.draining = False
         self.stopped = False
-        self.last_done = 0.0  # time.monotonic() when the last batch was answered
+        # time.monotonic() when each worker's last batch was answered
+        self.last_done = [0.0] * len(self.engines)
+        self.busy = 0  # workers decoding a batch now
+        self.forming = False  # a worker is building a batch (one at a time)
         self.working = False  # work() is running
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Run the worker in a thread of its own (`mtx serve` runs `work()` in its main thread
-        instead: torch's CPU kernels run 2-3x slower when called from a secondary thread)."""
+        """Run the workers in threads of their own (`mtx serve` runs `work()` in its main
+        thread instead: torch's CPU kernels run 2-3x slower when called from a secondary
+        thread, and the first worker decodes in-process when there is one decoding process)."""
         self.thread = threading.Thread(target=self.work, name="mtx-serve-worker", daemon=True)
         self.thread.start()
 
     @property
     def running(self) -> bool:
         return self.working and not self.draining
+
+    def busy_workers(self) -> int:
+        with self.cond:
+            return self.busy
 
     def depth(self) -> int:
         with self.cond:
@@ -135,7 +148,7 @@ class Batcher:
             self.queue += [
                 Job(text, n, choices, request, i) for i, (text, n) in enumerate(zip(texts, padded))
             ]
-            self.cond.notify()
+            self.cond.notify_all()
 
     def cancel(self, request: Request) -> None:
         """Drop a request's queued jobs (it timed out); a batch already decoding finishes."""
@@ -146,7 +159,7 @@ class Batcher:
     def drain(self) -> None:
         with self.cond:
             self.draining = True
-            self.cond.notify()
+            self.cond.notify_all()
 
     def stop(self, timeout: float | None = None) -> None:
         """Fail what is still queued with ShuttingDown, end the worker and wait for it (the
@@ -154,74 +167,101 @@ class Batcher:
         with self.cond:
             self.draining = self.stopped = True
             left, self.queue = self.queue, []
-            self.cond.notify()
+            self.cond.notify_all()
         for job in left:
             job.request.deliver(job.index, ShuttingDown("the server stopped before this was done"))
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
-    def _full(self, choices: Choices) -> bool:
-        tokens = sum(job.tokens for job in self.queue if job.choices == choices)
-        return tokens >= self.batch_tokens
+    def _tokens(self, choices: Choices) -> int:
+        return sum(job.tokens for job in self.queue if job.choices == choices)
 
-    def _take(self) -> list[Job] | None:
-        """The next batch, waiting for it to fill; None once stopped."""
+    def _take(self, worker: int) -> list[Job] | None:
+        """Worker `worker`'s next batch, waiting for it to fill; None once stopped."""
         with self.cond:
-            while not self.queue and not self.stopped:
-                if self.draining:
+            while (self.forming or not self.queue) and not self.stopped:
+                if self.draining and not self.queue:
                     return None
                 self.cond.wait()
             if self.stopped:
                 return None
-            first = self.queue[0]
+            self.forming = True
+            try:
+                return self._form(worker)
+            finally:
+                self.forming = False
+                self.cond.notify_all()
+
+    def _form(self, worker: int) -> list[Job]:
+        """With the lock held: wait for the oldest job's batch to fill, then take it."""
+        first = self.queue[0]
+        if self.batching:
+            # wait from the later of its arrival and this worker's last batch's end: the
+            # clients that batch answered get max_wait_s to send their next request and join
+            deadline = max(first.arrived, self.last_done[worker]) + self.max_wait_s
+            while not (self.draining or self.stopped):
+                if self._tokens(first.choices) >= self.batch_tokens:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            if self.stopped or not self.queue or self.queue[0] is not first:
+                return []  # stopped, or `first` was cancelled meanwhile: look again
+        idle = len(self.engines) - self.busy
+        share = math.ceil(self._tokens(first.choices) / max(idle, 1))
+        budget = min(self.batch_tokens, share)
+        batch, rest, tokens = [], [], 0
+        for job in self.queue:
             if self.batching:
-                # wait from the later of its arrival and the last batch's end: the clients that
-                # batch answered get max_wait_s to send their next request and join this one
-                deadline = max(first.arrived, self.last_done) + self.max_wait_s
-                while not (self.draining or self.stopped or self._full(first.choices)):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
-                if self.stopped or not self.queue or self.queue[0] is not first:
-                    return []  # stopped, or `first` was cancelled meanwhile: look again
-            batch, rest, tokens = [], [], 0
-            for job in self.queue:
-                if self.batching:
-                    fits = job.choices == first.choices and (
-                        not batch or tokens + job.tokens <= self.batch_tokens
-                    )
-                else:
-                    fits = job.request is first.request
-                if fits:
-                    batch.append(job)
-                    tokens += job.tokens
-                else:
-                    rest.append(job)
-            self.queue = rest
-            return batch
+                fits = job.choices == first.choices and (not batch or tokens + job.tokens <= budget)
+            else:
+                fits = job.request is first.request
+            if fits:
+                batch.append(job)
+                tokens += job.tokens
+            else:
+                rest.append(job)
+        self.queue = rest
+        self.busy += bool(batch)  # at once, so that the next worker's share counts this one
+        return batch
 
     def work(self) -> None:
-        """Decode batches until drained or stopped."""
+        """Run the workers until drained or stopped: the first in this thread, the others in
+        threads of their own, ended and joined before this returns."""
         self.working = True
+        others = [
+            threading.Thread(target=self._work, args=(i,), name=f"mtx-serve-worker-{i}")
+            for i in range(1, len(self.engines))
+        ]
         try:
-            self._work()
+            for thread in others:
+                thread.start()
+            self._work(0)
         finally:
+            self.stop()  # the others end too (they finish the batch they decode)
+            for thread in others:
+                thread.join()
             self.working = False
 
-    def _work(self) -> None:
+    def _work(self, worker: int) -> None:
+        translate = self.engines[worker]
         while True:
-            batch = self._take()
-            if batch is None:
+            taken = self._take(worker)
+            if taken is None:
                 return
-            batch = [job for job in batch if not job.request.cancelled]
-            if not batch:
+            if not taken:
                 continue
-            self.on_batch(batch)
-            try:
-                results = self.translate([job.text for job in batch], batch[0].choices)
+            batch, results = [job for job in taken if not job.request.cancelled], []
+            try:  # counted busy since _take
+                if batch:
+                    self.on_batch(batch)
+                    results = translate([job.text for job in batch], batch[0].choices)
             except Exception as e:  # the requests fail; the worker goes on
                 results = [e] * len(batch)
+            finally:
+                with self.cond:
+                    self.busy -= 1
             for job, result in zip(batch, results):
                 job.request.deliver(job.index, result)
-            self.last_done = time.monotonic()
+            self.last_done[worker] = time.monotonic()

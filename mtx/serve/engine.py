@@ -1,8 +1,9 @@
 """What `mtx serve` decodes with: mtx's own search (the default, exact) or a CTranslate2 export.
 
 An engine takes a list of texts and the request's choices (beam, n-best) and returns one
-`Result` per text, in order. The batcher (batcher.py) calls it from its one worker only,
-one batch at a time, so an engine needs no locking.
+`Result` per text, in order; `decode_batch` adds the attention where a request asks for it.
+Each engine is called by one batcher worker only (batcher.py), one batch at a time, in the
+server's process or in a decoding process of its own (workers.py), so it needs no locking.
 
 `MtxEngine` is `Translator.translate_ids`: the same search, settings and batch independence as
 `mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
@@ -24,6 +25,15 @@ from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
 
 ENGINES = ("mtx", "ctranslate2")
+
+
+@dataclass(frozen=True)
+class Choices:
+    """A request's decoding choices: only jobs with equal choices share a batch."""
+
+    beam: int
+    nbest: int
+    attention: bool = False  # also the attention of each translation (for the page)
 
 
 @dataclass
@@ -147,3 +157,12 @@ def make_engine(
         os.environ.setdefault("CT2_VERBOSE", "-1")
         return CT2Engine(checkpoints[0], translator, ct2_dir)
     return MtxEngine(translator)
+
+
+def decode_batch(engine: MtxEngine | CT2Engine, texts: list[str], choices: Choices) -> list[Result]:
+    """One batch: the translations, and their attention if the request asks for it."""
+    results = engine.translate(texts, choices.beam, choices.nbest)
+    if choices.attention:
+        for text, result in zip(texts, results):
+            result.attention = engine.attention(text, result.ids)
+    return results

@@ -23,6 +23,8 @@ class Metrics:
             "mtx_tokens_out", "Output subwords (best translation)", registry=r
         )
         self.queue = Gauge("mtx_queue_depth", "Sentences waiting for a batch", registry=r)
+        self.workers = Gauge("mtx_workers", "Decoding workers (serve.workers)", registry=r)
+        self.busy = Gauge("mtx_workers_busy", "Decoding workers decoding a batch now", registry=r)
         self.batch = Histogram(
             "mtx_batch_sentences",
             "Sentences per decoded batch",

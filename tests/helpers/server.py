@@ -87,6 +87,16 @@ class Server:
                 return float(line.split()[-1])
         raise KeyError(name)
 
+    def decoders(self) -> list[int]:
+        """The pids of the server's decoding processes (serve.workers > 1), sorted."""
+        pids = []
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                if b"spawn_main" in cmdline:  # not multiprocessing's resource tracker
+                    pids.append(int(child))
+        return sorted(pids)
+
     def wait_for_queue(self, depth: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while self.metric("mtx_queue_depth") != depth:
