@@ -170,13 +170,31 @@ class MultiHeadAttention(Packable, nn.Module):
         if isinstance(k, Groups):  # sources of several lengths: each group's own shapes
             if self.keep_weights:
                 raise ValueError("keep_weights takes sources of one length")
-            G = q.size(0) // k.size(0)
-            masks = [None] * len(k.parts) if mask is None else mask.parts
-            parts = zip(k.split(q, G), k.parts, v.parts, masks)
-            out = torch.cat([self._attend(*part, causal, start) for part in parts])
+            out = self._attend_groups(q, k, v, mask)
         else:
             out = self._attend(q, k, v, mask, causal, start)
         return self.project("out", out)
+
+    def _attend_groups(self, q: Tensor, k: Groups, v: Groups, mask: Groups | None) -> Tensor:
+        """q (B, H, T, d_k) over the groups of k and v (B / G rows in all, one group per padded
+        source length) -> (B, T, d_model): `_attend` group by group, with the queries arranged
+        and the output put back once for all groups (a decoding step's fixed cost)."""
+        B, H, T, d_k = q.shape
+        G = B // k.size(0)
+        masks = [None] * len(k.parts) if mask is None else mask.parts
+        if self.training:
+            parts = zip(k.split(q, G), k.parts, v.parts, masks)
+            return torch.cat([self._attend(*part, False, 0) for part in parts])
+        # (B, H, T, d_k) -> (B / G, H, G * T, d_k): a sentence's beams as one query, as in _attend
+        q = q.reshape(-1, G, H, T, d_k).transpose(1, 2).reshape(-1, H, G * T, d_k)
+        out, row = [], 0
+        for k_part, v_part, m in zip(k.parts, v.parts, masks):
+            n = k_part.size(0)
+            m = m.unsqueeze(1) if m is not None and m.dim() == 3 else m
+            out.append(attention(q[row : row + n], k_part, v_part, m, False)[0])
+            row += n
+        out = torch.cat(out).view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
+        return out.transpose(2, 3).reshape(B, T, self.d_model)
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, start: int
