@@ -13,7 +13,8 @@
    (--lines-per-request lines of the file, in turn) over a kept-alive connection, at most
    --requests requests or --seconds seconds in all. Reported: sentences/s,
    target tokens/s (the server's mtx_tokens_out_total), p50/p95/p99 latency, mean batch size
-   (mtx_batch_sentences) and errors.
+   (mtx_batch_sentences), the server's busy cores (the CPU time of its process and of its
+   decoding processes over the load's wall time) and errors.
 3. With --memory-requests N: the `batched` server's resident memory (VmRSS of the server and
    its decoding processes) after a warm-up and after N more requests at 16 clients.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import sys
 import threading
@@ -92,6 +94,7 @@ def load(server: Server, lines, clients: int, per_request: int, requests: int, s
         conn.close()
 
     before = metrics(server)
+    cpu_before = cpu_seconds(server.proc.pid)
     threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()
     for t in threads:
@@ -99,6 +102,7 @@ def load(server: Server, lines, clients: int, per_request: int, requests: int, s
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    cpu = cpu_seconds(server.proc.pid)
     after = metrics(server)
     done = len(latencies) * per_request
     batches = after["mtx_batch_sentences_count"] - before["mtx_batch_sentences_count"]
@@ -116,6 +120,10 @@ def load(server: Server, lines, clients: int, per_request: int, requests: int, s
         "p99_ms": 1000 * q[98],
         "mean_batch": sentences / batches if batches else 0.0,
         "seconds": wall,
+        # CPU time of the server and its decoding processes over the load, by process
+        "server_cores": {
+            pid: (cpu[pid] - cpu_before.get(pid, 0.0)) / wall for pid in cpu if pid in cpu_before
+        },
     }
 
 
@@ -124,15 +132,31 @@ def metrics(server: Server) -> dict[str, float]:
     return {name: server.metric(name) for name in names}
 
 
+def tree(pid: int) -> list[int]:
+    """Process `pid` and its descendants."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            out += tree(int(child))
+    return out
+
+
+def cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of process `pid` and of each of its descendants."""
+    out = {}
+    for p in tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        out[p] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def rss_mb(pid: int) -> float:
     """VmRSS of process `pid` and of its descendants, in MB."""
     total = 0.0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            total += int(line.split()[1]) / 1024
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            total += rss_mb(int(child))
+    for p in tree(pid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
     return total
 
 
@@ -142,6 +166,14 @@ MODES = {  # --set for each server
     "unbatched": ["serve.batching=false", "serve.workers=1"],
     "ctranslate2": [],
 }
+
+
+def cores(r: dict) -> str:
+    """The server's cores busy over a load, in all, then the main process's and each other
+    busy one's, e.g. "1.74 (0.17 + 0.76 + 0.81)"."""
+    by = [v for v in r["server_cores"].values()]
+    busy = [by[0]] + [v for v in by[1:] if v >= 0.01]  # not multiprocessing's tracker
+    return f"{sum(by):.2f} ({' + '.join(f'{v:.2f}' for v in busy)})"
 
 
 def main() -> None:
@@ -167,7 +199,7 @@ def main() -> None:
     print(f"mtx translate (one process): {cli['sentences_s']:.1f} sentences/s, "
           f"{cli['tokens_s']:.0f} target tokens/s", flush=True)  # fmt: skip
     print("| server | clients | sentences/s | target tok/s | vs CLI | p50 ms | p95 ms | p99 ms "
-          "| mean batch | errors |", flush=True)  # fmt: skip
+          "| mean batch | server cores | errors |", flush=True)  # fmt: skip
     for mode in args.modes.split(","):
         sets = [*MODES[mode], *args.set]
         engine = ("--engine", "ctranslate2") if mode == "ctranslate2" else ()
@@ -181,7 +213,7 @@ def main() -> None:
                 print(f"| {mode} | {n} | {r['sentences_s']:.1f} | {r['tokens_s']:.0f} | "
                       f"{r['sentences_s'] / cli['sentences_s']:.2f}x | {r['p50_ms']:.0f} | "
                       f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['mean_batch']:.1f} | "
-                      f"{r['errors']} |", flush=True)  # fmt: skip
+                      f"{cores(r)} | {r['errors']} |", flush=True)  # fmt: skip
             if mode == "batched" and args.memory_requests:
                 load(server, lines, 16, args.lines_per_request, 500, 600)
                 before = rss_mb(server.proc.pid)
