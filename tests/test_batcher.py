@@ -220,3 +220,64 @@ def test_idle_workers_share_the_queue_and_a_busy_one_leaves_it_to_the_others():
     busy, idle = run(one_busy())
     assert busy.batches == [(["x"], GREEDY)]
     assert idle.batches == [([f"r{i}" for i in range(6)], GREEDY)]
+
+
+class Stepper:
+    """A fake `advance` (continuous batching): a sentence of n characters ends after n steps;
+    each step waits for the test to release it and records the sentences it decoded."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, list] = {}
+        self.steps: list[list[str]] = []
+        self.gate, self.stepped = threading.Semaphore(0), threading.Semaphore(0)
+
+    def __call__(self, new: list) -> list:
+        self.gate.acquire()
+        for key, text, _ in new:
+            self.live[key] = [text, len(text)]
+        self.steps.append(sorted(text for text, _ in self.live.values()))
+        out = []
+        for key, entry in list(self.live.items()):
+            entry[1] -= 1
+            if entry[1] == 0:
+                out.append((key, Result([entry[0].upper()], [0.0])))
+                del self.live[key]
+        self.stepped.release()
+        if "boom" in self.steps[-1]:  # as MtxEngine.advance: its searches start afresh
+            self.live.clear()
+            raise RuntimeError("a step failed")
+        return out
+
+    def step(self) -> None:
+        self.gate.release()
+        assert self.stepped.acquire(timeout=30)
+
+
+def test_continuous_batching_lets_sentences_join_running_searches_within_the_budget():
+    engine = Stepper()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=24, max_wait_s=FOREVER, max_queue=100, continuous=True)
+        b.start()
+        first = await submit(b, ["aaaa", "aaa"], BEAM)  # 8 tokens each: 16 of the 24
+        await asyncio.to_thread(engine.step)
+        second = await submit(b, ["bb", "bbbbb", "b"], BEAM)  # one fits now, two wait
+        while not (first.future.done() and second.future.done()):
+            await asyncio.to_thread(engine.step)
+            await asyncio.sleep(0)
+        failing = await submit(b, ["boom", "cc"], BEAM)
+        await asyncio.to_thread(engine.step)
+        with pytest.raises(RuntimeError, match="a step failed"):
+            await failing.future
+        after = await submit(b, ["d"], BEAM)  # the worker goes on
+        await asyncio.to_thread(engine.step)
+        results = [await first.future, await second.future, await after.future]
+        b.stop()
+        return [[r.texts[0] for r in rs] for rs in results]
+
+    assert run(main()) == [["AAAA", "AAA"], ["BB", "BBBBB", "B"], ["D"]]
+    assert max(len(step) for step in engine.steps) == 3  # 24 tokens: at most 3 of 8
+    # "bb" joined while both first sentences still decoded (their 3rd step at the latest)
+    assert any({"aaaa", "aaa", "bb"} <= set(step) for step in engine.steps)
+    # no sentence waits for the whole batch: "bbbbb" joined before "bb" ended
+    assert any({"bb", "bbbbb"} <= set(step) for step in engine.steps)
