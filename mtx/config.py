@@ -155,9 +155,6 @@ class ServeConfig:
     # the CPU one per core, at most 4; on a GPU 1. With 1, the server's process decodes
     workers: int = 0
     max_wait_ms: float = 5.0  # wait at most this long for more sentences to fill a batch
-    # true: sentences join running beam searches at the next step (mtx's engine over a
-    # Transformer); false: batches decoded to their end (serve/batcher.py)
-    continuous: bool = False
     max_queue: int = 2048  # sentences waiting at most; a request beyond gets 503
     max_texts: int = 256  # texts in one request at most (413 beyond)
     max_chars: int = 4096  # characters in one text at most (413 beyond)

@@ -5,17 +5,15 @@
 1. `mtx translate`'s search on the whole file in one process (Translator.translate, the CLI's
    code, after a warm-up): sentences/s and target tokens/s.
 2. Servers (--modes), each in its own process: `batched` (serve.* as given: by default one
-   decoding process per core), `continuous` (the same with serve.continuous true: sentences
-   join running searches), `one-process` (batching, serve.workers 1: the
-   server's own process decodes), `unbatched` (serve.batching false and serve.workers 1: one request at a
+   decoding process per core), `one-process` (batching, serve.workers 1: the server's own
+   process decodes), `unbatched` (serve.batching false and serve.workers 1: one request at a
    time, as servers that serialise requests do) and `ctranslate2` (--engine ctranslate2): first the
    share of lines it translates as `mtx translate` does (also its warm-up); then for each
    client count (--clients), that many threads each send one request at a time
    (--lines-per-request lines of the file, in turn) over a kept-alive connection, at most
    --requests requests or --seconds seconds in all. Reported: sentences/s,
    target tokens/s (the server's mtx_tokens_out_total), p50/p95/p99 latency, mean batch size
-   (mtx_batch_sentences: with continuous batching, the sentences decoding at each step),
-   the server's busy cores (the CPU time of its process and of its
+   (mtx_batch_sentences), the server's busy cores (the CPU time of its process and of its
    decoding processes over the load's wall time) and errors.
 3. With --memory-requests N: the `batched` server's resident memory (VmRSS of the server and
    its decoding processes) after a warm-up and after N more requests at 16 clients.
@@ -164,7 +162,6 @@ def rss_mb(pid: int) -> float:
 
 MODES = {  # --set for each server
     "batched": [],
-    "continuous": ["serve.continuous=true"],
     "one-process": ["serve.workers=1"],
     "unbatched": ["serve.batching=false", "serve.workers=1"],
     "ctranslate2": [],

@@ -14,12 +14,6 @@
    beam's bookkeeping) in batches of 1 and 16 lines drawn at random: the median by the number
    of hypotheses decoded, and in batches of 16 the steps a batch and the share of its rows
    still decoding (a finished sentence leaves; the step's fixed cost stays).
-5. Continuous batching against batches, in one thread (as one decoding process of the server
-   on 2 cores): 400 random lines with N sentences in flight (--in-flight), decoded as batches
-   of N one after another (`MtxEngine.translate`), and with `MtxEngine.advance` (serve.continuous:
-   a new sentence joins the running search as soon as one ends); interleaved, best of
-   --repeats, with the steps each took and the cohorts (sentences that joined together) and
-   search groups per step.
 
 --parts picks which to run (default all).
 """
@@ -35,8 +29,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -110,31 +102,6 @@ def steps(tr, lines: list[str], size: int, batches: int) -> list[tuple[int, floa
     return out
 
 
-def continuous(engine, lines: list[str], in_flight: int, seed: int) -> dict[str, float]:
-    """Part 5: sentences/s, steps and mean cohorts per step of one run of each."""
-    from mtx.serve.engine import Choices
-
-    choices = Choices(engine.cfg.decode.beam, 1)
-    order = random.Random(seed).sample(lines, 400)
-    start = time.perf_counter()
-    for i in range(0, len(order), in_flight):
-        engine.translate(order[i : i + in_flight], choices.beam, 1)
-    out = {"batches": len(order) / (time.perf_counter() - start)}
-    waiting = [(key, text, choices) for key, text in enumerate(order)]
-    live = done = steps = cohorts = 0
-    start = time.perf_counter()
-    while done < len(order):
-        new, waiting = waiting[: in_flight - live], waiting[in_flight - live :]
-        live += len(new)
-        ended = engine.advance(new)
-        steps += 1
-        cohorts += engine.cohorts()
-        done, live = done + len(ended), live - len(ended)
-    out["continuous"] = len(order) / (time.perf_counter() - start)
-    out["steps"], out["cohorts"] = steps, cohorts / steps
-    return out
-
-
 def sizes(tr, lines: list[str], repeats: int) -> None:
     for size, n in ((1, 128), (4, 128), (16, 256), (64, 512), (len(lines), len(lines))):
         best = {True: 0.0, False: 0.0}
@@ -164,8 +131,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--src", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--parts", default="1,2,3,4,5")
-    ap.add_argument("--in-flight", default="8,16", help="Part 5: sentences in flight.")
+    ap.add_argument("--parts", default="1,2,3,4")
     args = ap.parse_args()
     from mtx.decode.translator import Translator
 
@@ -182,21 +148,6 @@ def main() -> None:
         print(f"kept-alive connection: {kept_alive_ms(args.checkpoint, lines):.1f} ms a request")
     if 4 in parts:
         step_times(tr, lines)
-    if 5 in parts:
-        from mtx.serve.engine import MtxEngine
-
-        engine, threads_before = MtxEngine(tr), torch.get_num_threads()
-        torch.set_num_threads(1)
-        for n in (int(x) for x in args.in_flight.split(",")):
-            runs = [continuous(engine, lines, n, seed) for seed in range(args.repeats)]
-            best = {k: max(r[k] for r in runs) for k in ("batches", "continuous")}
-            print(
-                f"{n} sentences in flight, one thread: batches {best['batches']:.1f} "
-                f"sentences/s, continuous {best['continuous']:.1f} "
-                f"({best['continuous'] / best['batches']:.2f}x; {runs[0]['steps']} steps, "
-                f"{runs[0]['cohorts']:.1f} cohorts a step)"
-            )
-        torch.set_num_threads(threads_before)
 
 
 if __name__ == "__main__":

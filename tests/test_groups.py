@@ -4,11 +4,10 @@ and every sentence gets, bit for bit, what it gets in a batch of its own length.
 import pytest
 import torch
 from conftest import tiny_model_config
-from helpers.capability_check import staggered
 from test_search import random_model
 
 from mtx.decode.ensemble import Ensemble
-from mtx.decode.search import BeamSearch, Sampling, beam_search, greedy_search
+from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
 from mtx.tokens import EOS_ID, PAD_ID
@@ -28,11 +27,6 @@ def test_selecting_rows_keeps_each_group_and_drops_empty_ones():
         g[torch.tensor([4, 1])]
     with pytest.raises(IndexError):
         g[torch.tensor([7])]
-    # a beam search reorders rows within their group: any order inside, the groups in order
-    taken = g.take([2, 0, 0, 6, 3])
-    assert [p[:, 0].tolist() for p in taken.parts] == [[2, 0, 0], [13, 10]]
-    with pytest.raises(ValueError, match="later group"):
-        g.take([4, 1])
     x = torch.arange(14)  # two rows per batch row: a sentence's beams
     assert [p.tolist() for p in g.split(x, 2)] == [list(range(6)), list(range(6, 14))]
     assert g.repeat_interleave(2).sizes == [6, 8]
@@ -121,46 +115,3 @@ def test_the_encoder_decoder_attention_of_a_mixed_batch_reads_each_groups_own_me
         logits = model.decode(tgt, memory, mask)
         alone = [model.decode(tgt[i : i + 1], *model.encode(s)) for i, s in enumerate(srcs)]
     assert torch.equal(logits, torch.cat(alone))
-
-
-@pytest.mark.parametrize("norm,positions", [("post", "sinusoidal"), ("pre", "relative")])
-@pytest.mark.parametrize("packed", [None, "fp32"])
-def test_sentences_joining_a_running_search_get_what_they_get_alone(norm, positions, packed):
-    """Continuous batching (decode/search.py's BeamSearch): cohorts of one and of several
-    lengths join a running beam search one step after another, each with its own positions
-    and self-attention cache, and every sentence ends with its hypotheses and scores alone."""
-    torch.manual_seed(0)
-    cfg = tiny_model_config(norm=norm, positions=positions, max_relative_position=3)
-    model = make_model(cfg, vocab_size=24).eval()
-    with torch.no_grad():
-        model.embed.weight.mul_(3.0)
-    model.pack(packed)
-    srcs = sources(LENGTHS)
-    cohorts = [srcs[3], mixed(srcs[:3]), srcs[8], mixed(srcs[4:8])]
-    hyps, most = staggered(model, cohorts, beam=4, max_len_b=8, nbest=2)
-    assert most >= 3  # three cohorts at different steps decoded together
-    for i, got in zip([3, 0, 1, 2, 8, 4, 5, 6, 7], hyps):
-        alone = beam_search(model, srcs[i], beam=4, max_len_b=8, nbest=2)[0]
-        assert [(h.tokens, h.score, h.log_prob) for h in got] == [
-            (h.tokens, h.score, h.log_prob) for h in alone
-        ]
-
-
-def test_an_ensemble_of_transformers_takes_sentences_into_a_running_search():
-    transformers = Ensemble([random_model(seed=1), random_model(seed=2)])
-    assert transformers.joins
-    assert not Ensemble([random_model(seed=1), random_model(arch="rnn-gru-location")]).joins
-    srcs = sources(LENGTHS[:6])
-    hyps, most = staggered(transformers, [mixed(srcs[:2]), srcs[2], mixed(srcs[3:])], beam=3)
-    assert most == 3
-    for src, got in zip(srcs, hyps):
-        alone = beam_search(transformers, src, beam=3)[0]
-        assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in got]
-
-
-def test_a_model_that_does_not_join_refuses_sentences_once_its_search_runs():
-    rnn = random_model(arch="rnn-gru-location")
-    search = BeamSearch(rnn, beam=2)
-    search.add(sources([3])[0])
-    with pytest.raises(ValueError, match="running search"):
-        search.add(sources([4])[0])

@@ -22,9 +22,7 @@ from mtx.decode.translator import SOURCE_BUCKET, Translator
 
 LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:96]
 # a worker that never sends a batch for want of waiting: only a full budget or SIGTERM does
-# batches that never fill: sentences wait in the queue until drained (not continuous batching,
-# where they start decoding at the next step)
-STALLED = ("serve.max_wait_ms=3600000", "decode.batch_tokens=100000", "serve.continuous=false")
+STALLED = ("serve.max_wait_ms=3600000", "decode.batch_tokens=100000")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +47,6 @@ def server(checkpoint):
     # small batches, so that a request of several lines spans batches
     # two decoding processes (serve/workers.py), whatever this machine's cores
     sets = ("decode.batch_tokens=64", "serve.max_texts=40", "serve.max_chars=600")
-    sets += ("serve.continuous=true",)  # sentences join running searches
     with Server(checkpoint, *sets, "serve.max_body_bytes=30000", "serve.workers=2") as s:
         yield s
         assert s.stop() == 0, "".join(s.lines)
@@ -84,8 +81,7 @@ def test_concurrent_clients_get_exactly_what_mtx_translate_gives(server, referen
     assert len(answers) == len(LINES)
     for text, translation, score in answers:
         assert (translation, score) == reference[text], text
-    # continuous batching: some steps decoded several sentences together
-    assert server.metric("mtx_batch_sentences_sum") > server.metric("mtx_batch_sentences_count")
+    assert server.metric("mtx_batch_sentences_count") < len(LINES)  # some batches held several
 
 
 def test_an_empty_text_gets_an_empty_translation_in_its_place(server, reference):
@@ -194,7 +190,6 @@ def lines_of_padded_length(checkpoint, length: int, n: int) -> list[str]:
 def test_sentences_of_concurrent_requests_go_in_one_batch_when_the_budget_fills(checkpoint):
     texts = lines_of_padded_length(checkpoint, 16, 6)
     sets = ("serve.max_wait_ms=3600000", "decode.batch_tokens=96", "serve.workers=1")
-    sets += ("serve.continuous=false",)
     with Server(checkpoint, *sets) as s:
         answers = {}
         threads = [
@@ -260,14 +255,11 @@ def test_a_signal_drains_the_queue_answers_everything_and_exits_0(checkpoint, re
         assert answer["translations"] == [reference[x][0] for x in texts]
 
 
-@pytest.mark.parametrize("continuous", [True, False])
-def test_a_decoding_process_that_dies_is_replaced_and_no_request_is_lost(
-    checkpoint, reference, continuous
-):
+def test_a_decoding_process_that_dies_is_replaced_and_no_request_is_lost(checkpoint, reference):
     texts = lines_of_padded_length(checkpoint, 16, 8)
-    # 8 lines of 16 tokens, a budget of 64 filled twice: 4 sentences for each process
+    # 8 lines of 16 tokens, a budget of 64 filled twice: one batch of 4 for each process
     sets = ("serve.workers=2", "serve.max_wait_ms=3600000", "decode.batch_tokens=64")
-    with Server(checkpoint, *sets, f"serve.continuous={str(continuous).lower()}") as s:
+    with Server(checkpoint, *sets) as s:
         assert s.get("/info")[2]["workers"] == 2 and s.metric("mtx_workers") == 2
         before = s.decoders()
         assert len(before) == 2
@@ -276,8 +268,7 @@ def test_a_decoding_process_that_dies_is_replaced_and_no_request_is_lost(
         assert status == 200, answer
         assert answer["translations"] == [reference[x][0] for x in texts]
         assert answer["scores"] == [reference[x][1] for x in texts]
-        if not continuous:  # two batches of 4, one of them sent again
-            assert s.metric("mtx_batch_sentences_count") == 2
+        assert s.metric("mtx_batch_sentences_count") == 2
         after = s.decoders()
         assert len(after) == 2 and before[0] not in after and before[1] in after
         assert s.stop() == 0, "".join(s.lines)

@@ -8,11 +8,10 @@ largest log p_m: M copies of one model then give exactly that model's log-probab
 the search (told by `gives_log_probs`) uses them as they are.
 
 An `Ensemble` has the model interface the search uses (search.py): `encode` gives each model's
-memory and mask, `new_cache` (and `start_cache`) one cache that is every model's caches one
-after the other (each a list of per-layer dicts, so `reorder_cache` and `join_caches` move
-them all), `decode` runs each model on its part. Each model computes a sentence alone
-(batch-independent), and the mean is taken per row, so an ensemble is as independent of the
-batch as one model. The models may differ in
+memory and mask, `new_cache` one cache that is every model's caches one after the other (each
+a list of per-layer dicts, so `reorder_cache` moves them all), `decode` runs each model on its
+part. Each model computes a sentence alone (batch-independent), and the mean is taken per row,
+so an ensemble is as independent of the batch as one model. The models may differ in
 architecture (a Transformer with the RNN); they must share the vocabulary.
 """
 
@@ -22,8 +21,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from mtx.model.groups import join
 
 
 @dataclass
@@ -43,9 +40,6 @@ class Masks:
     def __getitem__(self, index) -> Masks:
         return Masks([None if m is None else m[index] for m in self.masks])
 
-    def join(self, other: Masks) -> Masks:
-        return Masks([join(a, b) for a, b in zip(self.masks, other.masks)])
-
 
 class Ensemble:
     gives_log_probs = True  # decode() returns normalised log-probabilities, not logits
@@ -62,8 +56,6 @@ class Ensemble:
         self.cache_sizes = [len(m.new_cache()) for m in models]
         # sources of several lengths in one batch (model/groups.py) if every model takes them
         self.mixes_lengths = all(getattr(m, "mixes_lengths", False) for m in models)
-        # sentences joining a running search (decode/search.py) if every model takes them
-        self.joins = all(getattr(m, "joins", False) for m in models)
 
     def to(self, *args, **kwargs) -> Ensemble:
         self.models = [m.to(*args, **kwargs) for m in self.models]
@@ -83,9 +75,6 @@ class Ensemble:
 
     def new_cache(self) -> list[dict[str, Tensor]]:
         return [layer for m in self.models for layer in m.new_cache()]
-
-    def start_cache(self, memory: list[Tensor], rows: int) -> list[dict[str, Tensor]]:
-        return [layer for m, x in zip(self.models, memory) for layer in m.start_cache(x, rows)]
 
     def decode(
         self, tgt_in: Tensor, memory: list[Tensor] | None, masks: Masks, cache: list

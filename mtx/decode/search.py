@@ -31,10 +31,6 @@ depends on `stopping`:
   then the one the beam would reach if every hypothesis ran to the maximum length.
 - "never": run to the maximum length (slow; the reference that "exact" is tested against).
 
-`BeamSearch` holds a running beam search: sentences may be added to it between steps (with a
-model that `joins`), each computed as in a search of its own, which is how `mtx serve` does
-continuous batching; `beam_search` is one batch searched to the end.
-
 Greedy search and sampling report score = log P(Y) (no length penalty: nothing is ranked).
 """
 
@@ -46,8 +42,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtx.model.groups import Groups, join
-from mtx.model.transformer import join_caches, reorder_cache
+from mtx.model.groups import Groups
+from mtx.model.transformer import reorder_cache
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 STOPPING = ("k_finished", "exact", "never")
@@ -185,107 +181,44 @@ def beam_step(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, T
     return top, idx // V, idx % V
 
 
-class BeamSearch:
-    """A beam search that sentences may join while it runs: `add` sources, then `step` until
-    it is empty; each step returns the sentences it finished. `beam_search` adds one batch and
-    steps to the end.
+@torch.inference_mode()
+def beam_search(
+    model,
+    src: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    limit: int = 1024,
+    nbest: int = 1,
+    stopping: str = "k_finished",
+) -> list[list[Hypothesis]]:
+    """The `nbest` (at most `beam`) best hypotheses of each sentence of `src` (B, S), best first."""
+    if stopping not in STOPPING:
+        raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
+    K, B0, device = beam, src.size(0), src.device
+    memory, src_mask = model.encode(src)  # one row per sentence, not per beam
+    max_len = max_lengths(src, max_len_a, max_len_b, limit).tolist()
+    alive = list(range(B0))  # original index of each sentence still decoded
+    cache = model.new_cache()
+    tokens = torch.full((B0 * K, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t)
+    scores = torch.full((B0, K), -torch.inf, device=device)
+    scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
+    finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
 
-    With a model that `joins` (the Transformer), sentences added while others decode form a
-    cohort of their own: they start at step 0, with their own positions and self-attention
-    cache (transformer.py's `join_caches`), so each sentence is computed as in a search of
-    its own, bit for bit. `mtx serve` adds each request's sentences at the next step rather
-    than waiting for a batch to end (continuous batching). The hypotheses' tokens are kept
-    right-aligned: a later cohort's rows start with padding."""
-
-    def __init__(
-        self,
-        model,
-        beam: int = 4,
-        alpha: float = 0.6,
-        max_len_a: float = 1.0,
-        max_len_b: int = 50,
-        limit: int = 1024,
-        nbest: int = 1,
-        stopping: str = "k_finished",
-    ) -> None:
-        if stopping not in STOPPING:
-            raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
-        self.model, self.K, self.alpha = model, beam, alpha
-        self.nbest, self.stopping = nbest, stopping
-        self.lengths = (max_len_a, max_len_b, limit)
-        self.joins = getattr(model, "joins", False)
-        self._clear()
-
-    def _clear(self) -> None:
-        self.keys: list = []  # each live sentence's key (given to `add`), in row order
-        self.max_len: list[int] = []
-        self.finished: list[list[Hypothesis]] = []
-        self.cohorts: list[list[int]] = []  # [live sentences, steps decoded] of each, in row order
-        self.tokens: Tensor | None = None  # (B*K, t + 1) BOS and each hypothesis's tokens
-        self.scores: Tensor | None = None  # (B, K) of the live beams
-        self.memory = self.src_mask = self.cache = None
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @torch.inference_mode()
-    def add(self, src: Tensor | Groups, keys: list | None = None) -> None:
-        """Sentences `src` (B, S), or of several padded lengths (`Groups`), named by `keys`
-        (default 0..B-1) in what `step` returns; decoded from the next step on."""
-        B, K, device = src.size(0), self.K, src.device
-        if self.keys and not self.joins:
-            raise ValueError("this model takes no sentences into a running search")
-        memory, src_mask = self.model.encode(src)  # one row per sentence, not per beam
-        if self.joins:
-            cache, memory = self.model.start_cache(memory, B * K), None
-        else:
-            cache = self.model.new_cache()
-        scores = torch.full((B, K), -torch.inf, device=device)
-        scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
-        tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=device)
-        if self.keys:
-            pad = tokens.new_full((B * K, self.tokens.size(1) - 1), PAD_ID)
-            self.tokens = torch.cat([self.tokens, torch.cat([pad, tokens], 1)])
-            self.scores = torch.cat([self.scores, scores])
-            self.cache = join_caches(self.cache, cache)
-            self.src_mask = join(self.src_mask, src_mask)
-        else:
-            self.tokens, self.scores, self.cache = tokens, scores, cache
-            self.memory, self.src_mask = memory, src_mask
-        self.keys += list(range(B)) if keys is None else list(keys)
-        self.max_len += max_lengths(src, *self.lengths).tolist()
-        self.finished += [[] for _ in range(B)]
-        self.cohorts.append([B, 0])
-
-    def run(self, src: Tensor | Groups) -> list[list[Hypothesis]]:
-        """The hypotheses of each sentence of `src`, searched to the end (an empty search)."""
-        if self:
-            raise ValueError("run() takes an empty search")
-        self.add(src)
-        out: list[list[Hypothesis]] = [[] for _ in range(src.size(0))]
-        while self:
-            for i, hyps in self.step():
-                out[i] = hyps
-        return out
-
-    def _done(self, fin: list[Hypothesis], live_best: float, longest: int) -> bool:
-        if self.stopping == "k_finished":
-            return len(fin) >= self.K
-        if self.stopping == "never" or len(fin) < self.nbest:
+    def _sentence_done(fin: list[Hypothesis], live_best: float, longest: int) -> bool:
+        if stopping == "k_finished":
+            return len(fin) >= K
+        if stopping == "never" or len(fin) < nbest:
             return False
-        nth = sorted((h.score for h in fin), reverse=True)[self.nbest - 1]
-        return nth >= live_best / length_penalty(longest, self.alpha)  # live_best <= 0
+        nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
+        return nth >= live_best / length_penalty(longest, alpha)  # live_best <= 0
 
-    @torch.inference_mode()
-    def step(self) -> list[tuple[object, list[Hypothesis]]]:
-        """One step of every live sentence: (key, its `nbest` hypotheses, best first) of each
-        sentence this step finished."""
-        K, B, device = self.K, len(self.keys), self.scores.device
-        t = [steps for n, steps in self.cohorts for _ in range(n)]  # each sentence's steps
-        force = [i * K + j for i in range(B) if t[i] + 1 >= self.max_len[i] for j in range(K)]
-        last = self.tokens[:, -1:]
-        lprobs = _log_probs(self.model, last, self.memory, self.src_mask, self.cache, force)
-        top, from_beam, tok = beam_step(self.scores, lprobs, K)
+    for t in range(max(max_len)):
+        B = len(alive)
+        force = [i * K + j for i, b in enumerate(alive) if t + 1 >= max_len[b] for j in range(K)]
+        lprobs = _log_probs(model, tokens[:, -1:], memory, src_mask, cache, force)
+        top, from_beam, tok = beam_step(scores, lprobs, K)
         rows = torch.arange(B, device=device).unsqueeze(1) * K + from_beam  # (B, 2K) flat rows
         is_eos = tok == EOS_ID
         # One transfer to the host per step: the scores of the first K candidates where they
@@ -296,68 +229,29 @@ class BeamSearch:
         new = [(i, j) for i in range(B) for j in range(K) if host[i][j] > -torch.inf]
         if new:  # NaN and -inf compare False: only real finished hypotheses
             ids = rows[[i for i, _ in new], [j for _, j in new]]
-            width = self.tokens.size(1)
-            for (i, j), row in zip(new, self.tokens[ids].tolist()):
-                score = host[i][j] / length_penalty(t[i] + 1, self.alpha)
-                self.finished[i].append(Hypothesis(row[width - t[i] :], score, host[i][j]))
+            for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
+                finished[alive[i]].append(
+                    Hypothesis(hyp, host[i][j] / length_penalty(t + 1, alpha), host[i][j])
+                )
         done = [
-            t[i] + 1 >= self.max_len[i] or self._done(self.finished[i], host[i][K], self.max_len[i])
-            for i in range(B)
-        ]
-        out = [
-            (self.keys[i], sorted(self.finished[i], key=lambda h: -h.score)[: self.nbest])
-            for i in range(B)
-            if done[i]
+            t + 1 >= max_len[b] or _sentence_done(finished[b], host[i][K], max_len[b])
+            for i, b in enumerate(alive)
         ]
         if all(done):
-            self._clear()  # empty: the next `add` starts afresh
-            return out
+            break
         # The best K candidates not ending in EOS continue.
         order = is_eos.long() * (2 * K) + torch.arange(tok.size(1), device=device)
         keep = order.argsort(dim=1)[:, :K]  # (B, K)
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         sentences = None
         if any(done):  # finished sentences leave the batch
-            self._leave(done)
             live = [i for i in range(B) if not done[i]]
             sentences = torch.tensor(live, device=device)
+            alive = [alive[i] for i in live]
             scores, rows, tok = scores[sentences], rows[sentences], tok[sentences]
-            self.src_mask = None if self.src_mask is None else self.src_mask[sentences]
+            src_mask = None if src_mask is None else src_mask[sentences]
         rows = rows.view(-1)  # (B'*K,) rows of the previous step's hypotheses
-        for cohort in self.cohorts:
-            cohort[1] += 1
-        width = max(steps for _, steps in self.cohorts) + 1  # the oldest cohort's
-        self.tokens = torch.cat([self.tokens[rows, -(width - 1) :], tok.view(-1, 1)], 1)
-        self.scores = scores
-        self.cache = reorder_cache(self.cache, rows, sentences)
-        self.memory = None  # from now on the cache holds its keys/values
-        return out
-
-    def _leave(self, done: list[bool]) -> None:
-        """Drop the finished sentences from the host's lists and their cohorts."""
-        live = [i for i, d in enumerate(done) if not d]
-        self.keys = [self.keys[i] for i in live]
-        self.max_len = [self.max_len[i] for i in live]
-        self.finished = [self.finished[i] for i in live]
-        first, cohorts = 0, []
-        for n, steps in self.cohorts:
-            left = n - sum(done[first : first + n])
-            first += n
-            if left:
-                cohorts.append([left, steps])
-        self.cohorts = cohorts
-
-
-def beam_search(
-    model,
-    src: Tensor | Groups,
-    beam: int = 4,
-    alpha: float = 0.6,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-    limit: int = 1024,
-    nbest: int = 1,
-    stopping: str = "k_finished",
-) -> list[list[Hypothesis]]:
-    """The `nbest` (at most `beam`) best hypotheses of each sentence of `src` (B, S), best first."""
-    return BeamSearch(model, beam, alpha, max_len_a, max_len_b, limit, nbest, stopping).run(src)
+        tokens = torch.cat([tokens[rows], tok.view(-1, 1)], 1)
+        cache = reorder_cache(cache, rows, sentences)
+        memory = None  # from now on the cache holds its keys/values
+    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]

@@ -33,7 +33,7 @@ from mtx.config import Config
 from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.decode.ensemble import Ensemble
-from mtx.decode.search import BeamSearch, Hypothesis, Sampling, greedy_search
+from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
@@ -159,14 +159,8 @@ class Translator:
             return [sorted(g, key=lambda h: -h.score) for g in groups]
         if d.beam == 1:
             return [[h] for h in greedy_search(self.model, src, d.max_len_a, d.max_len_b, limit)]
-        return self.beam_search(nbest).run(src)
-
-    def beam_search(self, nbest: int = 1) -> BeamSearch:
-        """An empty beam search with decode.* settings (`mtx serve` adds sentences to it as
-        they come: decode/search.py)."""
-        d, limit = self.cfg.decode, self.model.cfg.max_positions - 1
-        return BeamSearch(
-            self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, nbest, d.stopping
+        return beam_search(
+            self.model, src, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, nbest, d.stopping
         )
 
     def translate_ids(
@@ -180,24 +174,13 @@ class Translator:
         lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
         mix = getattr(self.model, "mixes_lengths", False)
         for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
-            src, rows = self.sources(ids, batch)
+            parts = [pad([ids[i] for i in idx], length=n).to(self.device) for n, idx in batch]
+            src = parts[0] if len(parts) == 1 else Groups(parts)
+            rows = [i for _, idx in batch for i in idx]  # the lines of src's rows, in order
             numbers = [first_line + i for i in rows]
             for i, hyps in zip(rows, self.search(src, nbest, numbers)):
                 out[i] = hyps
         return out
-
-    def sources(self, ids: list[list[int]], batch: Batch | None = None) -> tuple:
-        """The source tensor of one batch (`source_batches`'; default: all of `ids`, grouped
-        by padded length) and the index in `ids` of each of its rows, in order."""
-        if batch is None:
-            limit = self.model.cfg.max_positions
-            by_length: dict[int, list[int]] = {}
-            for i, x in enumerate(ids):
-                by_length.setdefault(padded_length(len(x), limit), []).append(i)
-            batch = sorted(by_length.items())
-        parts = [pad([ids[i] for i in idx], length=n).to(self.device) for n, idx in batch]
-        rows = [i for _, idx in batch for i in idx]
-        return (parts[0] if len(parts) == 1 else Groups(parts)), rows
 
     def translate(self, lines: list[str]) -> list[str]:
         """One detokenized translation per input string, in input order."""

@@ -152,8 +152,6 @@ class MultiHeadAttention(Packable, nn.Module):
         start = 0  # position of the first query (for relative positions)
         if not self.cross:
             q, k, v = self._heads(self.project("qkv", query), 3)
-            if cache is not None and isinstance(cache.get("k"), Groups):
-                return self.project("out", self._attend_cohorts(q, k, v, cache))
             if cache is not None:
                 start = cache["k"].size(2) if "k" in cache else 0
                 if "k" in cache:
@@ -176,22 +174,6 @@ class MultiHeadAttention(Packable, nn.Module):
         else:
             out = self._attend(q, k, v, mask, causal, start)
         return self.project("out", out)
-
-    def _attend_cohorts(self, q: Tensor, k: Tensor, v: Tensor, cache: dict) -> Tensor:
-        """Self-attention of hypotheses that started decoding at different steps (sentences
-        that joined a running search, decode/search.py): the cache holds `Groups` of keys and
-        values, one group per cohort (the sentences that joined together), each as long as its
-        cohort's steps; each cohort attends over its own, with the shapes it has alone."""
-        if q.size(2) != 1:
-            raise ValueError("cohorts of different lengths decode one position at a time")
-        old_k, old_v = cache["k"], cache["v"]
-        cache["k"] = Groups([torch.cat(p, 2) for p in zip(old_k.parts, old_k.split(k))])
-        cache["v"] = Groups([torch.cat(p, 2) for p in zip(old_v.parts, old_v.split(v))])
-        out = [
-            self._attend(q_part, k_part, v_part, None, False, k_part.size(2) - 1)
-            for q_part, k_part, v_part in zip(old_k.split(q), cache["k"].parts, cache["v"].parts)
-        ]
-        return torch.cat(out)
 
     def _attend_groups(self, q: Tensor, k: Groups, v: Groups, mask: Groups | None) -> Tensor:
         """q (B, H, T, d_k) over the groups of k and v (B / G rows in all, one group per padded

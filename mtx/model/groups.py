@@ -59,39 +59,20 @@ class Groups:
         rows = index.tolist()
         if rows != sorted(rows):
             raise ValueError("Groups selects rows in ascending order, keeping the groups")
-        return self.take(rows)
-
-    def take(self, rows: list[int], local: list[Tensor | None] | None = None) -> Groups:
-        """The rows `rows`, each staying in its group: the rows of each group come together, in
-        any order within it, after those of the groups before it (a beam search reordering
-        each sentence's hypotheses). Groups left with no row are dropped, a group whose rows
-        are all taken in order is kept as it is. `local` is `plan(rows)`, when computed once
-        for several Groups of the same sizes."""
-        if local is None:
-            local = self.plan(rows)
-        out = []
-        for part, index in zip(self.parts, local):
-            if index is None:
-                out.append(part)
-            elif index.numel():
-                out.append(part.index_select(0, index.to(part.device)))
-        return Groups(out)
-
-    def plan(self, rows: list[int]) -> list[Tensor | None]:
-        """For `take`: each group's rows, counted from its first (None: all, in order)."""
-        local, start, i = [], 0, 0
-        for n in self.sizes:
-            end, mine = start + n, []
-            while i < len(rows) and start <= rows[i] < end:
+        out, start, i = [], 0, 0
+        for part in self.parts:
+            end, mine = start + part.size(0), []
+            while i < len(rows) and rows[i] < end:
                 mine.append(rows[i] - start)
                 i += 1
-            local.append(None if mine == list(range(n)) else torch.tensor(mine, dtype=torch.long))
+            if len(mine) == part.size(0):
+                out.append(part)
+            elif mine:
+                out.append(part.index_select(0, torch.tensor(mine, device=part.device)))
             start = end
         if i != len(rows):
-            if 0 <= rows[i] < start:
-                raise ValueError(f"row {rows[i]} is taken after rows of a later group")
             raise IndexError(f"row {rows[i]} is out of range for {start} rows")
-        return local
+        return Groups(out)
 
     def __getitem__(self, index: Tensor) -> Groups:
         return self.index_select(0, index)
@@ -101,22 +82,3 @@ class Groups:
 
     def contiguous(self) -> Groups:
         return self.map(Tensor.contiguous)
-
-
-def parts(x: Tensor | Groups) -> list[Tensor]:
-    return x.parts if isinstance(x, Groups) else [x]
-
-
-def join(a, b):
-    """The rows of `a` then those of `b` (each a tensor, `Groups`, an object with a `join`
-    method, or both None): sentences joining a running search (decode/search.py)."""
-    if a is None and b is None:
-        return None
-    if hasattr(a, "join"):
-        return a.join(b)
-    return Groups(parts(a) + parts(b))
-
-
-def single(x):
-    """A `Groups` of one group as that group's tensor (the cheaper path); anything else as is."""
-    return x.parts[0] if isinstance(x, Groups) and len(x.parts) == 1 else x

@@ -121,10 +121,8 @@ class DecoderLayer(nn.Module):
             mask, causal = None, True
         else:
             # New positions attend to every cached position and causally among themselves.
-            t, mask, causal = x.size(1), None, False
-            if t > 1:
-                n = t + (cache["k"].size(2) if "k" in cache else 0)
-                mask = _tail_causal_mask(t, n, x.device)
+            t, n = x.size(1), x.size(1) + (cache["k"].size(2) if "k" in cache else 0)
+            mask, causal = (None if t == 1 else _tail_causal_mask(t, n, x.device)), False
 
         def self_attention(h: Tensor) -> Tensor:
             return self.self_attn(h, mask=mask, causal=causal, cache=cache)

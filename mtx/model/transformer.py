@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
-from mtx.model.groups import Groups, join, single
+from mtx.model.groups import Groups
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
@@ -34,7 +34,6 @@ Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 
 class Transformer(EncoderDecoder, nn.Module):
     mixes_lengths = True  # encode and decode take `Groups` of sources (model/groups.py)
-    joins = True  # sentences may join a running search (`start_cache`, `join_caches`)
     PARTS = {
         "embeddings": ("embed.", "position_embed."),  # the shared embedding is the output layer
         "encoder": ("encoder_layers.", "encoder_norm."),
@@ -137,12 +136,8 @@ class Transformer(EncoderDecoder, nn.Module):
         and the cache is extended in place: incremental decoding gives the same logits as
         decoding the whole prefix at once.
         """
-        k = cache[0].get("k") if cache else None
-        if isinstance(k, Groups):  # cohorts at different steps (join_caches): their positions
-            starts = [part.size(2) for part in k.parts]
-            x = torch.cat([self.embed_tokens(*p) for p in zip(k.split(tgt_in), starts)])
-        else:
-            x = self.embed_tokens(tgt_in, 0 if k is None else k.size(2))  # (B, T, d)
+        start = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
+        x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, memory, src_mask, None if cache is None else cache[i])
         if self.decoder_norm is not None:
@@ -154,22 +149,6 @@ class Transformer(EncoderDecoder, nn.Module):
     def new_cache(self) -> Cache:
         return [{} for _ in self.decoder_layers]
 
-    def start_cache(self, memory: Tensor | Groups, rows: int) -> Cache:
-        """The cache of `rows` hypotheses about to decode over `memory` (one row per sentence:
-        a sentence's beams share it): each decoder layer's encoder-decoder keys/values
-        computed now, as the first step would, and its self-attention keys/values empty. A
-        search starts so when other sentences may join it (`join_caches`)."""
-        first = memory.parts[0] if isinstance(memory, Groups) else memory
-        cfg = self.cfg
-        d_k = cfg.d_model // cfg.n_heads
-        empty = first.new_zeros(rows, cfg.n_heads, 0, d_k)
-        cache = []
-        for layer in self.decoder_layers:
-            k, v = layer.cross_attn.project_kv(memory)
-            cache.append({"memory_k": k.contiguous(), "memory_v": v.contiguous()})
-            cache[-1]["k"] = cache[-1]["v"] = empty
-        return cache
-
     def cross_attention_modules(self) -> list[MultiHeadAttention]:
         """The encoder-decoder attention of each decoder layer (for `keep_weights`)."""
         return [layer.cross_attn for layer in self.decoder_layers]
@@ -178,37 +157,15 @@ class Transformer(EncoderDecoder, nn.Module):
 def reorder_cache(cache: Cache, rows: Tensor, sentences: Tensor | None = None) -> Cache:
     """Select rows `rows` of the cached self-attention keys/values (one row per hypothesis:
     beam reordering, dropping finished ones) and, given `sentences`, those rows of the cached
-    memory keys/values (one row per sentence: dropping finished sentences). `Groups` of rows
-    (sources of several lengths, cohorts of several steps) keep their groups; a cohort left
-    alone becomes a tensor again (the source mask stays `Groups`, and so do the memory's)."""
-    index = {"rows": rows, "sentences": sentences}
-    host, plans = {}, {}  # computed once for all layers
+    memory keys/values (one row per sentence: dropping finished sentences)."""
     out = []
     for layer in cache:
         new = {}
         for name, value in layer.items():
-            which = "sentences" if name.startswith("memory_") else "rows"
-            if index[which] is None:
-                new[name] = value
-            elif isinstance(value, Groups):
-                if which not in host:
-                    host[which] = index[which].tolist()
-                key = (which, tuple(value.sizes))
-                if key not in plans:
-                    plans[key] = value.plan(host[which])
-                taken = value.take(host[which], plans[key])
-                new[name] = single(taken) if which == "rows" else taken
-            else:
-                new[name] = value.index_select(0, index[which])
+            index = sentences if name.startswith("memory_") else rows
+            new[name] = value if index is None else value.index_select(0, index)
         out.append(new)
     return out
-
-
-def join_caches(a: Cache, b: Cache) -> Cache:
-    """The cache of a running search (`a`) with sentences joining it (`b`, from
-    `start_cache`): rows of `a`, then of `b`. The self-attention keys/values become `Groups`
-    of cohorts, each as long as its cohort's steps (attention.py's `_attend_cohorts`)."""
-    return [{name: join(x[name], y[name]) for name in x} for x, y in zip(a, b)]
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -105,28 +105,21 @@ def _page() -> str:
 
 class Service:
     """The batcher, metrics and limits behind the routes. The batcher's workers decode with
-    `decoders` (the decoding processes: workers.py), or without them with the engine, in this
-    process: sentences join running searches (`advance`) with serve.continuous and an engine
-    that `joins`, else batches (`translate`)."""
+    `decoders` (the decoding processes' `translate`: workers.py), or without them with the
+    engine, in this process."""
 
     def __init__(self, engine, info: dict, decoders: list | None = None) -> None:
         self.engine, self.info = engine, info
         self.cfg = engine.cfg
         s = self.cfg.serve
         self.metrics = Metrics()
-        continuous = s.continuous and s.batching and getattr(engine, "joins", False)
-        if continuous:
-            engines = [d.advance for d in decoders] if decoders else [engine.advance]
-        else:
-            engines = [d.translate for d in decoders] if decoders else [self._translate]
         self.batcher = Batcher(
-            engines,
+            decoders or [self._translate],
             batch_tokens=self.cfg.decode.batch_tokens,
             max_wait_s=s.max_wait_ms / 1000,
             max_queue=s.max_queue,
             batching=s.batching,
             on_batch=lambda jobs: self.metrics.batch.observe(len(jobs)),
-            continuous=continuous,
         )
         self.metrics.queue.set_function(self.batcher.depth)
         self.metrics.workers.set(len(self.batcher.engines))

@@ -15,12 +15,6 @@ the queued tokens (the queued tokens divided by the idle workers), so that the s
 concurrent clients are spread over the workers rather than all decoded by one while the
 others wait.
 
-With `continuous` (serve.continuous, mtx's engine over a Transformer), a worker does not form
-batches: at each step of its running searches it admits the queued jobs that fit its share
-of the tokens (the tokens queued and decoding over all workers, divided among them; at most
-`batch_tokens` decoding at once), they join the searches (decode/search.py's BeamSearch), and
-each job is answered as soon as its sentence ends (`_work_continuous`).
-
 The event loop only queues jobs and awaits the request's future; a worker resolves it with
 `loop.call_soon_threadsafe`. The workers are `work()`, run by `mtx serve` in its main thread
 (the first worker there, the others in threads of their own; the HTTP server runs in another
@@ -35,7 +29,6 @@ ShuttingDown and ends the workers.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import threading
 import time
@@ -103,12 +96,8 @@ class Batcher:
         max_queue: int,
         batching: bool = True,
         on_batch: Callable[[list[Job]], None] = lambda jobs: None,
-        continuous: bool = False,  # engines are `advance`s (engine.py), not `translate`s
     ) -> None:
         self.engines = [translate] if callable(translate) else list(translate)
-        self.continuous = continuous
-        self.keys = itertools.count()
-        self.in_flight = [0] * len(self.engines)  # source tokens each worker decodes now
         self.batch_tokens = batch_tokens
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
@@ -255,67 +244,7 @@ class Batcher:
                 thread.join()
             self.working = False
 
-    def _admit(self, worker: int, decoding: bool) -> list[Job] | None:
-        """Continuous batching: the queued jobs that join worker `worker`'s searches at its
-        next step, as many as fit its share of the tokens (the tokens queued and in flight
-        over all workers, divided among them; at most batch_tokens); waiting for one if it
-        decodes nothing. None once stopped, or drained, with nothing to decode."""
-        with self.cond:
-            while not decoding and not self.queue:
-                if self.stopped or self.draining:
-                    return None
-                self.cond.wait()
-            if self.stopped:
-                return []
-            total = sum(self.in_flight) + sum(job.tokens for job in self.queue)
-            budget = min(self.batch_tokens, math.ceil(total / len(self.engines)))
-            taken, rest = [], []
-            for job in self.queue:
-                if job.request.cancelled:
-                    continue
-                if self.in_flight[worker] + job.tokens <= budget or not (decoding or taken):
-                    taken.append(job)
-                    self.in_flight[worker] += job.tokens
-                else:
-                    rest.append(job)
-            self.queue = rest
-            return taken
-
-    def _work_continuous(self, worker: int) -> None:
-        """A worker whose engine is an `advance` (engine.py): jobs join the running searches
-        at every step, and each is answered as soon as its sentence ends."""
-        advance = self.engines[worker]
-        decoding: dict[int, Job] = {}
-        while True:
-            new = self._admit(worker, bool(decoding))
-            if new is None:
-                return
-            keyed = [(next(self.keys), job) for job in new]
-            if keyed and not decoding:
-                with self.cond:
-                    self.busy += 1
-            decoding.update(keyed)
-            if not decoding:
-                continue
-            self.on_batch(list(decoding.values()))
-            try:
-                ended = advance([(key, job.text, job.choices) for key, job in keyed])
-            except Exception as e:  # every sentence in flight fails; the worker goes on
-                ended = [(key, e) for key in decoding]
-            for key, result in ended:
-                job = decoding.pop(key)
-                job.request.deliver(job.index, result)
-                with self.cond:
-                    self.in_flight[worker] -= job.tokens
-            if not decoding:
-                with self.cond:
-                    self.busy -= 1
-                    self.cond.notify_all()
-                self.last_done[worker] = time.monotonic()
-
     def _work(self, worker: int) -> None:
-        if self.continuous and self.batching:
-            return self._work_continuous(worker)
         translate = self.engines[worker]
         while True:
             taken = self._take(worker)

@@ -7,8 +7,7 @@ server's process or in a decoding process of its own (workers.py), so it needs n
 
 `MtxEngine` is `Translator.translate_ids`: the same search, settings and batch independence as
 `mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
-else is in its batch. Its `advance` (continuous batching, serve.continuous) adds sentences to
-running beam searches and steps them, with the same outcome for every sentence. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
+else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
 faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
 its outputs may differ from mtx's and from one batch to the next.
 """
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from mtx.decode.search import BeamSearch, Hypothesis
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
@@ -54,75 +52,27 @@ class MtxEngine:
         self.translator = translator
         self.cfg = translator.cfg
         self.single_model = not hasattr(translator.model, "models")  # an Ensemble has models
-        # sentences join running searches (`advance`): a model that `joins`
-        self.joins = getattr(translator.model, "joins", False)
         self._by_beam: dict[int, Translator] = {}
-        self._searches: dict[Choices, BeamSearch] = {}  # running, for `advance`
-        self._texts: dict[int, str] = {}  # the text of each sentence they decode, by key
 
     def length(self, text: str) -> int:
         """Source subwords of `text`, EOS included: what the token budget counts."""
         return len(self.translator.encode(text))
 
-    def _beam(self, beam: int) -> Translator:
+    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
         if beam not in self._by_beam:
             self._by_beam[beam] = self.translator.with_decode(beam=beam)
-        return self._by_beam[beam]
-
-    def _result(self, text: str, hyps: list[Hypothesis]) -> Result:
-        tr = self.translator
-        return Result(
-            texts=[tr.detokenize(h.tokens) for h in hyps],
-            scores=[float(h.score) for h in hyps],
-            ids=list(hyps[0].tokens),
-            tokens_in=self.length(text),
-        )
-
-    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
-        hyps = self._beam(beam).translate_ids(texts, nbest)
-        return [self._result(text, h) for text, h in zip(texts, hyps)]
-
-    def cohorts(self) -> int:
-        """Cohorts decoding now (sentences that joined a running search together), in all."""
-        return sum(len(search.cohorts) for search in self._searches.values())
-
-    def advance(self, new: list[tuple[int, str, Choices]]) -> list[tuple[int, Result]]:
-        """Continuous batching: sentences `new` (key, text, choices) join the running beam
-        search of their choices, every running search decodes one step, and the sentences
-        that ended come back as (key, result). Each is decoded as `translate` would decode it
-        (the search computes every sentence as alone: decode/search.py); greedy ones (beam 1)
-        are decoded at once, as a batch."""
-        try:
-            return self._advance(new)
-        except BaseException:  # the batcher fails every sentence in flight: start afresh
-            self._searches.clear()
-            self._texts.clear()
-            raise
-
-    def _advance(self, new: list[tuple[int, str, Choices]]) -> list[tuple[int, Result]]:
-        done = []
-        by_choices: dict[Choices, list[tuple[int, str]]] = {}
-        for key, text, choices in new:
-            by_choices.setdefault(choices, []).append((key, text))
-        for choices, items in by_choices.items():
-            if choices.beam == 1:
-                results = decode_batch(self, [text for _, text in items], choices)
-                done += [(key, r) for (key, _), r in zip(items, results)]
-                continue
-            tr = self._beam(choices.beam)
-            if choices not in self._searches:
-                self._searches[choices] = tr.beam_search(choices.nbest)
-            src, rows = tr.sources([tr.encode(text) for _, text in items])
-            self._searches[choices].add(src, [items[i][0] for i in rows])
-            self._texts.update(items)
-        for choices, search in self._searches.items():
-            for key, hyps in search.step() if search else []:
-                text = self._texts.pop(key)
-                result = self._result(text, hyps)
-                if choices.attention:
-                    result.attention = self.attention(text, result.ids)
-                done.append((key, result))
-        return done
+        tr = self._by_beam[beam]
+        out = []
+        for text, hyps in zip(texts, tr.translate_ids(texts, nbest)):
+            out.append(
+                Result(
+                    texts=[tr.detokenize(h.tokens) for h in hyps],
+                    scores=[float(h.score) for h in hyps],
+                    ids=list(hyps[0].tokens),
+                    tokens_in=self.length(text),
+                )
+            )
+        return out
 
     def attention(self, text: str, ids: list[int]) -> dict:
         """The encoder-decoder attention of the translation `ids` of `text`, averaged over

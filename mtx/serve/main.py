@@ -58,7 +58,7 @@ def serve(
             f"{workers} decoding {'processes' if decoders else 'worker'}); "
             "SIGTERM or Ctrl-C to stop"
         )
-        run_server(engine, info, sock, decoders)
+        run_server(engine, info, sock, [d.translate for d in decoders])
     finally:
         for decoder in decoders:
             decoder.stop()

@@ -27,7 +27,7 @@ class Metrics:
         self.busy = Gauge("mtx_workers_busy", "Decoding workers decoding a batch now", registry=r)
         self.batch = Histogram(
             "mtx_batch_sentences",
-            "Sentences decoded together: per batch, or at each step with serve.continuous",
+            "Sentences per decoded batch",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=r,
         )

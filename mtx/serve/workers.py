@@ -71,12 +71,9 @@ def _main(conn, spec: Spec) -> None:
             return
         if message is None:
             return
-        kind, args = message
+        texts, choices = message
         try:
-            if kind == "advance":
-                reply = ("ok", engine.advance(*args))
-            else:
-                reply = ("ok", decode_batch(engine, *args))
+            reply = ("ok", decode_batch(engine, texts, choices))
         except Exception as e:
             reply = ("error", f"{type(e).__name__}: {e}")
         conn.send(reply)
@@ -89,7 +86,6 @@ class Worker:
         self.spec, self.index = spec, index
         self.process = self.conn = None
         self.pid: int | None = None
-        self.decoding: dict[int, tuple[str, Choices]] = {}  # sentences in flight (advance)
 
     def launch(self) -> None:
         """Start the process; `wait_ready` waits for its engine."""
@@ -120,29 +116,10 @@ class Worker:
         self.pid = value
 
     def translate(self, texts: list[str], choices: Choices) -> list[Result]:
-        return self._call("translate", (texts, choices))
-
-    def advance(self, new: list[tuple[int, str, Choices]]) -> list[tuple[int, Result]]:
-        """The engine's `advance` in the process (continuous batching). If the process dies,
-        a new one decodes every sentence that was in flight from the start."""
-        self.decoding.update((key, (text, choices)) for key, text, choices in new)
-        try:
-            ended = self._call("advance", (new,), resend=self._in_flight)
-        except BaseException:
-            self.decoding.clear()
-            raise
-        for key, _ in ended:
-            self.decoding.pop(key, None)
-        return ended
-
-    def _in_flight(self) -> tuple:
-        return ([(key, text, choices) for key, (text, choices) in self.decoding.items()],)
-
-    def _call(self, kind: str, args: tuple, resend=None):
         for attempt in range(2):
             try:
-                self.conn.send((kind, args))
-                kind_, value = self.conn.recv()
+                self.conn.send((texts, choices))
+                kind, value = self.conn.recv()
             except (EOFError, OSError):  # the process died: start another and retry once
                 self.process.join(1)
                 code = self.process.exitcode
@@ -153,10 +130,8 @@ class Worker:
                     ) from None
                 self.launch()
                 self.wait_ready()
-                if resend is not None:
-                    args = resend()
                 continue
-            if kind_ == "error":
+            if kind == "error":
                 raise RuntimeError(value)
             return value
         raise AssertionError("unreachable")

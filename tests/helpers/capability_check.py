@@ -13,8 +13,7 @@ two lists naming what gave an element or a sentence other numbers in another bat
    as the translator pads them, gets bit-identical hypotheses and scores alone, in the
    batch, in the reversed batch and in halves; and for the Transformer (which takes sources
    of several lengths in one batch, model/groups.py), each cut to its own padded length gets
-   the same alone as in a batch of both lengths, and the same when sentences of one and of
-   several lengths join a running beam search one step after another (continuous batching).
+   the same alone as in a batch of both lengths.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from mtx.config import ATTENTION_SCORES, ModelConfig
-from mtx.decode.search import BeamSearch, beam_search, greedy_search
+from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.translator import padded_length
 from mtx.model import packed
 from mtx.model.build import make_model
@@ -98,23 +97,6 @@ def mixed_lengths(src: torch.Tensor) -> tuple[Groups, list[torch.Tensor], list[i
     return Groups(groups), own, order
 
 
-def staggered(model, cohorts: list, **kwargs) -> tuple[list, int]:
-    """Beam search (decode/search.py's BeamSearch) with cohorts[0]'s sentences added first and
-    each later cohort joining after one more step: the hypotheses of every sentence, in the
-    cohorts' order, and the most cohorts that decoded together."""
-    search = BeamSearch(model, **kwargs)
-    out, n, most = {}, 0, 0
-    for i, src in enumerate(cohorts):
-        search.add(src, list(range(n, n + src.size(0))))
-        n += src.size(0)
-        most = max(most, len(search.cohorts))
-        for key, hyps in search.step() if i + 1 < len(cohorts) else []:
-            out[key] = hyps
-    while search:
-        out.update(search.step())
-    return [out[i] for i in range(n)], most
-
-
 def searches() -> tuple[list[str], int]:
     src = sources()
     n = src.size(0)
@@ -156,13 +138,6 @@ def searches() -> tuple[list[str], int]:
                     alone = [run(own[i])[0] for i in order]
                     if run(mixed) != alone:
                         bad.append(f"{name}, {kind}, {search}: mixed lengths")
-                if search == "beam" and getattr(model, "joins", False):  # joining a search
-                    checked += 1
-                    cohorts = [src[:3], src[3:4], mixed, src[4:8]]
-                    hyps, most = staggered(model, cohorts, beam=4, max_len_b=6, nbest=2)
-                    got = [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
-                    if most < 3 or got != together[:4] + alone + together[4:8]:
-                        bad.append(f"{name}, {kind}, {search}: joining a running search")
     return bad, checked
 
 
