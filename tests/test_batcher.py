@@ -220,3 +220,24 @@ def test_idle_workers_share_the_queue_and_a_busy_one_leaves_it_to_the_others():
     busy, idle = run(one_busy())
     assert busy.batches == [(["x"], GREEDY)]
     assert idle.batches == [([f"r{i}" for i in range(6)], GREEDY)]
+
+
+def test_a_worker_stops_waiting_once_as_many_sentences_as_its_last_batch_are_queued():
+    """The clients a batch answered send their next lines: once as many are queued, the next
+    batch goes at once (a closed loop of clients waits no longer than they take)."""
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=48, max_wait_s=FOREVER, max_queue=100)
+        b.start()
+        first = await submit(b, ["a", "b", "c"], length=16)  # 48 tokens: the budget sends it
+        await first.future
+        second = await submit(b, ["d", "e"])  # 16 tokens: 2 of the 3 the last batch held
+        third = await submit(b, ["f"])  # 3 queued (24 tokens): they go, the budget not full
+        # a hang guard, not a timing: without the rule the batch would wait FOREVER
+        results = [await asyncio.wait_for(p.future, 20) for p in (second, third)]
+        b.stop()
+        return [[r.texts[0] for r in rs] for rs in results]
+
+    assert run(main()) == [["D", "E"], ["F"]]
+    assert [batch for batch, _ in engine.batches] == [["a", "b", "c"], ["d", "e", "f"]]

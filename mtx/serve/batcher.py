@@ -3,7 +3,9 @@
 A request's texts become one `Job` each in one queue. A worker takes the oldest job, waits at
 most `max_wait_s` (from its arrival, or from the end of that worker's previous batch if later)
 for more jobs with the same decoding choices (beam, n-best) until their source tokens, padded
-as the translator pads them, fill `batch_tokens`, and hands that batch to its engine
+as the translator pads them, fill `batch_tokens`, or until as many jobs as its previous batch
+held are queued (the clients it answered have sent their next lines: a closed loop of clients
+then waits no longer than they take), and hands that batch to its engine
 (engine.py). A long request is spread over several batches; each job knows its request and its
 place in it, and the request is answered, in order, when its last job is done. With `batching`
 off, a worker takes the oldest request's jobs alone: one request at a time, as servers that
@@ -109,6 +111,8 @@ class Batcher:
         self.stopped = False
         # time.monotonic() when each worker's last batch was answered
         self.last_done = [0.0] * len(self.engines)
+        # sentences in each worker's last batch (none yet: wait the full max_wait_s)
+        self.last_size = [math.inf] * len(self.engines)
         self.busy = 0  # workers decoding a batch now
         self.forming = False  # a worker is building a batch (one at a time)
         self.working = False  # work() is running
@@ -176,6 +180,9 @@ class Batcher:
     def _tokens(self, choices: Choices) -> int:
         return sum(job.tokens for job in self.queue if job.choices == choices)
 
+    def _count(self, choices: Choices) -> int:
+        return sum(job.choices == choices for job in self.queue)
+
     def _take(self, worker: int) -> list[Job] | None:
         """Worker `worker`'s next batch, waiting for it to fill; None once stopped."""
         with self.cond:
@@ -197,10 +204,14 @@ class Batcher:
         first = self.queue[0]
         if self.batching:
             # wait from the later of its arrival and this worker's last batch's end: the
-            # clients that batch answered get max_wait_s to send their next request and join
+            # clients that batch answered get max_wait_s to send their next request and join;
+            # once as many sentences as that batch held are queued, they have (or others
+            # took their place): waiting longer would only idle the worker
             deadline = max(first.arrived, self.last_done[worker]) + self.max_wait_s
             while not (self.draining or self.stopped):
                 if self._tokens(first.choices) >= self.batch_tokens:
+                    break
+                if self._count(first.choices) >= self.last_size[worker]:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -265,3 +276,4 @@ class Batcher:
             for job, result in zip(batch, results):
                 job.request.deliver(job.index, result)
             self.last_done[worker] = time.monotonic()
+            self.last_size[worker] = len(batch) or math.inf
