@@ -74,6 +74,13 @@ def load_model(path: str | Path, overrides: list[str] | None = None) -> tuple[Mo
     return build_model(load(path), path, overrides)
 
 
+def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, bytes]:
+    """A checkpoint's config with `overrides` applied, and its SentencePiece model: what
+    `load_model` gives but the model (its weights are read, then dropped)."""
+    ckpt = load(path)
+    return apply_overrides(from_dict(ckpt["config"]), overrides).validate(), ckpt["spm_model"]
+
+
 def build_model(
     ckpt: dict[str, Any], path: str | Path, overrides: list[str] | None = None
 ) -> tuple[Model, Config, bytes]:

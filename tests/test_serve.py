@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from mtx.cli import app
 from mtx.decode.translator import SOURCE_BUCKET, Translator
+from mtx.errors import MtxError
 
 LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:96]
 # a worker that never sends a batch for want of waiting: only a full budget or SIGTERM does
@@ -315,3 +316,19 @@ def test_the_ctranslate2_engine_serves_an_export_made_once(checkpoint, tmp_path)
     again = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)  # reused, not redone
     assert (ct2_dir / "model.bin").stat().st_mtime_ns == stamp
     assert [r.texts for r in again.translate(LINES[:4], 2, 2)] == [r.texts for r in results]
+
+
+def test_with_decoding_processes_the_server_counts_tokens_without_the_model(checkpoint):
+    """serve.workers > 1: the server's own process holds a Front (settings and tokenizer,
+    no weights) that counts each text's source tokens as the translator does."""
+    from mtx.serve.engine import Front
+
+    front = Front([checkpoint], ["decode.beam=3"])
+    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    assert not hasattr(front, "translator") and not hasattr(front, "model")
+    assert front.cfg.decode.beam == 3 and front.single_model
+    for text in LINES[:50] + ["", "  spaced   out  ", "word " * 400]:
+        assert front.length(text) == len(tr.encode(text))
+    assert not Front([checkpoint, checkpoint], []).single_model  # an ensemble: no attention
+    with pytest.raises(MtxError, match="decode.sampling=false"):
+        Front([checkpoint], ["decode.sampling=true"])

@@ -128,8 +128,7 @@ class Translator:
         return other
 
     def encode(self, line: str) -> list[int]:
-        ids = self.sp.encode(" ".join(line.split()))[: self.model.cfg.max_positions - 1]
-        return ids + [EOS_ID]
+        return encode_line(self.sp, line, self.model.cfg.max_positions)
 
     def check_nbest(self, nbest: int) -> None:
         d = self.cfg.decode
@@ -236,6 +235,12 @@ class Translator:
         """Translate an endless iterable chunk by chunk, yielding outputs in order."""
         for hyps in self.hypotheses_stream(lines, chunk_lines, idle):
             yield self.detokenize(hyps[0].tokens)
+
+
+def encode_line(sp, line: str, max_positions: int) -> list[int]:
+    """A source line's ids: its SentencePiece pieces (whitespace normalised), cut to what the
+    model takes, and EOS."""
+    return sp.encode(" ".join(line.split()))[: max_positions - 1] + [EOS_ID]
 
 
 SOURCE_BUCKET = 8

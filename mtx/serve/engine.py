@@ -9,7 +9,9 @@ server's process or in a decoding process of its own (workers.py), so it needs n
 `mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
 else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
 faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
-its outputs may differ from mtx's and from one batch to the next.
+its outputs may differ from mtx's and from one batch to the next. With decoding processes
+(serve.workers > 1), the server's own process holds a `Front` instead of mtx's engine: the
+settings and the tokenizer, not a second copy of the model.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-from mtx.decode.translator import Translator
+from mtx import checkpoint
+from mtx.data import vocab
+from mtx.decode.translator import Translator, encode_line
 from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
 
@@ -141,6 +145,32 @@ class CT2Engine:
         raise MtxError("the attention comes with --engine mtx only")
 
 
+class Front:
+    """The server's own process when decoding processes hold mtx's engine (workers.py): its
+    settings, and the SentencePiece model that counts a text's source tokens for the batch
+    budget, without loading the model's weights a second time. Whatever else is wrong with
+    the checkpoints, the decoding processes say when they build their engines."""
+
+    name = "mtx"
+
+    def __init__(self, checkpoints: list[Path], overrides: list[str]) -> None:
+        loaded = [checkpoint.load_config(path, overrides) for path in checkpoints]
+        self.cfg, spm_proto = loaded[0]
+        check_settings(self.cfg)
+        self.sp = vocab.load(spm_proto)
+        # the longest source every model takes (an ensemble's, as decode/ensemble.py's Limits)
+        self.max_positions = min(cfg.model.max_positions for cfg, _ in loaded)
+        self.single_model = len(checkpoints) == 1
+
+    def length(self, text: str) -> int:
+        return len(encode_line(self.sp, text, self.max_positions))
+
+
+def check_settings(cfg) -> None:
+    if cfg.decode.sampling:
+        raise MtxError("mtx serve runs the search: set decode.sampling=false")
+
+
 def make_engine(
     name: str, checkpoints: list[Path], overrides: list[str], device: str, ct2_dir: Path | None
 ) -> MtxEngine | CT2Engine:
@@ -151,8 +181,7 @@ def make_engine(
     if name == "ctranslate2" and device not in ("auto", "cpu"):
         raise MtxError("--engine ctranslate2 runs on the CPU here (--device cpu)")
     translator = Translator.from_checkpoints(checkpoints, overrides, device)
-    if translator.cfg.decode.sampling:
-        raise MtxError("mtx serve runs the search: set decode.sampling=false")
+    check_settings(translator.cfg)
     if name == "ctranslate2":
         os.environ.setdefault("CT2_VERBOSE", "-1")
         return CT2Engine(checkpoints[0], translator, ct2_dir)
