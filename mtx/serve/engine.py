@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from mtx import checkpoint
+from mtx.checkpoint import load_config
 from mtx.data import vocab
 from mtx.decode.translator import Translator, encode_line
 from mtx.errors import MtxError
@@ -154,7 +154,7 @@ class Front:
     name = "mtx"
 
     def __init__(self, checkpoints: list[Path], overrides: list[str]) -> None:
-        loaded = [checkpoint.load_config(path, overrides) for path in checkpoints]
+        loaded = [load_config(path, overrides) for path in checkpoints]
         self.cfg, spm_proto = loaded[0]
         check_settings(self.cfg)
         self.sp = vocab.load(spm_proto)
