@@ -241,3 +241,34 @@ def test_a_worker_stops_waiting_once_as_many_sentences_as_its_last_batch_are_que
 
     assert run(main()) == [["D", "E"], ["F"]]
     assert [batch for batch, _ in engine.batches] == [["a", "b", "c"], ["d", "e", "f"]]
+
+
+def test_the_worker_idle_longest_takes_the_next_batch():
+    """Two workers: batches go to them in turn, even though each batch ends before the next
+    comes (the worker that has just finished would otherwise be as likely to take it); the
+    batcher is running (/ready) once both have come for work."""
+    engines = [Recorder(), Recorder()]
+
+    async def both_waiting(b):
+        while len(b.waiting_workers()) < 2:  # a state to reach, not a time to wait
+            await asyncio.sleep(0.001)
+        return b.waiting_workers()
+
+    async def main():
+        b = Batcher(engines, batch_tokens=1000, max_wait_s=0.0, max_queue=100)
+        assert not b.running
+        b.start()
+        turns = []
+        for i in range(4):
+            turns.append((await both_waiting(b))[0])
+            assert b.running  # /ready: every worker has come for work
+            await (await submit(b, [f"t{i}"])).future
+        b.drain()
+        assert not b.running
+        b.stop()
+        return turns
+
+    turns = run(main())
+    assert turns[0] != turns[1] and turns[2:] == turns[:2]
+    assert [batch for batch, _ in engines[turns[0]].batches] == [["t0"], ["t2"]]
+    assert [batch for batch, _ in engines[turns[1]].batches] == [["t1"], ["t3"]]

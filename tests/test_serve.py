@@ -207,10 +207,11 @@ def test_sentences_of_concurrent_requests_go_in_one_batch_when_the_budget_fills(
         assert s.stop() == 0
 
 
-def test_a_full_queue_answers_503_and_a_request_waiting_too_long_504(checkpoint):
-    sets = (*STALLED, "serve.max_queue=3", "serve.max_texts=3", "serve.timeout_s=2")
-    sets += ("serve.drain_s=0",)
-    with Server(checkpoint, *sets) as s:
+def test_a_full_queue_answers_503_and_a_signal_without_draining_503_what_is_queued(checkpoint):
+    # serve.timeout_s far beyond the test: the request holding the queue stays there however
+    # slowly this machine runs the rest
+    sets = (*STALLED, "serve.max_queue=3", "serve.max_texts=3", "serve.timeout_s=3600")
+    with Server(checkpoint, *sets, "serve.drain_s=0") as s:
         waiting = {}
         t = threading.Thread(target=lambda: waiting.update(r=s.translate(LINES[:3])))
         t.start()
@@ -218,20 +219,23 @@ def test_a_full_queue_answers_503_and_a_request_waiting_too_long_504(checkpoint)
         status, headers, answer = s.request("POST", "/translate", {"text": "One more."})
         assert status == 503 and headers["retry-after"] == "1"
         assert "serve.max_queue is 3" in answer["error"]
-        t.join()
-        status, answer = waiting["r"]
-        assert status == 504 and "serve.timeout_s (2 s)" in answer["error"]
-        assert s.metric("mtx_queue_depth") == 0  # the timed-out request left the queue
-        assert s.metric('mtx_requests_total{outcome="timeout"}') == 1
         assert s.metric('mtx_requests_total{outcome="queue_full"}') == 1
         # SIGTERM with serve.drain_s 0: what is queued gets a clean 503, and the exit is 0
-        t = threading.Thread(target=lambda: waiting.update(r=s.translate(LINES[5])))
-        t.start()
-        s.wait_for_queue(1)
         assert s.stop() == 0, "".join(s.lines)
         t.join()
         status, answer = waiting["r"]
         assert status == 503 and "stopped before" in answer["error"]
+
+
+def test_a_request_waiting_longer_than_the_timeout_gets_504_and_leaves_the_queue(checkpoint):
+    with Server(checkpoint, *STALLED, "serve.timeout_s=1", "serve.workers=1") as s:
+        status, answer = s.translate(LINES[:3])
+        assert status == 504 and "serve.timeout_s (1 s)" in answer["error"]
+        assert s.metric("mtx_queue_depth") == 0
+        assert s.metric('mtx_requests_total{outcome="timeout"}') == 1
+        status, answer = s.translate(LINES[5])  # the next one times out alike, not a crash
+        assert status == 504 and s.metric('mtx_requests_total{outcome="timeout"}') == 2
+        assert s.stop() == 0, "".join(s.lines)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -258,7 +262,8 @@ def test_a_signal_drains_the_queue_answers_everything_and_exits_0(checkpoint, re
 
 def test_a_decoding_process_that_dies_is_replaced_and_no_request_is_lost(checkpoint, reference):
     texts = lines_of_padded_length(checkpoint, 16, 8)
-    # 8 lines of 16 tokens, a budget of 64 filled twice: one batch of 4 for each process
+    # 8 lines of 16 tokens, a budget of 64: at least two batches, and the idle workers take
+    # them in turn (batcher.py), so both processes get one, the dead one included
     sets = ("serve.workers=2", "serve.max_wait_ms=3600000", "decode.batch_tokens=64")
     with Server(checkpoint, *sets) as s:
         assert s.get("/info")[2]["workers"] == 2 and s.metric("mtx_workers") == 2
@@ -269,7 +274,7 @@ def test_a_decoding_process_that_dies_is_replaced_and_no_request_is_lost(checkpo
         assert status == 200, answer
         assert answer["translations"] == [reference[x][0] for x in texts]
         assert answer["scores"] == [reference[x][1] for x in texts]
-        assert s.metric("mtx_batch_sentences_count") == 2
+        assert s.metric("mtx_batch_sentences_sum") == 8  # the retry is not a second batch
         after = s.decoders()
         assert len(after) == 2 and before[0] not in after and before[1] in after
         assert s.stop() == 0, "".join(s.lines)

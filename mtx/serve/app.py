@@ -2,7 +2,8 @@
 
     POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false}
     GET  /health      the process is alive
-    GET  /ready       the model is loaded and the worker runs (503 while stopping)
+    GET  /ready       the model is loaded and every worker has come for work (503 before
+                      that, and while stopping)
     GET  /info        what `mtx info --json` says of each checkpoint, the engine and serve.*
     GET  /metrics     Prometheus text (metrics.py)
     GET  /            a page to try it, with the attention as a heatmap (page.html)
@@ -283,10 +284,10 @@ def create_app(engine, info: dict, decoders: list | None = None) -> FastAPI:
 
     @app.get("/ready")
     async def ready():
-        """The model is loaded and the worker takes requests."""
+        """The model is loaded and every worker takes requests."""
         if service.batcher.running:
             return {"ready": True}
-        return _error(503, "not ready: the worker is stopping or stopped")
+        return _error(503, "not ready: the workers are starting, stopping or stopped")
 
     @app.get("/info")
     async def about() -> dict:

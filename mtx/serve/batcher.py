@@ -12,10 +12,12 @@ off, a worker takes the oldest request's jobs alone: one request at a time, as s
 serialise requests behind a lock do (for comparison).
 
 There is one worker per engine given (`mtx serve` gives one per decoding process:
-workers.py). One worker at a time builds a batch; while others are idle, it takes its share of
-the queued tokens (the queued tokens divided by the idle workers), so that the sentences of
+workers.py). One worker at a time builds a batch: of the idle workers, the one idle longest
+(they queue up in `idle`, first come first served). While others are idle, it takes its share
+of the queued tokens (the queued tokens divided by the idle workers), so that the sentences of
 concurrent clients are spread over the workers rather than all decoded by one while the
-others wait.
+others wait; a worker that has just finished a batch goes behind those already waiting, so
+every worker gets its turn, however fast its batches end.
 
 The event loop only queues jobs and awaits the request's future; a worker resolves it with
 `loop.call_soon_threadsafe`. The workers are `work()`, run by `mtx serve` in its main thread
@@ -114,6 +116,8 @@ class Batcher:
         # sentences in each worker's last batch (none yet: wait the full max_wait_s)
         self.last_size = [math.inf] * len(self.engines)
         self.busy = 0  # workers decoding a batch now
+        self.idle: list[int] = []  # workers waiting for their turn, the longest waiting first
+        self.arrived: set[int] = set()  # workers that have come for work at least once
         self.forming = False  # a worker is building a batch (one at a time)
         self.working = False  # work() is running
         self.thread: threading.Thread | None = None
@@ -127,11 +131,17 @@ class Batcher:
 
     @property
     def running(self) -> bool:
-        return self.working and not self.draining
+        """Every worker has come for work (each has been idle once) and none is stopping."""
+        return self.working and len(self.arrived) == len(self.engines) and not self.draining
 
     def busy_workers(self) -> int:
         with self.cond:
             return self.busy
+
+    def waiting_workers(self) -> list[int]:
+        """The idle workers, in the order they will take batches."""
+        with self.cond:
+            return list(self.idle)
 
     def depth(self) -> int:
         with self.cond:
@@ -186,12 +196,20 @@ class Batcher:
     def _take(self, worker: int) -> list[Job] | None:
         """Worker `worker`'s next batch, waiting for it to fill; None once stopped."""
         with self.cond:
-            while (self.forming or not self.queue) and not self.stopped:
-                if self.draining and not self.queue:
+            self.idle.append(worker)
+            self.arrived.add(worker)
+            try:
+                while not self.stopped and (
+                    self.forming or not self.queue or self.idle[0] != worker
+                ):
+                    if self.draining and not self.queue:
+                        return None
+                    self.cond.wait()
+                if self.stopped:
                     return None
-                self.cond.wait()
-            if self.stopped:
-                return None
+            finally:
+                self.idle.remove(worker)
+                self.cond.notify_all()  # the next in line may go once this one has formed
             self.forming = True
             try:
                 return self._form(worker)
