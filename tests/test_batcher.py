@@ -131,6 +131,27 @@ def test_a_cancelled_request_leaves_the_queue_and_stop_fails_what_is_left():
     assert engine.batches == []  # nothing was decoded
 
 
+def test_a_worker_waiting_on_a_cancelled_request_waits_for_the_next_one_instead():
+    """The worker waits to fill a greedy batch for `gone`; once `gone` is cancelled (timed
+    out), it forms its batches around what is queued next (a beam batch that fills)."""
+    engine = Recorder()
+
+    async def main():
+        b = Batcher(engine, batch_tokens=32, max_wait_s=FOREVER, max_queue=10)
+        b.start()
+        gone = await submit(b, ["x"])
+        while not b.forming:  # the worker is waiting for `gone`'s batch to fill
+            await asyncio.sleep(0.001)
+        b.cancel(gone)
+        beam = await submit(b, ["b1", "b2"], BEAM, length=16)  # a full budget of its own
+        results = await asyncio.wait_for(beam.future, 20)  # a hang guard, not a timing
+        b.stop()
+        return results
+
+    assert [r.texts[0] for r in run(main())] == ["B1", "B2"]
+    assert engine.batches == [(["b1", "b2"], BEAM)]
+
+
 def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
     calls = []
 

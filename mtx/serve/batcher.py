@@ -169,6 +169,7 @@ class Batcher:
         with self.cond:
             request.cancelled = True
             self.queue = [job for job in self.queue if job.request is not request]
+            self.cond.notify_all()  # a worker waiting on one of its jobs looks again
 
     def drain(self) -> None:
         with self.cond:
@@ -227,6 +228,8 @@ class Batcher:
             # took their place): waiting longer would only idle the worker
             deadline = max(first.arrived, self.last_done[worker]) + self.max_wait_s
             while not (self.draining or self.stopped):
+                if not self.queue or self.queue[0] is not first:
+                    break  # cancelled meanwhile
                 if self._tokens(first.choices) >= self.batch_tokens:
                     break
                 if self._count(first.choices) >= self.last_size[worker]:
