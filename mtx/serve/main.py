@@ -25,17 +25,16 @@ def serve(
     missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise MtxError(f"mtx serve needs {', '.join(missing)}: pip install 'mtx[serve]'")
-    from mtx.checkpoint import load_config
     from mtx.device import pick_device
     from mtx.info import describe
     from mtx.serve.app import listen, run_server
     from mtx.serve.engine import Front, make_engine
     from mtx.serve.workers import Spec, start_workers
 
-    cfg, _ = load_config(checkpoints[0], overrides)
-    workers = worker_count(cfg.serve.workers, pick_device(device, "--device").type)
+    front = Front(checkpoints, overrides)  # the settings, without the model's weights
+    workers = worker_count(front.cfg.serve.workers, pick_device(device, "--device").type)
     if workers > 1 and engine_name == "mtx":  # the decoding processes hold the model
-        engine = Front(checkpoints, overrides)
+        engine = front
     else:  # CTranslate2's export is made here, once, before its decoding processes start
         engine = make_engine(engine_name, checkpoints, overrides, device, ct2_dir)
     s = engine.cfg.serve
