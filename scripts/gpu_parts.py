@@ -270,7 +270,8 @@ def part_decode(args, sizes: Sizes) -> dict:
 
     from mtx.data.batching import pad
     from mtx.data.sources import read_lines
-    from mtx.decode.translator import Translator, padded_length
+    from mtx.decode.translator import Translator
+    from mtx.tokens import padded_length
 
     ckpt = args.work / "train" / "checkpoints" / "best.pt"
     device = "cpu" if sizes.smoke else "cuda"

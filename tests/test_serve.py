@@ -18,8 +18,9 @@ from helpers.server import Server
 from typer.testing import CliRunner
 
 from mtx.cli import app
-from mtx.decode.translator import SOURCE_BUCKET, Translator
+from mtx.decode.translator import Translator
 from mtx.errors import MtxError
+from mtx.tokens import SOURCE_BUCKET
 
 LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:96]
 # a worker that never sends a batch for want of waiting: only a full budget or SIGTERM does

@@ -12,15 +12,10 @@ from conftest import MULTI30K, tiny_model_config
 
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.decode.translator import (
-    SOURCE_BUCKET,
-    Translator,
-    chunks,
-    padded_length,
-    source_batches,
-)
+from mtx.decode.translator import Translator, chunks, source_batches
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
+from mtx.tokens import SOURCE_BUCKET, padded_length
 
 SENTENCES = ["the dog sleeps.", "a cat sees the bird.", "the man gives a book to the child."] * 20
 

@@ -39,7 +39,7 @@ from mtx.errors import MtxError
 from mtx.model import packed
 from mtx.model.build import Model
 from mtx.model.groups import Groups
-from mtx.tokens import BOS_ID, EOS_ID
+from mtx.tokens import BOS_ID, encode_line, padded_length
 
 # int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
 DTYPES = {
@@ -237,21 +237,7 @@ class Translator:
             yield self.detokenize(hyps[0].tokens)
 
 
-def encode_line(sp, line: str, max_positions: int) -> list[int]:
-    """A source line's ids: its SentencePiece pieces (whitespace normalised), cut to what the
-    model takes, and EOS."""
-    return sp.encode(" ".join(line.split()))[: max_positions - 1] + [EOS_ID]
-
-
-SOURCE_BUCKET = 8
-
 Batch = list[tuple[int, list[int]]]  # groups of (padded source length, line indices)
-
-
-def padded_length(length: int, limit: int = 1 << 30) -> int:
-    """The length a source of `length` tokens is padded to: a multiple of SOURCE_BUCKET, at
-    most `limit` (the longest source the model takes)."""
-    return min(-(-length // SOURCE_BUCKET) * SOURCE_BUCKET, max(limit, length))
 
 
 def source_batches(

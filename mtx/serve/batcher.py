@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from mtx.decode.translator import padded_length
 from mtx.serve.engine import Choices, Result
+from mtx.tokens import padded_length
 
 __all__ = ["Batcher", "Choices", "Job", "QueueFull", "Request", "ShuttingDown"]
 

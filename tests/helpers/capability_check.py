@@ -25,12 +25,11 @@ import torch.nn.functional as F
 
 from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.decode.search import beam_search, greedy_search
-from mtx.decode.translator import padded_length
 from mtx.model import packed
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
 from mtx.model.rows import linear, sigmoid
-from mtx.tokens import EOS_ID, PAD_ID
+from mtx.tokens import EOS_ID, PAD_ID, padded_length
 
 VOCAB = 53
 
