@@ -152,7 +152,7 @@ class ServeConfig:
     port: int = 8080  # TCP port to listen on (0: one the system picks, printed at start)
     batching: bool = True  # false: one request at a time, decoded alone (for comparison)
     # decoding processes, each with its share of the cores (serve/workers.py); 0 = auto: on
-    # the CPU one per core, at most 4; on a GPU 1. With 1, the server's process decodes
+    # the CPU one per core, at most 4; on a GPU 1. The server's own process never decodes
     workers: int = 0
     max_wait_ms: float = 5.0  # wait at most this long for more sentences to fill a batch
     max_queue: int = 2048  # sentences waiting at most; a request beyond gets 503

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from mtx.errors import MtxError
+
+if TYPE_CHECKING:  # imported where a device is picked: `mtx serve`'s HTTP process uses cores()
+    import torch  # and never imports torch (serve/front.py)
 
 
 def pick_device(name: str, key: str = "train.device") -> torch.device:
     """The device `name` says ("auto": CUDA if there is one, else the CPU); under torchrun,
     CUDA means this process's GPU. `key` names the setting in the error."""
+    import torch
+
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():

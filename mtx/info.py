@@ -13,8 +13,15 @@ from mtx.model.flops import forward_flops, training_flops_per_token
 from mtx.model.transformer import count_parameters
 
 
-def describe(target: str, overrides: list[str] | None = None, length: int = 32) -> dict:
-    """Facts about a YAML config or a checkpoint; lengths for FLOPs are `length` tokens a side."""
+def describe(
+    target: str,
+    overrides: list[str] | None = None,
+    length: int = 32,
+    parameters: int | None = None,
+) -> dict:
+    """Facts about a YAML config or a checkpoint; lengths for FLOPs are `length` tokens a side.
+    `parameters`: the model's count where the caller holds it (else counted on a model built
+    on the meta device, which costs a process about 70 MB that it keeps)."""
     if Path(target).suffix in (".pt", ".pth"):
         ckpt = checkpoint.load(target)
         cfg: Config = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
@@ -28,8 +35,10 @@ def describe(target: str, overrides: list[str] | None = None, length: int = 32) 
     else:
         cfg, step, about = load_config(target, overrides), None, {}
         vocab_size = cfg.data.vocab_size
-    with torch.device("meta"):
-        params = count_parameters(make_model(cfg.model, vocab_size))
+    params = parameters
+    if params is None:
+        with torch.device("meta"):
+            params = count_parameters(make_model(cfg.model, vocab_size))
     m = cfg.model
     return {
         "source": target,

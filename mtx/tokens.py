@@ -1,6 +1,7 @@
 """The vocabulary's fixed ids, the same in every SentencePiece model mtx trains (data/vocab.py),
 in the model's embedding (its padding row), in batching and in the search; a source line's ids
-and the length it is padded to. No torch here."""
+and the length it is padded to. No torch here: `mtx serve`'s HTTP process counts tokens with
+these (serve/front.py)."""
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 

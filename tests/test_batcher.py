@@ -7,7 +7,7 @@ import pytest
 
 from mtx.serve.batcher import Batcher, Choices, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
-from mtx.serve.engine import Result
+from mtx.serve.front import Result
 
 GREEDY, BEAM = Choices(1, 1), Choices(4, 1)
 FOREVER = 3600.0  # a batch never goes for want of waiting: only a full budget or a drain sends it

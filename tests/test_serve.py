@@ -5,6 +5,7 @@ The model is the Multi30k fixture's (conftest.py); the texts are test2016's.
 
 import json
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -205,6 +206,7 @@ def test_sentences_of_concurrent_requests_go_in_one_batch_when_the_budget_fills(
         assert all(status == 200 for status, _ in answers.values())
         assert s.metric("mtx_batch_sentences_count") == 1
         assert s.metric("mtx_batch_sentences_sum") == 6
+        assert len(s.decoders()) == 1  # serve.workers=1: one decoding process all the same
         assert s.stop() == 0
 
 
@@ -324,17 +326,34 @@ def test_the_ctranslate2_engine_serves_an_export_made_once(checkpoint, tmp_path)
     assert [r.texts for r in again.translate(LINES[:4], 2, 2)] == [r.texts for r in results]
 
 
-def test_with_decoding_processes_the_server_counts_tokens_without_the_model(checkpoint):
-    """serve.workers > 1: the server's own process holds a Front (settings and tokenizer,
-    no weights) that counts each text's source tokens as the translator does."""
-    from mtx.serve.engine import Front
+def test_the_first_decoding_process_describes_its_engine_so_the_server_counts_tokens_alike(
+    checkpoint,
+):
+    """The server's own process holds a Front (settings and tokenizer, as the first decoding
+    process describes them) that counts each text's source tokens as the translator does."""
+    from mtx.serve.engine import describe_engine, make_engine
+    from mtx.serve.front import Front
 
-    front = Front([checkpoint], ["decode.beam=3"])
-    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    engine = make_engine("mtx", [checkpoint], ["decode.beam=3"], "cpu", None)
+    about = describe_engine(engine, [checkpoint], ["decode.beam=3"])
+    front = Front(pickle.loads(pickle.dumps(about)))  # as it travels over the pipe
     assert not hasattr(front, "translator") and not hasattr(front, "model")
-    assert front.cfg.decode.beam == 3 and front.single_model
+    assert front.cfg.decode.beam == 3 and front.single_model and about.device == "cpu"
+    assert about.checkpoints[0]["config"]["decode"]["beam"] == 3  # `mtx info` with the --set
+    tr = engine.translator
     for text in LINES[:50] + ["", "  spaced   out  ", "word " * 400]:
         assert front.length(text) == len(tr.encode(text))
-    assert not Front([checkpoint, checkpoint], []).single_model  # an ensemble: no attention
+    ensemble = make_engine("mtx", [checkpoint, checkpoint], [], "cpu", None)
+    assert not describe_engine(ensemble, [checkpoint, checkpoint], []).single_model
     with pytest.raises(MtxError, match="decode.sampling=false"):
-        Front([checkpoint], ["decode.sampling=true"])
+        make_engine("mtx", [checkpoint], ["decode.sampling=true"], "cpu", None)
+
+
+def test_the_servers_own_process_never_loads_torch(server):
+    """Only the decoding processes hold torch and the model (serve/front.py)."""
+
+    def loads_torch(pid: int) -> bool:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    assert len(server.decoders()) == 2 and all(loads_torch(p) for p in server.decoders())
+    assert not loads_torch(server.proc.pid)

@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException
 
 from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
-from mtx.serve.engine import Choices, Result, decode_batch
+from mtx.serve.front import Choices, Front, Result
 from mtx.serve.metrics import Metrics
 
 RETRY_AFTER_S = 1
@@ -106,16 +106,16 @@ def _page() -> str:
 
 class Service:
     """The batcher, metrics and limits behind the routes. The batcher's workers decode with
-    `decoders` (the decoding processes' `translate`: workers.py), or without them with the
-    engine, in this process."""
+    `decoders` (the decoding processes' `translate`: workers.py); `engine` (front.py) counts
+    source tokens and holds the settings."""
 
-    def __init__(self, engine, info: dict, decoders: list | None = None) -> None:
+    def __init__(self, engine: Front, info: dict, decoders: list) -> None:
         self.engine, self.info = engine, info
         self.cfg = engine.cfg
         s = self.cfg.serve
         self.metrics = Metrics()
         self.batcher = Batcher(
-            decoders or [self._translate],
+            decoders,
             batch_tokens=self.cfg.decode.batch_tokens,
             max_wait_s=s.max_wait_ms / 1000,
             max_queue=s.max_queue,
@@ -127,10 +127,6 @@ class Service:
         self.metrics.busy.set_function(self.batcher.busy_workers)
         self.drain_timer: threading.Timer | None = None
         self.drain_lock = threading.Lock()
-
-    def _translate(self, texts: list[str], choices: Choices) -> list[Result]:
-        """In the worker: decode one batch, and its attention if asked."""
-        return decode_batch(self.engine, texts, choices)
 
     def begin_drain(self) -> None:
         """SIGTERM/SIGINT: take no new requests, finish the queue, and after serve.drain_s
@@ -237,7 +233,7 @@ class Service:
         return out
 
 
-def create_app(engine, info: dict, decoders: list | None = None) -> FastAPI:
+def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
     service = Service(engine, info, decoders)
 
     @asynccontextmanager
@@ -325,12 +321,12 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def run_server(
-    engine, info: dict, sock: socket.socket, decoders: list | None = None, log_level="warning"
+    engine: Front, info: dict, sock: socket.socket, decoders: list, log_level="warning"
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain (serve.drain_s) and return: exit status 0.
 
-    The batcher's first worker runs in this (the main) thread and uvicorn in another: torch's
-    CPU kernels called from a secondary thread ran 2-3x slower (BENCHMARKS.md, "Serving")."""
+    The batcher's workers (each waiting on its decoding process) run in this (the main) thread
+    and threads of their own, uvicorn in another."""
     app = create_app(engine, info, decoders)
     service: Service = app.state.service
     config = uvicorn.Config(

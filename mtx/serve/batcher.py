@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from mtx.serve.engine import Choices, Result
+from mtx.serve.front import Choices, Result
 from mtx.tokens import padded_length
 
 __all__ = ["Batcher", "Choices", "Job", "QueueFull", "Request", "ShuttingDown"]
@@ -124,8 +124,7 @@ class Batcher:
 
     def start(self) -> None:
         """Run the workers in threads of their own (`mtx serve` runs `work()` in its main
-        thread instead: torch's CPU kernels run 2-3x slower when called from a secondary
-        thread, and the first worker decodes in-process when there is one decoding process)."""
+        thread instead, and uvicorn in another)."""
         self.thread = threading.Thread(target=self.work, name="mtx-serve-worker", daemon=True)
         self.thread.start()
 

@@ -2,51 +2,29 @@
 
 An engine takes a list of texts and the request's choices (beam, n-best) and returns one
 `Result` per text, in order; `decode_batch` adds the attention where a request asks for it.
-Each engine is called by one batcher worker only (batcher.py), one batch at a time, in the
-server's process or in a decoding process of its own (workers.py), so it needs no locking.
+Each engine lives in a decoding process of its own (workers.py), fed by one batcher worker
+(batcher.py) one batch at a time, so it needs no locking.
 
 `MtxEngine` is `Translator.translate_ids`: the same search, settings and batch independence as
 `mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
 else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
 faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
-its outputs may differ from mtx's and from one batch to the next. With decoding processes
-(serve.workers > 1), the server's own process holds a `Front` instead of mtx's engine: the
-settings and the tokenizer, not a second copy of the model.
+its outputs may differ from mtx's and from one batch to the next. Engines live in the decoding
+processes only; `describe_engine` tells the server's own process what it needs to know of one
+(front.py).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from mtx.checkpoint import load_config
-from mtx.data import vocab
-from mtx.decode.translator import Translator, encode_line
+from mtx.decode.translator import Translator
 from mtx.errors import MtxError
+from mtx.serve.front import About, Choices, Result, check_engine
 from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
-
-ENGINES = ("mtx", "ctranslate2")
-
-
-@dataclass(frozen=True)
-class Choices:
-    """A request's decoding choices: only jobs with equal choices share a batch."""
-
-    beam: int
-    nbest: int
-    attention: bool = False  # also the attention of each translation (for the page)
-
-
-@dataclass
-class Result:
-    texts: list[str]  # the n-best translations, best first
-    scores: list[float]  # what the search ranked them by
-    ids: list[int] = field(default_factory=list)  # the best translation's subword ids
-    tokens_in: int = 0  # source subwords, EOS included
-    attention: dict | None = None  # MtxEngine.attention's, when the request asks for it
 
 
 class MtxEngine:
@@ -61,6 +39,9 @@ class MtxEngine:
     def length(self, text: str) -> int:
         """Source subwords of `text`, EOS included: what the token budget counts."""
         return len(self.translator.encode(text))
+
+    def set_threads(self, n: int) -> None:
+        torch.set_num_threads(n)
 
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
         if beam not in self._by_beam:
@@ -100,6 +81,7 @@ class CT2Engine:
             raise MtxError(
                 "--engine ctranslate2 needs the ctranslate2 package: pip install 'mtx[serve,export]'"
             ) from None
+        self.ct2 = ctranslate2
         self.translator = translator  # its SentencePiece model and decode.* settings
         self.cfg = translator.cfg
         self.dir = ct2_dir or checkpoint.with_name(checkpoint.stem + ".ct2")
@@ -109,12 +91,18 @@ class CT2Engine:
             if self.dir.exists():
                 raise MtxError(f"{self.dir} exists but holds no CTranslate2 model (model.bin)")
             export(checkpoint, "ctranslate2", self.dir)
-        threads = torch.get_num_threads()
-        self.model = ctranslate2.Translator(
-            str(self.dir), device="cpu", intra_threads=threads, inter_threads=1
-        )
+        self.threads = 0
+        self.set_threads(torch.get_num_threads())
         sp = translator.sp
         self.suppress = [[sp.id_to_piece(i)] for i in (PAD_ID, UNK_ID, BOS_ID)]
+
+    def set_threads(self, n: int) -> None:
+        """CTranslate2's threads are fixed when its model is loaded: load it again."""
+        if n != self.threads:
+            self.model = self.ct2.Translator(
+                str(self.dir), device="cpu", intra_threads=n, inter_threads=1
+            )
+            self.threads = n
 
     def length(self, text: str) -> int:
         return len(self.translator.encode(text))
@@ -145,27 +133,6 @@ class CT2Engine:
         raise MtxError("the attention comes with --engine mtx only")
 
 
-class Front:
-    """The server's own process when decoding processes hold mtx's engine (workers.py): its
-    settings, and the SentencePiece model that counts a text's source tokens for the batch
-    budget, without loading the model's weights a second time. Whatever else is wrong with
-    the checkpoints, the decoding processes say when they build their engines."""
-
-    name = "mtx"
-
-    def __init__(self, checkpoints: list[Path], overrides: list[str]) -> None:
-        loaded = [load_config(path, overrides) for path in checkpoints]
-        self.cfg, spm_proto = loaded[0]
-        check_settings(self.cfg)
-        self.sp = vocab.load(spm_proto)
-        # the longest source every model takes (an ensemble's, as decode/ensemble.py's Limits)
-        self.max_positions = min(cfg.model.max_positions for cfg, _ in loaded)
-        self.single_model = len(checkpoints) == 1
-
-    def length(self, text: str) -> int:
-        return len(encode_line(self.sp, text, self.max_positions))
-
-
 def check_settings(cfg) -> None:
     if cfg.decode.sampling:
         raise MtxError("mtx serve runs the search: set decode.sampling=false")
@@ -174,18 +141,36 @@ def check_settings(cfg) -> None:
 def make_engine(
     name: str, checkpoints: list[Path], overrides: list[str], device: str, ct2_dir: Path | None
 ) -> MtxEngine | CT2Engine:
-    if name not in ENGINES:
-        raise MtxError(f"--engine must be one of {', '.join(ENGINES)}, got {name!r}")
-    if name == "ctranslate2" and len(checkpoints) > 1:
-        raise MtxError("--engine ctranslate2 serves one --checkpoint (no ensembles)")
-    if name == "ctranslate2" and device not in ("auto", "cpu"):
-        raise MtxError("--engine ctranslate2 runs on the CPU here (--device cpu)")
+    check_engine(name, len(checkpoints), device)
     translator = Translator.from_checkpoints(checkpoints, overrides, device)
     check_settings(translator.cfg)
     if name == "ctranslate2":
         os.environ.setdefault("CT2_VERBOSE", "-1")
         return CT2Engine(checkpoints[0], translator, ct2_dir)
     return MtxEngine(translator)
+
+
+def describe_engine(
+    engine: MtxEngine | CT2Engine, checkpoints: list[Path], overrides: list[str]
+) -> About:
+    """What the server's own process needs to know of `engine` (front.py)."""
+    from mtx.info import describe
+    from mtx.model.transformer import count_parameters
+
+    tr = engine.translator
+    models = getattr(tr.model, "models", [tr.model])  # an Ensemble's, in --checkpoint order
+    return About(
+        engine=engine.name,
+        cfg=engine.cfg,
+        spm_proto=tr.sp.serialized_model_proto(),
+        max_positions=tr.model.cfg.max_positions,  # what Translator.encode cuts sources to
+        single_model=engine.single_model,
+        device=tr.device.type,
+        checkpoints=[
+            describe(str(path), overrides, parameters=count_parameters(model))
+            for path, model in zip(checkpoints, models)
+        ],
+    )
 
 
 def decode_batch(engine: MtxEngine | CT2Engine, texts: list[str], choices: Choices) -> list[Result]:

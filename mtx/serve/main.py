@@ -1,9 +1,13 @@
-"""`mtx serve`'s start: check the extra is installed, load the engine, listen, run."""
+"""`mtx serve`'s start: check the extra is installed, start the decoding processes, listen, run.
+
+This process never imports torch (front.py): the first decoding process builds the engine and
+describes it, and the settings it reads decide how many more to start."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from mtx import __version__
@@ -25,49 +29,47 @@ def serve(
     missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise MtxError(f"mtx serve needs {', '.join(missing)}: pip install 'mtx[serve]'")
-    from mtx.device import pick_device
-    from mtx.info import describe
     from mtx.serve.app import listen, run_server
-    from mtx.serve.engine import Front, make_engine
+    from mtx.serve.front import Front, check_engine
     from mtx.serve.workers import Spec, start_workers
 
-    front = Front(checkpoints, overrides)  # the settings, without the model's weights
-    workers = worker_count(front.cfg.serve.workers, pick_device(device, "--device").type)
-    if workers > 1 and engine_name == "mtx":  # the decoding processes hold the model
-        engine = front
-    else:  # CTranslate2's export is made here, once, before its decoding processes start
-        engine = make_engine(engine_name, checkpoints, overrides, device, ct2_dir)
-    s = engine.cfg.serve
-    info = {
-        "mtx_version": __version__,
-        "engine": engine.name,
-        "attention": engine.single_model,
-        "workers": workers,
-        "checkpoints": [describe(str(path), overrides) for path in checkpoints],
-        "decode": vars(engine.cfg.decode),
-        "serve": vars(s),
-    }
-    sock = listen(s.host, s.port)
-    decoders = []
+    check_engine(engine_name, len(checkpoints), device)
+    spec = Spec(engine_name, checkpoints, overrides, device, ct2_dir)
+    # the first builds the engine (and CTranslate2's export, once) and describes it
+    decoders = start_workers(spec, 1)
+    sock = None
     try:
-        if workers > 1:  # decoding processes; else this one decodes
-            threads = max(1, cores() // workers)
-            decoders = start_workers(
-                Spec(engine_name, checkpoints, overrides, device, ct2_dir, threads), workers
-            )
+        about = decoders[0].about
+        engine = Front(about)
+        workers = worker_count(engine.cfg.serve.workers, about.device)
+        spec = replace(spec, threads=max(1, cores() // workers))  # the cores shared out
+        decoders[0].set_threads(spec.threads)
+        s = engine.cfg.serve
+        sock = listen(s.host, s.port)
+        decoders += start_workers(spec, workers - 1, first=1)
+        info = {
+            "mtx_version": __version__,
+            "engine": engine.name,
+            "attention": engine.single_model,
+            "workers": workers,
+            "checkpoints": about.checkpoints,
+            "decode": vars(engine.cfg.decode),
+            "serve": vars(s),
+        }
         host, port = sock.getsockname()[:2]
         where = f"[{host}]" if ":" in host else host
         log(
             f"mtx serve: listening on http://{where}:{port} ({engine.name} engine, "
             f"{len(checkpoints)} checkpoint(s), beam {engine.cfg.decode.beam}, "
-            f"{workers} decoding {'processes' if decoders else 'worker'}); "
+            f"{workers} decoding process{'es' if workers > 1 else ''}); "
             "SIGTERM or Ctrl-C to stop"
         )
         run_server(engine, info, sock, [d.translate for d in decoders])
     finally:
         for decoder in decoders:
             decoder.stop()
-        sock.close()
+        if sock is not None:
+            sock.close()
     log("mtx serve: stopped")
 
 

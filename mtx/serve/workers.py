@@ -6,11 +6,15 @@ them: one process keeps about one core busy whatever its thread count. N process
 cores / N threads and its own copy of the engine, decode N batches at once; the batcher
 (batcher.py) spreads the queued sentences over them. BENCHMARKS.md, "Serving", has the figures.
 
-Each `Worker` is a child process, spawned (not forked: the server already runs threads), that
-builds its engine exactly as the server's own (`make_engine`, the same checkpoints, --set
-overrides and device), so its answers are the ones `mtx translate` gives: the search does not
-depend on the thread count (tests/test_translator.py). It decodes one batch at a time, sent
-over a pipe. It ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the
+Every engine lives in a decoding process, even when there is one (on a GPU, or with
+`serve.workers=1`): the server's own process only answers HTTP and never imports torch
+(front.py). Each `Worker` is a child process, spawned (not forked: the server already runs
+threads), that builds its engine with `make_engine` from the checkpoints, --set overrides and
+device given, so its answers are the ones `mtx translate` gives: the search does not depend on
+the thread count (tests/test_translator.py). The first one started also describes its engine
+to the server (`About`), which then decides how many more to start and how many threads each
+gets (sent to the first one as `threads` once known). A worker decodes one batch at a time,
+sent over a pipe. It ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process group; the
 server stops its workers once it has drained) and ends when the server says so or its pipe
 closes, so it never outlives the server. A worker that dies is started again, and the batch it
 held is sent once more to the new one.
@@ -21,11 +25,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mtx.errors import MtxError
-from mtx.serve.engine import Choices, Result
+from mtx.serve.front import About, Choices, Result
 
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 10.0
@@ -33,37 +37,41 @@ STOP_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class Spec:
-    """How a worker builds its engine: `make_engine`'s arguments, and its torch threads."""
+    """How a worker builds its engine: `make_engine`'s arguments, and its torch threads (0:
+    torch's default, until told)."""
 
     engine: str
     checkpoints: list[Path]
     overrides: list[str] = field(default_factory=list)
     device: str = "cpu"
     ct2_dir: Path | None = None
-    threads: int = 1
+    threads: int = 0
 
 
 class WorkerDied(RuntimeError):
     """A decoding process ended while decoding a batch, twice."""
 
 
-def _main(conn, spec: Spec) -> None:
-    """The worker process: build the engine, then decode batches until told to stop."""
+def _main(conn, spec: Spec, describe: bool) -> None:
+    """The worker process: build the engine (and describe it if `describe`), then decode
+    batches until told to stop. Messages: ("batch", texts, choices), ("threads", n), None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
 
-    from mtx.serve.engine import decode_batch, make_engine
+    from mtx.serve.engine import decode_batch, describe_engine, make_engine
 
     try:
-        torch.set_num_threads(spec.threads)
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
         engine = make_engine(
             spec.engine, spec.checkpoints, spec.overrides, spec.device, spec.ct2_dir
         )
+        about = describe_engine(engine, spec.checkpoints, spec.overrides) if describe else None
     except Exception as e:  # the server reports it and exits
         conn.send(("failed", str(e) if isinstance(e, MtxError) else f"{type(e).__name__}: {e}"))
         return
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", (os.getpid(), about)))
     while True:
         try:
             message = conn.recv()
@@ -71,7 +79,10 @@ def _main(conn, spec: Spec) -> None:
             return
         if message is None:
             return
-        texts, choices = message
+        if message[0] == "threads":
+            engine.set_threads(message[1])
+            continue
+        _, texts, choices = message
         try:
             reply = ("ok", decode_batch(engine, texts, choices))
         except Exception as e:
@@ -86,13 +97,16 @@ class Worker:
         self.spec, self.index = spec, index
         self.process = self.conn = None
         self.pid: int | None = None
+        self.about: About | None = None  # the first worker's description of its engine
 
     def launch(self) -> None:
         """Start the process; `wait_ready` waits for its engine."""
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_main, args=(child, self.spec), name=f"mtx-serve-decoder-{self.index}"
+            target=_main,
+            args=(child, self.spec, self.index == 0 and self.about is None),
+            name=f"mtx-serve-decoder-{self.index}",
         )
         self.process.daemon = True  # ended with the server, whatever happens to it
         self.process.start()
@@ -113,12 +127,18 @@ class Worker:
             ) from None
         if kind != "ready":
             raise MtxError(value)
-        self.pid = value
+        self.pid, about = value
+        self.about = self.about or about
+
+    def set_threads(self, n: int) -> None:
+        """Decode with `n` threads from now on, and after a restart."""
+        self.spec = replace(self.spec, threads=n)
+        self.conn.send(("threads", n))
 
     def translate(self, texts: list[str], choices: Choices) -> list[Result]:
         for attempt in range(2):
             try:
-                self.conn.send((texts, choices))
+                self.conn.send(("batch", texts, choices))
                 kind, value = self.conn.recv()
             except (EOFError, OSError):  # the process died: start another and retry once
                 self.process.join(1)
@@ -155,9 +175,10 @@ class Worker:
             self.conn.close()
 
 
-def start_workers(spec: Spec, n: int) -> list[Worker]:
-    """`n` decoding processes, started together and each ready; MtxError if one fails."""
-    workers = [Worker(spec, i) for i in range(n)]
+def start_workers(spec: Spec, n: int, first: int = 0) -> list[Worker]:
+    """`n` decoding processes numbered from `first`, started together and each ready (the one
+    numbered 0 with its `about`); MtxError if one fails."""
+    workers = [Worker(spec, first + i) for i in range(n)]
     try:
         for worker in workers:
             worker.launch()

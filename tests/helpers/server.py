@@ -88,7 +88,7 @@ class Server:
         raise KeyError(name)
 
     def decoders(self) -> list[int]:
-        """The pids of the server's decoding processes (serve.workers > 1), sorted."""
+        """The pids of the server's decoding processes, sorted."""
         pids = []
         for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
             for child in (task / "children").read_text().split():

@@ -1,0 +1,77 @@
+"""What `mtx serve`'s own process (the HTTP side) knows of the engine: no torch, no model.
+
+The decoding processes (workers.py) hold the model and decode; the first of them, once its
+engine is built, describes it in an `About`: the settings, the SentencePiece model, the
+longest source the model takes, the device and `mtx info` of each checkpoint. The server's
+process turns that into a `Front`, which counts each text's source tokens exactly as the
+translator does (for the batch budget), and answers /info. It never imports torch, so it holds
+a few tens of MB rather than torch's hundreds (BENCHMARKS.md, "Serving").
+
+`Choices` and `Result` are what travels between the two: a batch's decoding choices, and one
+text's answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mtx.config import Config
+from mtx.data import vocab
+from mtx.errors import MtxError
+from mtx.tokens import encode_line
+
+ENGINES = ("mtx", "ctranslate2")
+
+
+@dataclass(frozen=True)
+class Choices:
+    """A request's decoding choices: only jobs with equal choices share a batch."""
+
+    beam: int
+    nbest: int
+    attention: bool = False  # also the attention of each translation (for the page)
+
+
+@dataclass
+class Result:
+    texts: list[str]  # the n-best translations, best first
+    scores: list[float]  # what the search ranked them by
+    ids: list[int] = field(default_factory=list)  # the best translation's subword ids
+    tokens_in: int = 0  # source subwords, EOS included
+    attention: dict | None = None  # MtxEngine.attention's, when the request asks for it
+
+
+@dataclass(frozen=True)
+class About:
+    """An engine as the first decoding process built it (engine.py's `describe_engine`)."""
+
+    engine: str  # one of ENGINES
+    cfg: Config  # the first checkpoint's, with the --set overrides
+    spm_proto: bytes  # the SentencePiece model
+    max_positions: int  # the longest source every model takes (an ensemble's: all of them)
+    single_model: bool  # one checkpoint and mtx's engine: the attention for the page
+    device: str  # "cpu" or "cuda"
+    checkpoints: list[dict]  # what `mtx info --json` says of each
+
+
+class Front:
+    """The engine's settings and tokenizer in the server's own process."""
+
+    def __init__(self, about: About) -> None:
+        self.name, self.cfg, self.single_model = about.engine, about.cfg, about.single_model
+        self.max_positions = about.max_positions
+        self.sp = vocab.load(about.spm_proto)
+
+    def length(self, text: str) -> int:
+        """Source subwords of `text`, EOS included: what the token budget counts."""
+        return len(encode_line(self.sp, text, self.max_positions))
+
+
+def check_engine(name: str, checkpoints: int, device: str) -> None:
+    """What --engine, the number of --checkpoints and --device must agree on."""
+    if name not in ENGINES:
+        raise MtxError(f"--engine must be one of {', '.join(ENGINES)}, got {name!r}")
+    if name == "ctranslate2" and checkpoints > 1:
+        raise MtxError("--engine ctranslate2 serves one --checkpoint (no ensembles)")
+    if name == "ctranslate2" and device not in ("auto", "cpu"):
+        raise MtxError("--engine ctranslate2 runs on the CPU here (--device cpu)")
