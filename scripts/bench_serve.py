@@ -5,8 +5,8 @@
 1. `mtx translate`'s search on the whole file in one process (Translator.translate, the CLI's
    code, after a warm-up): sentences/s and target tokens/s.
 2. Servers (--modes), each in its own process: `batched` (serve.* as given: by default one
-   decoding process per core), `one-process` (batching, serve.workers 1: the server's own
-   process decodes), `unbatched` (serve.batching false and serve.workers 1: one request at a
+   decoding process per core), `one-decoder` (batching, serve.workers 1: one decoding process
+   with every core's threads), `unbatched` (serve.batching false and serve.workers 1: one request at a
    time, as servers that serialise requests do) and `ctranslate2` (--engine ctranslate2): first the
    share of lines it translates as `mtx translate` does (also its warm-up); then for each
    client count (--clients), that many threads each send one request at a time
@@ -16,7 +16,8 @@
    (mtx_batch_sentences), the server's busy cores (the CPU time of its process and of its
    decoding processes over the load's wall time) and errors.
 3. With --memory-requests N: the `batched` server's resident memory (VmRSS of the server and
-   its decoding processes) after a warm-up and after N more requests at 16 clients.
+   its decoding processes, in all and the server's process and each decoding process after the
+   warm-up) after a warm-up and after N more requests at 16 clients.
 
 Only loopback is used, and every stage is bounded in requests and time.
 """
@@ -150,19 +151,19 @@ def cpu_seconds(pid: int) -> dict[int, float]:
     return out
 
 
-def rss_mb(pid: int) -> float:
-    """VmRSS of process `pid` and of its descendants, in MB."""
-    total = 0.0
+def rss_mb(pid: int) -> dict[int, float]:
+    """VmRSS of process `pid` and of each of its descendants, in MB."""
+    out = {}
     for p in tree(pid):
         for line in Path(f"/proc/{p}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) / 1024
-    return total
+                out[p] = int(line.split()[1]) / 1024
+    return out
 
 
 MODES = {  # --set for each server
     "batched": [],
-    "one-process": ["serve.workers=1"],
+    "one-decoder": ["serve.workers=1"],
     "unbatched": ["serve.batching=false", "serve.workers=1"],
     "ctranslate2": [],
 }
@@ -185,7 +186,7 @@ def main() -> None:
     ap.add_argument("--lines-per-request", type=int, default=1)
     ap.add_argument("--requests", type=int, default=1000, help="At most, per client count.")
     ap.add_argument("--seconds", type=float, default=60.0, help="At most, per client count.")
-    ap.add_argument("--modes", default="batched,one-process,unbatched,ctranslate2")
+    ap.add_argument("--modes", default="batched,one-decoder,unbatched,ctranslate2")
     ap.add_argument("--memory-requests", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="More --set for the servers.")
     ap.add_argument("--json", type=Path, help="Also write the figures here.")
@@ -216,12 +217,18 @@ def main() -> None:
                       f"{cores(r)} | {r['errors']} |", flush=True)  # fmt: skip
             if mode == "batched" and args.memory_requests:
                 load(server, lines, 16, args.lines_per_request, 500, 600)
-                before = rss_mb(server.proc.pid)
+                by_process = rss_mb(server.proc.pid)
+                before = sum(by_process.values())
                 r = load(server, lines, 16, args.lines_per_request, args.memory_requests, 3600)
-                after = rss_mb(server.proc.pid)
+                after = sum(rss_mb(server.proc.pid).values())
+                decoders = [by_process[p] for p in server.decoders()]
                 report["memory"] = {"requests": r["requests"], "rss_before_mb": before,
-                                    "rss_after_mb": after, "errors": r["errors"]}  # fmt: skip
-                print(f"memory: {before:.0f} MB after warm-up, {after:.0f} MB after "
+                                    "rss_after_mb": after, "errors": r["errors"],
+                                    "server_process_mb": by_process[server.proc.pid],
+                                    "decoding_processes_mb": decoders}  # fmt: skip
+                print(f"memory: {before:.0f} MB after warm-up (the server's process "
+                      f"{by_process[server.proc.pid]:.0f}, its decoding processes "
+                      f"{' + '.join(f'{m:.0f}' for m in decoders)}), {after:.0f} MB after "
                       f"{r['requests']} more requests ({after - before:+.0f} MB), "
                       f"{r['errors']} errors", flush=True)  # fmt: skip
             assert server.stop() == 0
