@@ -238,7 +238,7 @@ def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        yield  # the worker is started by run_server, or by the caller
+        yield  # the batcher's workers are run by run_server
         service.batcher.stop()
 
     app = FastAPI(
@@ -257,6 +257,13 @@ def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
         return _error(e.status, e.message, e.headers)
 
+    _add_translate(app, service)
+    _add_status_and_page(app, service)
+    return app
+
+
+def _add_translate(app: FastAPI, service: Service) -> None:
+    """POST /translate, with its request body's schema on the OpenAPI page."""
     schema = TranslateRequest.model_json_schema()
     body = {"required": True, "content": {"application/json": {"schema": schema}}}
 
@@ -272,6 +279,10 @@ def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
         service.metrics.count("ok", len(out["translations"]))
         service.metrics.latency.observe(time.perf_counter() - start)
         return out
+
+
+def _add_status_and_page(app: FastAPI, service: Service) -> None:
+    """GET /health, /ready, /info, /metrics and the page."""
 
     @app.get("/health")
     async def health() -> dict:
@@ -297,8 +308,6 @@ def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:
         return _page()
-
-    return app
 
 
 def listen(host: str, port: int) -> socket.socket:
