@@ -9,9 +9,8 @@ Each engine lives in a decoding process of its own (workers.py), fed by one batc
 `mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
 else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
 faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
-its outputs may differ from mtx's and from one batch to the next. Engines live in the decoding
-processes only; `describe_engine` tells the server's own process what it needs to know of one
-(front.py).
+its outputs may differ from mtx's and from one batch to the next. `describe_engine` tells the
+server's own process, which holds no engine, what it needs to know of one (front.py).
 """
 
 from __future__ import annotations
@@ -104,9 +103,6 @@ class CT2Engine:
             )
             self.threads = n
 
-    def length(self, text: str) -> int:
-        return len(self.translator.encode(text))
-
     def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
         sp, d = self.translator.sp, self.cfg.decode
         limit = self.translator.model.cfg.max_positions - 1
@@ -133,17 +129,13 @@ class CT2Engine:
         raise MtxError("the attention comes with --engine mtx only")
 
 
-def check_settings(cfg) -> None:
-    if cfg.decode.sampling:
-        raise MtxError("mtx serve runs the search: set decode.sampling=false")
-
-
 def make_engine(
     name: str, checkpoints: list[Path], overrides: list[str], device: str, ct2_dir: Path | None
 ) -> MtxEngine | CT2Engine:
     check_engine(name, len(checkpoints), device)
     translator = Translator.from_checkpoints(checkpoints, overrides, device)
-    check_settings(translator.cfg)
+    if translator.cfg.decode.sampling:
+        raise MtxError("mtx serve runs the search: set decode.sampling=false")
     if name == "ctranslate2":
         os.environ.setdefault("CT2_VERBOSE", "-1")
         return CT2Engine(checkpoints[0], translator, ct2_dir)
