@@ -21,6 +21,22 @@ from mtx.errors import MtxError
 PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name (each model's parts)
 
 
+def _require(section: str, settings, keys: tuple[str, ...], ok, what: str) -> None:
+    """MtxError naming the first of `keys` (attributes of `settings`) whose value is not `ok`."""
+    for key in keys:
+        value = getattr(settings, key)
+        if not ok(value):
+            raise MtxError(f"{section}.{key} must be {what}, got {value}")
+
+
+def _positive(section: str, settings, *keys: str) -> None:
+    _require(section, settings, keys, lambda v: v > 0, "positive")
+
+
+def _not_negative(section: str, settings, *keys: str) -> None:
+    _require(section, settings, keys, lambda v: v >= 0, "0 or more")
+
+
 @dataclass
 class DataConfig:
     src_lang: str = "en"  # source language code; local files are PREFIX.{src_lang}
@@ -40,6 +56,12 @@ class DataConfig:
     # instead of training one: to fine-tune a model on new data (vocab_size is then unused)
     spm_model: str = ""
     workers: int = 0  # processes that encode the data (0 = one per CPU core)
+
+    def validate(self) -> None:
+        _positive("data", self, "vocab_size", "max_len")
+        _not_negative("data", self, "workers")
+        if self.src_lang == self.tgt_lang:
+            raise MtxError("data.src_lang and data.tgt_lang must differ")
 
 
 ATTENTION_SCORES = ("additive", "general", "dot", "scaled_dot", "location")
@@ -68,6 +90,48 @@ class ModelConfig:
     arch: str = "transformer"  # transformer (the paper) or rnn (an attentional RNN, Luong et al.)
     rnn_cell: str = "lstm"  # rnn: lstm or gru
     attention: str = "general"  # rnn: additive, general, dot, scaled_dot or location
+
+    def validate(self) -> None:
+        m = self
+        if m.arch not in ("transformer", "rnn"):
+            raise MtxError(f"model.arch must be transformer or rnn, got {m.arch!r}")
+        _positive("model", m, "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers")
+        _positive("model", m, "max_positions")
+        _require("model", m, ("dropout", "attention_dropout"), lambda v: 0 <= v < 1, "in [0, 1)")
+        _not_negative("model", m, "max_relative_position")
+        if m.arch == "transformer" and m.d_model % m.n_heads:
+            raise MtxError(
+                f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"
+            )
+        if m.init not in ("fairseq", "xavier"):
+            raise MtxError(f"model.init must be fairseq or xavier, got {m.init!r}")
+        if m.norm not in ("post", "pre"):
+            raise MtxError(f"model.norm must be post or pre, got {m.norm!r}")
+        if m.positions not in ("sinusoidal", "learned", "relative"):
+            raise MtxError(
+                f"model.positions must be sinusoidal, learned or relative, got {m.positions!r}"
+            )
+        if m.rnn_cell not in ("lstm", "gru"):
+            raise MtxError(f"model.rnn_cell must be lstm or gru, got {m.rnn_cell!r}")
+        if m.attention not in ATTENTION_SCORES:
+            raise MtxError(
+                f"model.attention must be one of {', '.join(ATTENTION_SCORES)}, got {m.attention!r}"
+            )
+        if m.arch == "rnn":
+            if m.d_model % 2:
+                raise MtxError(
+                    f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
+                    "direction of the bidirectional encoder has d_model / 2 units)"
+                )
+            for key, value, default in (
+                ("norm", m.norm, "post"),
+                ("positions", m.positions, "sinusoidal"),
+                ("init", m.init, "fairseq"),
+            ):
+                if value != default:
+                    raise MtxError(
+                        f"model.{key} ({value}) is a transformer setting; model.arch is rnn"
+                    )
 
 
 @dataclass
@@ -125,6 +189,43 @@ class TrainConfig:
     # died or hangs); raise it where rank 0 writes large checkpoints to a slow disk
     dist_timeout: float = 60.0
 
+    def validate(self) -> None:
+        t = self
+        _positive("train", t, "max_tokens", "update_freq", "pad_to", "max_steps", "valid_every")
+        _positive("train", t, "log_every", "max_nonfinite", "max_oom", "dist_timeout")
+        _require("train", t, ("label_smoothing",), lambda v: 0 <= v < 1, "in [0, 1)")
+        _not_negative("train", t, "keep_last", "bleu_every", "valid_bleu_lines", "patience")
+        _not_negative("train", t, "workers")
+        if t.best_metric not in ("loss", "bleu"):
+            raise MtxError(f"train.best_metric must be loss or bleu, got {t.best_metric!r}")
+        if t.best_metric == "bleu" and t.bleu_every == 0:
+            raise MtxError("train.best_metric bleu needs train.bleu_every above 0")
+        if t.warmup_steps < 1:
+            raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
+        if t.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise MtxError(f"train.precision must be auto, fp32, bf16 or fp16, got {t.precision!r}")
+        if t.compile not in ("auto", "true", "false"):
+            raise MtxError(f"train.compile must be auto, true or false, got {t.compile!r}")
+        if t.compile_backend not in ("inductor", "aot_eager", "eager"):
+            raise MtxError(
+                "train.compile_backend must be inductor, aot_eager or eager, got "
+                f"{t.compile_backend!r}"
+            )
+        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+        if t.compile_mode not in modes:
+            raise MtxError(
+                f"train.compile_mode must be one of {', '.join(modes)}, got {t.compile_mode!r}"
+            )
+        unknown = [part for part in t.freeze if part not in PARTS]
+        if unknown:
+            raise MtxError(f"train.freeze: no part {unknown[0]!r} (parts: {', '.join(PARTS)})")
+        if set(t.freeze) == set(PARTS):
+            raise MtxError("train.freeze: every part is frozen, so nothing would be trained")
+        if (t.init_keep_optimizer or t.init_keep_step) and not t.init_from:
+            raise MtxError(
+                "train.init_keep_optimizer and train.init_keep_step need train.init_from"
+            )
+
 
 @dataclass
 class DecodeConfig:
@@ -142,6 +243,21 @@ class DecodeConfig:
     # fp32, bf16, fp16, or int8 (CPU only: int8 weights, inputs quantized row by row); auto =
     # bf16 on a GPU that has it, else fp32
     dtype: str = "auto"
+
+    def validate(self) -> None:
+        dec = self
+        _positive("decode", dec, "beam", "batch_tokens", "temperature")
+        _not_negative("decode", dec, "top_k", "seed")
+        if dec.stopping not in ("k_finished", "exact", "never"):
+            raise MtxError(
+                f"decode.stopping must be k_finished, exact or never, got {dec.stopping!r}"
+            )
+        if dec.dtype not in ("auto", "fp32", "bf16", "fp16", "int8"):
+            raise MtxError(
+                f"decode.dtype must be auto, fp32, bf16, fp16 or int8, got {dec.dtype!r}"
+            )
+        if not 0 < dec.top_p <= 1:
+            raise MtxError(f"decode.top_p must be in (0, 1], got {dec.top_p}")
 
 
 @dataclass
@@ -191,86 +307,13 @@ class Config:
     serve: ServeConfig = field(default_factory=ServeConfig)
 
     def validate(self) -> Config:
-        """Reject impossible settings with a message naming the key."""
+        """Reject impossible settings with a message naming the key: each section's own
+        (the ranges first), then those that tie sections together."""
         m, t, d = self.model, self.train, self.data
-        if m.arch not in ("transformer", "rnn"):
-            raise MtxError(f"model.arch must be transformer or rnn, got {m.arch!r}")
-        if m.arch == "transformer" and m.d_model % m.n_heads:
-            raise MtxError(
-                f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"
-            )
-        positive = {
-            "model.d_model": m.d_model,
-            "model.d_ff": m.d_ff,
-            "model.n_heads": m.n_heads,
-            "model.encoder_layers": m.encoder_layers,
-            "model.decoder_layers": m.decoder_layers,
-            "model.max_positions": m.max_positions,
-            "data.vocab_size": d.vocab_size,
-            "data.max_len": d.max_len,
-            "train.max_tokens": t.max_tokens,
-            "train.update_freq": t.update_freq,
-            "train.pad_to": t.pad_to,
-            "train.max_steps": t.max_steps,
-            "train.valid_every": t.valid_every,
-            "train.log_every": t.log_every,
-            "train.max_nonfinite": t.max_nonfinite,
-            "train.max_oom": t.max_oom,
-            "train.dist_timeout": t.dist_timeout,
-            "decode.beam": self.decode.beam,
-            "decode.batch_tokens": self.decode.batch_tokens,
-        }
-        for key, value in positive.items():
-            if value <= 0:
-                raise MtxError(f"{key} must be positive, got {value}")
-        for key, value in {
-            "model.dropout": m.dropout,
-            "model.attention_dropout": m.attention_dropout,
-            "train.label_smoothing": t.label_smoothing,
-        }.items():
-            if not 0.0 <= value < 1.0:
-                raise MtxError(f"{key} must be in [0, 1), got {value}")
-        for key, value in {
-            "train.keep_last": t.keep_last,
-            "train.bleu_every": t.bleu_every,
-            "train.valid_bleu_lines": t.valid_bleu_lines,
-            "train.patience": t.patience,
-        }.items():
-            if value < 0:
-                raise MtxError(f"{key} must be 0 or more, got {value}")
-        if t.best_metric not in ("loss", "bleu"):
-            raise MtxError(f"train.best_metric must be loss or bleu, got {t.best_metric!r}")
-        if t.best_metric == "bleu" and t.bleu_every == 0:
-            raise MtxError("train.best_metric bleu needs train.bleu_every above 0")
-        if t.warmup_steps < 1:
-            raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
-        if t.precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise MtxError(f"train.precision must be auto, fp32, bf16 or fp16, got {t.precision!r}")
-        if t.compile not in ("auto", "true", "false"):
-            raise MtxError(f"train.compile must be auto, true or false, got {t.compile!r}")
-        if t.compile_backend not in ("inductor", "aot_eager", "eager"):
-            raise MtxError(
-                "train.compile_backend must be inductor, aot_eager or eager, got "
-                f"{t.compile_backend!r}"
-            )
-        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
-        if t.compile_mode not in modes:
-            raise MtxError(
-                f"train.compile_mode must be one of {', '.join(modes)}, got {t.compile_mode!r}"
-            )
-        if t.workers < 0:
-            raise MtxError(f"train.workers must be 0 or more, got {t.workers}")
-        if d.workers < 0:
-            raise MtxError(f"data.workers must be 0 or more, got {d.workers}")
-        unknown = [part for part in t.freeze if part not in PARTS]
-        if unknown:
-            raise MtxError(f"train.freeze: no part {unknown[0]!r} (parts: {', '.join(PARTS)})")
-        if set(t.freeze) == set(PARTS):
-            raise MtxError("train.freeze: every part is frozen, so nothing would be trained")
-        if (t.init_keep_optimizer or t.init_keep_step) and not t.init_from:
-            raise MtxError(
-                "train.init_keep_optimizer and train.init_keep_step need train.init_from"
-            )
+        d.validate()
+        m.validate()
+        t.validate()
+        self.decode.validate()
         if t.max_tokens < d.max_len + 1:
             raise MtxError(
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
@@ -284,58 +327,6 @@ class Config:
                 f"data.max_len ({d.max_len}) plus EOS, padded to {longest} tokens by "
                 f"train.pad_to ({t.pad_to}), must fit model.max_positions ({m.max_positions})"
             )
-        if m.init not in ("fairseq", "xavier"):
-            raise MtxError(f"model.init must be fairseq or xavier, got {m.init!r}")
-        if m.norm not in ("post", "pre"):
-            raise MtxError(f"model.norm must be post or pre, got {m.norm!r}")
-        if m.positions not in ("sinusoidal", "learned", "relative"):
-            raise MtxError(
-                f"model.positions must be sinusoidal, learned or relative, got {m.positions!r}"
-            )
-        if m.max_relative_position < 0:
-            raise MtxError(
-                f"model.max_relative_position must be 0 or more, got {m.max_relative_position}"
-            )
-        if m.rnn_cell not in ("lstm", "gru"):
-            raise MtxError(f"model.rnn_cell must be lstm or gru, got {m.rnn_cell!r}")
-        if m.attention not in ATTENTION_SCORES:
-            raise MtxError(
-                f"model.attention must be one of {', '.join(ATTENTION_SCORES)}, got {m.attention!r}"
-            )
-        if m.arch == "rnn":
-            if m.d_model % 2:
-                raise MtxError(
-                    f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
-                    "direction of the bidirectional encoder has d_model / 2 units)"
-                )
-            for key, value, default in (
-                ("norm", m.norm, "post"),
-                ("positions", m.positions, "sinusoidal"),
-                ("init", m.init, "fairseq"),
-            ):
-                if value != default:
-                    raise MtxError(
-                        f"model.{key} ({value}) is a transformer setting; model.arch is rnn"
-                    )
-        dec = self.decode
-        if dec.stopping not in ("k_finished", "exact", "never"):
-            raise MtxError(
-                f"decode.stopping must be k_finished, exact or never, got {dec.stopping!r}"
-            )
-        if dec.dtype not in ("auto", "fp32", "bf16", "fp16", "int8"):
-            raise MtxError(
-                f"decode.dtype must be auto, fp32, bf16, fp16 or int8, got {dec.dtype!r}"
-            )
-        if not dec.temperature > 0:
-            raise MtxError(f"decode.temperature must be positive, got {dec.temperature}")
-        if dec.top_k < 0:
-            raise MtxError(f"decode.top_k must be 0 or more, got {dec.top_k}")
-        if not 0 < dec.top_p <= 1:
-            raise MtxError(f"decode.top_p must be in (0, 1], got {dec.top_p}")
-        if dec.seed < 0:
-            raise MtxError(f"decode.seed must be 0 or more, got {dec.seed}")
-        if d.src_lang == d.tgt_lang:
-            raise MtxError("data.src_lang and data.tgt_lang must differ")
         self.serve.validate()
         return self
 

@@ -58,6 +58,7 @@ def test_yaml_file_and_overrides_compose(tmp_path):
         ("model.d_model=abc", "model.d_model expects int"),
         ("model.dropout=yes", "model.dropout expects float"),
         ("model.n_heads=7", "divisible"),
+        ("model.n_heads=0", "model.n_heads must be positive"),  # not a division by zero
         ("train.max_tokens=-1", "train.max_tokens must be positive"),
         ("train.dist_timeout=0", "train.dist_timeout must be positive"),
         ("train.patience=-1", "train.patience must be 0 or more"),
@@ -119,6 +120,7 @@ def test_best_by_bleu_needs_bleu_and_the_demo_is_bounded_by_steps_not_the_clock(
 
 @given(st.one_of(st.sampled_from(all_keys()), st.text(max_size=30)), st.text(max_size=20))
 @example("model.d_\nmodel", "1")
+@example("model.n_heads", "0")
 def test_random_overrides_never_crash_outside_a_clear_error(key, value):
     try:
         load_config(None, [f"{key}={value}"])
