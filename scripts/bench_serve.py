@@ -6,9 +6,10 @@
    code, after a warm-up): sentences/s and target tokens/s.
 2. Servers (--modes), each in its own process: `batched` (serve.* as given: by default one
    decoding process per core), `one-decoder` (batching, serve.workers 1: one decoding process
-   with every core's threads), `unbatched` (serve.batching false and serve.workers 1: one request at a
-   time, as servers that serialise requests do) and `ctranslate2` (--engine ctranslate2): first the
-   share of lines it translates as `mtx translate` does (also its warm-up); then for each
+   with every core's threads), `unbatched` (serve.batching false and serve.workers 1: one
+   request at a time, as servers that serialise requests do) and `ctranslate2` (--engine
+   ctranslate2): first the seconds from its launch to /ready, and the share of lines it
+   translates as `mtx translate` does (also its warm-up); then for each
    client count (--clients), that many threads each send one request at a time
    (--lines-per-request lines of the file, in turn) over a kept-alive connection, at most
    --requests requests or --seconds seconds in all. Reported: sentences/s,
@@ -204,10 +205,14 @@ def main() -> None:
     for mode in args.modes.split(","):
         sets = [*MODES[mode], *args.set]
         engine = ("--engine", "ctranslate2") if mode == "ctranslate2" else ()
+        start = time.perf_counter()
         with Server(args.checkpoint, *sets, "serve.max_queue=100000", args=engine) as server:
+            started = time.perf_counter() - start
             same = agreement(server, lines, expected)  # also the warm-up
             report.setdefault("same_as_cli", {})[mode] = same
-            print(f"{mode}: {100 * same:.1f}% of lines the same as mtx translate", flush=True)
+            report.setdefault("start_s", {})[mode] = started
+            print(f"{mode}: ready {started:.2f} s after its launch; {100 * same:.1f}% of lines "
+                  "the same as mtx translate", flush=True)  # fmt: skip
             for n in clients:
                 r = load(server, lines, n, args.lines_per_request, args.requests, args.seconds)
                 report.setdefault(mode, []).append(r)
