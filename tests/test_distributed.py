@@ -9,6 +9,7 @@ all in one (a shared disk).
 - different prepared data, a dead process and a hung process end the job with one line.
 """
 
+import gc
 import json
 import os
 import random
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 import yaml
 from conftest import TINY_RUN, run_config
+from torch.nn.parallel import DistributedDataParallel
 
 from mtx import checkpoint
 from mtx.config import load_config
@@ -302,6 +304,27 @@ def test_the_heartbeat_thread_has_ended_when_stop_returns(monkeypatch):
             time.sleep(0.001)
         heartbeat.stop()
         assert not heartbeat.thread.is_alive()
+
+
+def test_the_process_group_is_released_before_train_returns(tmp_path, prepared, monkeypatch):
+    """A process group that outlives train() (held by DDP in a reference cycle until the
+    collector runs, perhaps while the interpreter shuts down) has its gloo threads torn down
+    in the middle of finalization, which can abort a finished job (SIGABRT, "terminate called
+    without an active exception"). With the collector off, nothing of DDP may be left."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in (env | {"MASTER_PORT": str(server.port)}).items():
+        monkeypatch.setenv(key, value)
+    cfg = run_config(tmp_path / "run", prepared, "train.max_steps=2", "train.valid_every=2")
+    gc.collect()
+    gc.disable()  # what is freed must be freed by its last reference going, not by chance
+    try:
+        train(cfg, log=lambda *_: None)
+        assert not dist.is_initialized()
+        left = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
+        assert not left, "DDP (and its process group) outlived train()"
+    finally:
+        gc.enable()
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ the error says so in one line. torchrun then stops the other processes and the j
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import threading
@@ -217,6 +218,12 @@ class Dist:
         if self.heartbeat:
             self.heartbeat.stop()
         if self.joined and dist.is_initialized():
+            # DDP keeps itself (and the trainer that holds it) in reference cycles, so it and
+            # its hold on the process group would go only when the collector next runs: perhaps
+            # while the interpreter shuts down, where a gloo thread coming back for the GIL is
+            # ended inside C++ and aborts a finished job (SIGABRT, "terminate called without an
+            # active exception"). Collected here, the group goes down while all is alive.
+            gc.collect()
             dist.destroy_process_group()
 
 

@@ -406,16 +406,22 @@ def train(
     stopped answering) becomes one line naming the process."""
     dist = Dist.from_env(pick_device(cfg.train.device), cfg.train.dist_timeout)
     try:
-        init = None
-        if cfg.train.init_from:  # fine-tuning: the model.* keys left out come from it
-            init = init_from.read(cfg, dist)
-            init_from.take_model_config(cfg, init)
-        trainer = Trainer(cfg, dist, log, init)
-        prepare_run_dir(trainer, resume, overwrite)
-        return trainer.run()
+        return _run(cfg, dist, resume, overwrite, log)
     except RuntimeError as e:
         if dist.joined and dist.is_collective_failure(e):
             raise dist.failure(e) from None
         raise
     finally:
         dist.close()
+
+
+def _run(cfg: Config, dist: Dist, resume: bool, overwrite: bool, log) -> dict[str, float]:
+    """The trainer's whole life, over when this returns: no reference to it is left when
+    train() tears the process group down (Dist.close)."""
+    init = None
+    if cfg.train.init_from:  # fine-tuning: the model.* keys left out come from it
+        init = init_from.read(cfg, dist)
+        init_from.take_model_config(cfg, init)
+    trainer = Trainer(cfg, dist, log, init)
+    prepare_run_dir(trainer, resume, overwrite)
+    return trainer.run()
