@@ -15,7 +15,8 @@
    --requests requests or --seconds seconds in all. Reported: sentences/s,
    target tokens/s (the server's mtx_tokens_out_total), p50/p95/p99 latency, mean batch size
    (mtx_batch_sentences), the server's busy cores (the CPU time of its process and of its
-   decoding processes over the load's wall time) and errors.
+   decoding processes over the load's wall time), the client cores (this script's client
+   threads, which run on the same cores) and errors.
 3. With --memory-requests N: the `batched` server's resident memory (VmRSS of the server and
    its decoding processes, in all and the server's process and each decoding process after the
    warm-up) after a warm-up and after N more requests at 16 clients.
@@ -97,6 +98,7 @@ def load(server: Server, lines, clients: int, per_request: int, requests: int, s
 
     before = metrics(server)
     cpu_before = cpu_seconds(server.proc.pid)
+    own_before = time.process_time()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()
     for t in threads:
@@ -104,6 +106,7 @@ def load(server: Server, lines, clients: int, per_request: int, requests: int, s
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    own = time.process_time() - own_before
     cpu = cpu_seconds(server.proc.pid)
     after = metrics(server)
     done = len(latencies) * per_request
@@ -122,6 +125,7 @@ def load(server: Server, lines, clients: int, per_request: int, requests: int, s
         "p99_ms": 1000 * q[98],
         "mean_batch": sentences / batches if batches else 0.0,
         "seconds": wall,
+        "client_cores": own / wall,  # this script's client threads, on the same cores
         # CPU time of the server and its decoding processes over the load, by process
         "server_cores": {
             pid: (cpu[pid] - cpu_before.get(pid, 0.0)) / wall for pid in cpu if pid in cpu_before
@@ -201,7 +205,7 @@ def main() -> None:
     print(f"mtx translate (one process): {cli['sentences_s']:.1f} sentences/s, "
           f"{cli['tokens_s']:.0f} target tokens/s", flush=True)  # fmt: skip
     print("| server | clients | sentences/s | target tok/s | vs CLI | p50 ms | p95 ms | p99 ms "
-          "| mean batch | server cores | errors |", flush=True)  # fmt: skip
+          "| mean batch | server cores | client cores | errors |", flush=True)  # fmt: skip
     for mode in args.modes.split(","):
         sets = [*MODES[mode], *args.set]
         engine = ("--engine", "ctranslate2") if mode == "ctranslate2" else ()
@@ -219,7 +223,7 @@ def main() -> None:
                 print(f"| {mode} | {n} | {r['sentences_s']:.1f} | {r['tokens_s']:.0f} | "
                       f"{r['sentences_s'] / cli['sentences_s']:.2f}x | {r['p50_ms']:.0f} | "
                       f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['mean_batch']:.1f} | "
-                      f"{cores(r)} | {r['errors']} |", flush=True)  # fmt: skip
+                      f"{cores(r)} | {r['client_cores']:.2f} | {r['errors']} |", flush=True)  # fmt: skip
             if mode == "batched" and args.memory_requests:
                 load(server, lines, 16, args.lines_per_request, 500, 600)
                 by_process = rss_mb(server.proc.pid)
