@@ -14,8 +14,13 @@
    beam's bookkeeping) in batches of 1 and 16 lines drawn at random: the median by the number
    of hypotheses decoded, and in batches of 16 the steps a batch and the share of its rows
    still decoding (a finished sentence leaves; the step's fixed cost stays).
+5. The most any server could reach with this search at --ceiling-batch sentences a batch (16
+   one-line clients over 2 decoding processes give batches of 6 to 8): --processes processes
+   of one thread each, with no server, no HTTP and no clients, decode batches of that many
+   random lines back to back, all at once; sentences/s in all beside the whole file in this
+   process with --processes threads (what the load test's "vs CLI" divides by).
 
---parts picks which to run (default all).
+--parts picks which to run (default 1-4).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import random
 import statistics
 import sys
@@ -126,12 +132,58 @@ def step_times(tr, lines: list[str]) -> None:
     print(f"batches of 16: {len(sixteen) / 32 + 1:.1f} steps a batch, {live:.0%} of rows live")
 
 
+def _decode_back_to_back(checkpoint, lines, size, batches, seed, start, out) -> None:
+    """One process of part 5: warm up, wait for the others, then `batches` random batches."""
+    import torch
+
+    from mtx.decode.translator import Translator
+
+    torch.set_num_threads(1)
+    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    rng = random.Random(seed)
+    for _ in range(5):
+        tr.translate(rng.sample(lines, size))
+    start.wait()
+    began = time.perf_counter()
+    for _ in range(batches):
+        tr.translate(rng.sample(lines, size))
+    out.put((began, time.perf_counter()))
+
+
+def ceiling(tr, checkpoint: Path, lines: list[str], processes: int, size: int) -> None:
+    import torch
+
+    torch.set_num_threads(processes)
+    whole = max(rate(tr, lines, len(lines)) for _ in range(2))
+    batches = 1200 // size
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_decode_back_to_back, args=(checkpoint, lines, size, batches, i, start, out)
+        )
+        for i in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    spans = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    wall = max(end for _, end in spans) - min(began for began, _ in spans)
+    total = processes * batches * size / wall
+    print(f"{processes} processes of 1 thread, batches of {size} random lines back to back, no "
+          f"server: {total:.1f} sentences/s in all; the whole file with {processes} threads: "
+          f"{whole:.1f} sentences/s; ratio {total / whole:.2f}x")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--src", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--parts", default="1,2,3,4")
+    ap.add_argument("--processes", type=int, default=2, help="part 5")
+    ap.add_argument("--ceiling-batch", type=int, nargs="+", default=[8], help="part 5")
     args = ap.parse_args()
     from mtx.decode.translator import Translator
 
@@ -148,6 +200,9 @@ def main() -> None:
         print(f"kept-alive connection: {kept_alive_ms(args.checkpoint, lines):.1f} ms a request")
     if 4 in parts:
         step_times(tr, lines)
+    if 5 in parts:
+        for size in args.ceiling_batch:
+            ceiling(tr, args.checkpoint, lines, args.processes, size)
 
 
 if __name__ == "__main__":
