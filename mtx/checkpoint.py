@@ -1,20 +1,40 @@
-"""Self-describing checkpoints: weights plus everything needed to use or resume them.
+"""The files a run is made of: its directory (`RunDir`) and its checkpoints (`Checkpoint`).
 
-A checkpoint is a dict saved with `torch.save` and read with `weights_only=True` (no code in a
-checkpoint ever runs). It holds the resolved config, the SentencePiece model, the data
-manifest (what `mtx prepare` read and kept, with hashes) and the mtx version (so `translate`,
-`evaluate`, `export` and `info` need nothing but the checkpoint), and, for resuming, the
-optimizer state, the step, the position in the data order and the RNG state. Files are written atomically: a
-temporary file, fsync, rename.
+This is the one module that knows a checkpoint's keys and a run directory's file names; every
+other module reads fields. It sits on the bottom floor: it imports the config and nothing of
+the model, the data or training.
 
-A run's checkpoints directory holds `last.pt` (resumable), `best.pt` (weights of the best
-validation by train.best_metric: lowest loss or highest BLEU) and the last `train.keep_last` step checkpoints `step-N.pt` (resumable, and
-what `average()` reads). How a run writes and resumes them: mtx/train/resume.py.
+A checkpoint is saved with `torch.save` and read only with `weights_only=True` (no code in a
+checkpoint ever runs). It describes itself: the resolved config, the SentencePiece model, the
+data manifest (what `mtx prepare` read and kept, with hashes) and the mtx version, so
+`translate`, `evaluate`, `export` and `info` need nothing but the checkpoint; the run's
+position (step, data position, best validation so far); and, in a resumable checkpoint, the
+optimizer, the loss scale and the RNG state of every process. Its format has a version: a
+checkpoint of a newer format than this mtx knows is refused in one line, and every older one
+keeps loading (tests/fixtures holds one written by the first format).
+
+A run directory holds:
+
+    config.yaml        the resolved config of the last `mtx train`
+    prepared/          `mtx prepare`'s output (data/prepare.py): spm.model, spm.vocab,
+                       manifest.json, and one `datasets` folder per split
+    checkpoints/       last.pt (resumable), best.pt (weights of the best validation by
+                       train.best_metric) and the last train.keep_last step-N.pt (resumable,
+                       what `mtx average --last` reads)
+    metrics.jsonl      one JSON record per log line and validation
+    tensorboard/       the same as TensorBoard scalars (train.tensorboard)
+    valid.hyp          the last validation's translations
+    curves.png         `mtx plot`'s picture
+
+Files are written atomically (files.py): a crash leaves the previous file or the new one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +45,100 @@ from mtx import __version__
 from mtx.config import Config, apply_overrides, from_dict
 from mtx.errors import MtxError
 from mtx.files import atomic_write
-from mtx.model.build import Model, make_model
 
-FORMAT = "mtx-checkpoint-1"
-
-
-def save(path: Path, payload: dict[str, Any]) -> None:
-    payload = payload | {"format": FORMAT, "mtx_version": __version__}
-    atomic_write(path, lambda f: torch.save(payload, f))
+FORMAT_NAME = "mtx-checkpoint"
+FORMAT_VERSION = 1  # what this mtx writes, and the newest it reads
 
 
-def step_path(directory: Path, step: int) -> Path:
-    return directory / f"step-{step}.pt"
+@dataclass(frozen=True)
+class PreparedFiles:
+    """RUN/prepared (data/prepare.py writes it into a temporary folder, then renames it)."""
+
+    dir: Path
+
+    @property
+    def spm_model(self) -> Path:
+        return self.dir / "spm.model"
+
+    @property
+    def spm_vocab(self) -> Path:
+        return self.dir / "spm.vocab"
+
+    @property
+    def manifest(self) -> Path:
+        return self.dir / "manifest.json"
+
+    @property
+    def cache(self) -> Path:
+        return self.dir / "cache"
+
+    def split(self, name: str) -> Path:
+        """A split's `datasets` folder: train, valid or test."""
+        return self.dir / name
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where a run's files live (see the module's docstring)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, cfg: Config) -> RunDir:
+        return cls(Path(cfg.run_dir))
+
+    @property
+    def prepared(self) -> Path:
+        return self.root / "prepared"
+
+    @property
+    def data(self) -> PreparedFiles:
+        """The files of `mtx prepare`'s output."""
+        return PreparedFiles(self.prepared)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / "best.pt"
+
+    def step(self, n: int) -> Path:
+        return self.checkpoints / f"step-{n}.pt"
+
+    def steps(self) -> list[Path]:
+        """The step-N.pt files, newest (highest N) first."""
+        return step_checkpoints(self.checkpoints)
+
+    def prune(self, keep: int) -> None:
+        """Delete all but the newest `keep` step checkpoints."""
+        for path in self.steps()[keep:]:
+            path.unlink(missing_ok=True)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def valid_hyp(self) -> Path:
+        return self.root / "valid.hyp"
+
+    @property
+    def curves(self) -> Path:
+        return self.root / "curves.png"
 
 
 def step_checkpoints(directory: Path) -> list[Path]:
@@ -49,56 +151,180 @@ def step_checkpoints(directory: Path) -> list[Path]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def prune(directory: Path, keep: int) -> None:
-    """Delete all but the newest `keep` step checkpoints."""
-    for path in step_checkpoints(directory)[keep:]:
-        path.unlink(missing_ok=True)
+@dataclass
+class Position:
+    """Where a run stands, saved in every checkpoint it writes."""
+
+    step: int = 0  # updates done
+    epoch: int = 0  # current pass over the data
+    batch: int = 0  # batches of the current epoch already consumed
+    best_valid_loss: float = math.inf
+    best_valid_bleu: float = -math.inf
+    best_step: int = 0  # the step of the best validation by train.best_metric
+    stale: int = 0  # validations since then that measured train.best_metric (train.patience)
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise MtxError(f"checkpoint not found: {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MtxError(f"{path}: not a loadable mtx checkpoint ({first[:200]})") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise MtxError(f"{path}: not an mtx checkpoint (format {FORMAT} expected)")
-    return ckpt
+@dataclass
+class Resume:
+    """What a resumable checkpoint (last.pt, step-N.pt) holds beyond the weights."""
+
+    optimizer: dict[str, Any]  # Adam's state_dict
+    scaler: dict[str, Any] | None  # fp16's loss scaler, None for other precisions
+    process_rngs: list[tuple[Tensor, list[Tensor]]]  # (CPU, CUDA) RNG states of each process
 
 
-def load_model(path: str | Path, overrides: list[str] | None = None) -> tuple[Model, Config, bytes]:
-    """The model (eval mode, on CPU), its config with `overrides` applied, and its SentencePiece model."""
-    return build_model(load(path), path, overrides)
+@dataclass
+class InitRecord:
+    """train.init_from: the checkpoint a fine-tuning run started from."""
+
+    path: str
+    sha256: str  # of its file
+    step: int | None
+    kept: list[str]  # what was kept beside the weights: "optimizer", "step"
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[Config, bytes]:
-    """A checkpoint's config with `overrides` applied, and its SentencePiece model: what
-    `load_model` gives but the model (its weights are read, then dropped)."""
-    ckpt = load(path)
-    return apply_overrides(from_dict(ckpt["config"]), overrides).validate(), ckpt["spm_model"]
+@dataclass
+class Source:
+    """One checkpoint that an average was taken over."""
+
+    path: str
+    step: int | None
 
 
-def build_model(
-    ckpt: dict[str, Any], path: str | Path, overrides: list[str] | None = None
-) -> tuple[Model, Config, bytes]:
-    """`load_model` of a checkpoint already loaded from `path`."""
-    cfg = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
-    model = make_model(cfg.model, ckpt["vocab_size"])
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError:
+@dataclass
+class Checkpoint:
+    """A checkpoint: the weights and everything needed to use them, or to resume a run."""
+
+    config: dict[str, Any]  # the resolved config, as Config.to_dict gives it
+    spm_model: bytes  # the SentencePiece model proto
+    vocab_size: int
+    model: dict[str, Tensor]  # the model's state_dict
+    manifest: dict[str, Any] | None = None  # RUN/prepared/manifest.json of the data
+    position: Position = field(default_factory=Position)
+    init_from: InitRecord | None = None
+    averaged_from: list[Source] | None = None
+    resume: Resume | None = None  # None: weights only (best.pt, an average)
+    mtx_version: str = __version__  # of the mtx that wrote it
+
+    @property
+    def step(self) -> int:
+        return self.position.step
+
+    def settings(self, overrides: list[str] | None = None) -> Config:
+        """Its config, with `overrides` (key=value) applied, validated."""
+        return apply_overrides(from_dict(self.config), overrides).validate()
+
+    def save(self, path: Path) -> None:
+        payload = _to_payload(self)
+        atomic_write(path, lambda f: torch.save(payload, f))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Checkpoint:
+        """Read a checkpoint through the safe loader; MtxError in one line if it cannot be."""
+        path = Path(path)
+        if not path.is_file():
+            raise MtxError(f"checkpoint not found: {path}")
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise MtxError(f"{path}: not a loadable mtx checkpoint ({first[:200]})") from None
+        return _from_payload(payload, path)
+
+
+# --- the format on disk: the only place that knows its keys --------------------------------
+
+
+def _to_payload(c: Checkpoint) -> dict[str, Any]:
+    p = c.position
+    payload: dict[str, Any] = {
+        "format": f"{FORMAT_NAME}-{FORMAT_VERSION}",
+        "mtx_version": __version__,
+        "config": c.config,
+        "spm_model": c.spm_model,
+        "vocab_size": c.vocab_size,
+        "manifest": c.manifest,
+        "model": c.model,
+        "step": p.step,
+        "epoch": p.epoch,
+        "batch": p.batch,
+        "best_valid_loss": p.best_valid_loss,
+        "best_valid_bleu": p.best_valid_bleu,
+        "best_step": p.best_step,
+        "stale_validations": p.stale,
+        "init_from": dataclasses.asdict(c.init_from) if c.init_from else None,
+    }
+    if c.averaged_from is not None:
+        payload["averaged_from"] = [dataclasses.asdict(s) for s in c.averaged_from]
+    if c.resume is not None:
+        r = c.resume
+        payload |= {
+            "optimizer": r.optimizer,
+            "scaler": r.scaler,
+            "rng": r.process_rngs[0][0],  # rank 0's, as the first format's readers expect
+            "cuda_rng": r.process_rngs[0][1],
+            "process_rngs": r.process_rngs,
+        }
+    return payload
+
+
+def format_version(payload: Any, path: Path) -> int:
+    """The format version a loaded payload says it has; MtxError if it is not a checkpoint or
+    comes from a newer mtx."""
+    name = payload.get("format") if isinstance(payload, dict) else None
+    match = re.fullmatch(rf"{FORMAT_NAME}-(\d+)", name) if isinstance(name, str) else None
+    if match is None:
+        raise MtxError(f"{path}: not an mtx checkpoint (format {FORMAT_NAME}-N expected)")
+    version = int(match.group(1))
+    if version > FORMAT_VERSION:
         raise MtxError(
-            f"{path}: its weights do not fit the model config (were model.* keys overridden?)"
-        ) from None
-    return model.eval(), cfg, ckpt["spm_model"]
+            f"{path}: checkpoint format {version} comes from a newer mtx "
+            f"({payload.get('mtx_version')}); this mtx {__version__} reads format "
+            f"{FORMAT_VERSION} and older: upgrade mtx"
+        )
+    return version
+
+
+def _from_payload(payload: Any, path: Path) -> Checkpoint:
+    format_version(payload, path)
+    missing = [k for k in ("config", "spm_model", "vocab_size", "model") if k not in payload]
+    if missing:
+        raise MtxError(f"{path}: an incomplete mtx checkpoint (no {missing[0]})")
+    get = payload.get
+    position = Position(
+        step=get("step") or 0,
+        epoch=get("epoch", 0),
+        batch=get("batch", 0),
+        best_valid_loss=get("best_valid_loss", math.inf),
+        best_valid_bleu=get("best_valid_bleu", -math.inf),
+        best_step=get("best_step", 0),
+        stale=get("stale_validations", 0),
+    )
+    resume = None
+    if "optimizer" in payload:
+        rngs = get("process_rngs") or [(payload["rng"], payload["cuda_rng"])]
+        resume = Resume(payload["optimizer"], get("scaler"), [tuple(r) for r in rngs])
+    init, averaged = get("init_from"), get("averaged_from")
+    return Checkpoint(
+        config=payload["config"],
+        spm_model=payload["spm_model"],
+        vocab_size=payload["vocab_size"],
+        model=payload["model"],
+        manifest=get("manifest"),
+        position=position,
+        init_from=InitRecord(**init) if init else None,
+        averaged_from=[Source(**s) for s in averaged] if averaged is not None else None,
+        resume=resume,
+        mtx_version=get("mtx_version") or "unknown",
+    )
+
+
+# --- averaging (the paper's section 6.1) --------------------------------------------------
 
 
 def last_step_checkpoints(run: Path, n: int) -> list[Path]:
     """The `n` newest step-N.pt of a run directory (or of its checkpoints directory)."""
-    directory = run / "checkpoints" if (run / "checkpoints").is_dir() else run
+    directory = RunDir(run).checkpoints if RunDir(run).checkpoints.is_dir() else run
     found = step_checkpoints(directory)
     if not found:
         raise MtxError(f"no step-N.pt checkpoints in {directory}")
@@ -110,41 +336,50 @@ def last_step_checkpoints(run: Path, n: int) -> list[Path]:
     return found[:n]
 
 
-def average(paths: list[Path]) -> dict[str, Any]:
-    """A weights-only checkpoint whose parameters are the mean of those of `paths` (the
-    paper's checkpoint averaging, section 6.1). Checkpoints are read one at a time (memory
-    holds one plus the float64 sums). They must share the model config and the vocabulary;
-    config, vocabulary and data manifest are taken from the newest (highest step)."""
+def average(paths: list[Path]) -> Checkpoint:
+    """A weights-only checkpoint whose parameters are the mean of those of `paths`.
+    Checkpoints are read one at a time (memory holds one plus the float64 sums). They must
+    share the model config and the vocabulary; config, vocabulary and data manifest are taken
+    from the newest (highest step)."""
     if not paths:
         raise MtxError("no checkpoints to average")
     sums: dict[str, Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    first: dict[str, Any] = {}
-    newest: dict[str, Any] = {}
+    first = newest = None
     sources = []
     for path in paths:
-        ckpt = load(path)
-        weights = ckpt.pop("model")
-        meta = {k: ckpt.get(k) for k in ("config", "spm_model", "vocab_size", "manifest", "step")}
-        del ckpt  # optimizer state and the like
-        if not first:
-            first = meta
+        ckpt = Checkpoint.load(path)
+        weights, ckpt.model, ckpt.resume = ckpt.model, {}, None  # let the optimizer state go
+        if first is None:
+            first = ckpt
             sums = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
             dtypes = {k: v.dtype for k, v in weights.items()}
         else:
-            if meta["config"]["model"] != first["config"]["model"] or weights.keys() != sums.keys():
-                raise MtxError(f"{path}: another model than {paths[0]}; cannot average")
-            if (meta["spm_model"], meta["vocab_size"]) != (first["spm_model"], first["vocab_size"]):
-                raise MtxError(f"{path}: another vocabulary than {paths[0]}; cannot average")
+            _check_averageable(path, paths[0], ckpt, first, weights, sums)
             for name, tensor in weights.items():
                 if tensor.is_floating_point():
                     sums[name] += tensor.double()
-                elif not torch.equal(tensor, sums[name]):
-                    raise MtxError(f"{path}: {name} differs and is not a float; cannot average")
-        if not newest or (meta["step"] or 0) > (newest["step"] or 0):
-            newest = meta
-        sources.append({"path": str(path), "step": meta["step"]})
+        if newest is None or ckpt.step > newest.step:
+            newest = ckpt
+        sources.append(Source(str(path), ckpt.step))
     model = {
         k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v for k, v in sums.items()
     }
-    return {**newest, "model": model, "averaged_from": sources}
+    return Checkpoint(
+        config=newest.config,
+        spm_model=newest.spm_model,
+        vocab_size=newest.vocab_size,
+        model=model,
+        manifest=newest.manifest,
+        position=Position(step=newest.step),
+        averaged_from=sources,
+    )
+
+
+def _check_averageable(path, first_path, ckpt, first, weights, sums) -> None:
+    if ckpt.config.get("model") != first.config.get("model") or weights.keys() != sums.keys():
+        raise MtxError(f"{path}: another model than {first_path}; cannot average")
+    if (ckpt.spm_model, ckpt.vocab_size) != (first.spm_model, first.vocab_size):
+        raise MtxError(f"{path}: another vocabulary than {first_path}; cannot average")
+    for name, tensor in weights.items():
+        if not tensor.is_floating_point() and not torch.equal(tensor, sums[name]):
+            raise MtxError(f"{path}: {name} differs and is not a float; cannot average")

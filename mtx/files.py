@@ -6,6 +6,7 @@ half-written one. Nothing mtx writes is world-writable (`restrict_umask`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -53,3 +54,12 @@ def restrict_umask() -> None:
     """Keep the user's umask but never create world-writable files or directories."""
     current = os.umask(0o022)
     os.umask(current | 0o002)
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
-from mtx import checkpoint
-from mtx.config import Config, ModelConfig, apply_overrides, from_dict, load_config
+from mtx.checkpoint import Checkpoint
+from mtx.config import Config, ModelConfig, load_config
 from mtx.model.build import make_model
 from mtx.model.flops import forward_flops, training_flops_per_token
 from mtx.model.transformer import count_parameters
@@ -23,14 +24,14 @@ def describe(
     `parameters`: the model's count where the caller holds it (else counted on a model built
     on the meta device, which costs a process about 70 MB that it keeps)."""
     if Path(target).suffix in (".pt", ".pth"):
-        ckpt = checkpoint.load(target)
-        cfg: Config = apply_overrides(from_dict(ckpt["config"]), overrides).validate()
-        vocab_size, step = ckpt["vocab_size"], ckpt.get("step")
+        ckpt = Checkpoint.load(target)
+        cfg: Config = ckpt.settings(overrides)
+        vocab_size, step = ckpt.vocab_size, ckpt.step
         about = {
-            "mtx_version": ckpt.get("mtx_version"),
-            "manifest": ckpt.get("manifest"),
-            "averaged_from": ckpt.get("averaged_from"),
-            "init_from": ckpt.get("init_from"),
+            "mtx_version": ckpt.mtx_version,
+            "manifest": ckpt.manifest,
+            "averaged_from": _json(ckpt.averaged_from),
+            "init_from": _json(ckpt.init_from),
         }
     else:
         cfg, step, about = load_config(target, overrides), None, {}
@@ -52,6 +53,13 @@ def describe(
         "config": cfg.to_dict(),
         **about,
     }
+
+
+def _json(value):
+    """A checkpoint's record (a dataclass, or a list of them) as plain JSON values."""
+    if isinstance(value, list):
+        return [dataclasses.asdict(v) for v in value]
+    return dataclasses.asdict(value) if value is not None else None
 
 
 def architecture(m: ModelConfig) -> str:

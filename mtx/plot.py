@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mtx.checkpoint import RunDir
 from mtx.errors import MtxError
 from mtx.files import atomic_write, atomic_write_text
+from mtx.train.metrics import read_metrics
 
 # panel title -> (metrics.jsonl key, kind of record); BLEU appears only where a run logs it
 CURVES = [
@@ -37,27 +39,13 @@ def _save(fig, output: Path) -> None:
     atomic_write(output, lambda f: fig.savefig(f, format="png"))
 
 
-def read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise MtxError(f"{path}: no metrics log (is this a run directory?)")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise MtxError(f"{path}:{n}: not a JSON line") from None
-        if not isinstance(row, dict) or "step" not in row:
-            raise MtxError(f"{path}:{n}: a metrics line needs a step")
-        rows.append(row)
-    return rows
-
-
 def plot_run(run_dir: Path, output: Path | None = None, dpi: int = 100) -> tuple[Path, list[str]]:
     """Draw RUN_DIR/metrics.jsonl into a PNG (one panel per curve the log holds); returns the
     file and the panels drawn."""
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    path = RunDir(run_dir).metrics
+    if not path.is_file():
+        raise MtxError(f"{path}: no metrics log (is this a run directory?)")
+    rows = read_metrics(path, strict=True)
     panels = []
     for title, series in CURVES:
         lines = []
@@ -68,7 +56,7 @@ def plot_run(run_dir: Path, output: Path | None = None, dpi: int = 100) -> tuple
         if lines:
             panels.append((title, lines))
     if not panels:
-        raise MtxError(f"{run_dir / 'metrics.jsonl'}: no curves to draw")
+        raise MtxError(f"{path}: no curves to draw")
     plt = _pyplot()
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.5 * len(panels)), dpi=dpi, sharex=True)
     axes = axes if len(panels) > 1 else [axes]
@@ -83,7 +71,7 @@ def plot_run(run_dir: Path, output: Path | None = None, dpi: int = 100) -> tuple
         ax.legend(loc="best", fontsize="small")
     axes[-1].set_xlabel("update")
     fig.tight_layout()
-    output = output or run_dir / "curves.png"
+    output = output or RunDir(run_dir).curves
     _save(fig, output)
     plt.close(fig)
     return output, [title for title, _ in panels]

@@ -3,9 +3,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers.common import mtx
 
-from mtx.cli import app
 from mtx.config import ModelConfig, load_config
 from mtx.data.prepare import prepare
 
@@ -95,10 +94,7 @@ def toy_run(tmp_path_factory):
     # no time bound: the tests count on steps 125 and 250 even on a busy machine
     sets += ["--set", "train.valid_every=125", "--set", "train.max_minutes=0"]
     for command in ("prepare", "train"):
-        result = CliRunner().invoke(
-            app, [command, "--config", str(ROOT / "configs/toy.yaml"), *sets]
-        )
-        assert result.exit_code == 0, result.output
+        mtx(command, "--config", ROOT / "configs/toy.yaml", *sets)
     return run
 
 
@@ -133,8 +129,5 @@ def multi30k_run(tmp_path_factory):
     }
     sets = [x for key, value in values.items() for x in ("--set", f"{key}={value}")]
     for command in ("prepare", "train"):
-        result = CliRunner().invoke(
-            app, [command, "--config", str(ROOT / "configs/multi30k.yaml"), *sets]
-        )
-        assert result.exit_code == 0, result.output
+        mtx(command, "--config", ROOT / "configs/multi30k.yaml", *sets)
     return run

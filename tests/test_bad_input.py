@@ -12,23 +12,17 @@ import datasets
 import pytest
 import torch
 from conftest import run_config
+from helpers.common import invoke, write_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from mtx import checkpoint
-from mtx.cli import app, read_lines
+from mtx.checkpoint import Checkpoint
+from mtx.cli import read_lines
 from mtx.data import sources
 from mtx.decode.translator import Translator
 from mtx.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
-
-
-def write_pair(prefix: Path, src: list[str], tgt: list[str]) -> None:
-    for lang, lines in (("en", src), ("de", tgt)):
-        Path(f"{prefix}.{lang}").write_bytes("".join(x + "\n" for x in lines).encode())
 
 
 GOOD = (
@@ -64,10 +58,6 @@ def corpus(tmp_path: Path, problem: str) -> list[str]:
         "data.max_len=100",
         "train.max_tokens=512",
     ]
-
-
-def invoke(*args, input=None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
 
 
 def assert_one_line_error(result, *fragments):
@@ -184,11 +174,11 @@ def tiny_checkpoint(prepared, tmp_path_factory):
 def test_a_checkpoint_whose_vocabulary_does_not_match_its_sentencepiece_model(
     tiny_checkpoint, tmp_path
 ):
-    ckpt = checkpoint.load(tiny_checkpoint)
-    other = dict(ckpt, model=dict(ckpt["model"]), vocab_size=ckpt["vocab_size"] + 8)
-    weights = other["model"]["embed.weight"]
-    other["model"]["embed.weight"] = torch.cat([weights, weights[:8]])
-    checkpoint.save(tmp_path / "odd.pt", other)
+    odd = Checkpoint.load(tiny_checkpoint)
+    odd.vocab_size += 8
+    weights = odd.model["embed.weight"]
+    odd.model["embed.weight"] = torch.cat([weights, weights[:8]])
+    odd.save(tmp_path / "odd.pt")
     result = invoke("translate", "--checkpoint", tmp_path / "odd.pt", input="hello\n")
     assert_one_line_error(result, "pieces but the model's vocabulary has", "do not belong together")
 

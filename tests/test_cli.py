@@ -6,36 +6,24 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import MULTI30K
-from typer.testing import CliRunner
+from helpers.common import invoke, mtx, records
 
-from mtx.cli import app
+from mtx.checkpoint import Checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
-
-
-def mtx(*args, input=None):
-    result = runner.invoke(app, [str(a) for a in args], input=input)
-    assert result.exit_code == 0, result.output + (
-        str(result.exception) if result.exception else ""
-    )
-    return result
 
 
 def test_toy_training_writes_checkpoints_and_metrics(toy_run):
     assert (toy_run / "checkpoints" / "last.pt").is_file()
     assert (toy_run / "checkpoints" / "best.pt").is_file()
-    records = [json.loads(line) for line in (toy_run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
-    valid = [r for r in records if r["kind"] == "valid"]
+    train, valid = records(toy_run, "train"), records(toy_run, "valid")
     assert [r["step"] for r in valid] == [125, 250]
     assert train[-1]["loss"] < train[0]["loss"] - 1.0
     assert all(r["tokens_per_s"] > 0 for r in train)
-    best = torch.load(toy_run / "checkpoints" / "best.pt", weights_only=True)
+    best = Checkpoint.load(toy_run / "checkpoints" / "best.pt")
     assert all(0 <= r["valid_bleu"] <= 100 for r in valid)  # the toy config: best by BLEU
-    assert best["step"] == max(valid, key=lambda r: r["valid_bleu"])["step"]
+    assert best.step == max(valid, key=lambda r: r["valid_bleu"])["step"]
 
 
 def test_toy_model_translates_far_better_than_an_untrained_one(toy_run):
@@ -89,9 +77,9 @@ def test_translate_nbest_sampling_and_stopping_options(toy_run):
     first, again = (mtx(*sample, input=many).stdout for _ in range(2))
     assert first == again and len(set(first.splitlines())) > 1  # seeded per line
     assert mtx(*sample[:-1], 2, input=many).stdout != first
-    bad = runner.invoke(app, ["translate", "--checkpoint", str(ckpt), "--nbest", "9"], input="x\n")
+    bad = invoke("translate", "--checkpoint", ckpt, "--nbest", "9", input="x\n")
     assert bad.exit_code == 2 and "needs a beam of at least 9" in bad.output
-    bad = runner.invoke(app, ["translate", "--checkpoint", str(ckpt), "--top-p", "0"], input="x\n")
+    bad = invoke("translate", "--checkpoint", ckpt, "--top-p", "0", input="x\n")
     assert bad.exit_code == 2 and "decode.top_p must be in (0, 1]" in bad.output
 
 
@@ -103,9 +91,7 @@ def test_evaluate_scores_a_hypothesis_file(tmp_path):
     )
     assert scores["bleu"] == 100.0 and scores["chrf"] == 100.0
     (tmp_path / "short.de").write_text("der hund schläft.\n")
-    result = runner.invoke(
-        app, ["evaluate", "--hyp", str(tmp_path / "short.de"), "--ref", str(tmp_path / "ref.de")]
-    )
+    result = invoke("evaluate", "--hyp", tmp_path / "short.de", "--ref", tmp_path / "ref.de")
     assert result.exit_code == 2 and "1 hypotheses but 2 references" in result.output
 
 
@@ -155,7 +141,7 @@ def test_user_errors_are_one_line_with_exit_code_2(tmp_path):
             "run `mtx prepare`",
         ),
     ]:
-        result = runner.invoke(app, [str(a) for a in args])
+        result = invoke(*args)
         assert result.exit_code == 2, result.output
         assert message in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
@@ -172,8 +158,7 @@ def test_multi30k_prepare_train_translate_evaluate(multi30k_run, tmp_path):
     manifest = json.loads((multi30k_run / "prepared" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["read"] == 29000
     assert manifest["splits"]["test"]["kept"] == 1000
-    records = [json.loads(x) for x in (multi30k_run / "metrics.jsonl").read_text().splitlines()]
-    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    losses = [r["loss"] for r in records(multi30k_run, "train")]
     assert losses[-1] < losses[0]
     src = (MULTI30K / "test2016.en").read_text().splitlines()[:50]
     ref = (MULTI30K / "test2016.de").read_text().splitlines()[:50]
@@ -224,7 +209,5 @@ def test_the_demo_reaches_bleu_90_on_the_toy_test_split(tmp_path):
 
 def test_a_checkpoint_with_overridden_model_keys_is_a_clear_error(toy_run):
     ckpt = toy_run / "checkpoints" / "best.pt"
-    result = runner.invoke(
-        app, ["translate", "--checkpoint", str(ckpt), "--set", "model.d_ff=64"], input="x\n"
-    )
+    result = invoke("translate", "--checkpoint", ckpt, "--set", "model.d_ff=64", input="x\n")
     assert result.exit_code == 2 and "do not fit the model config" in result.output

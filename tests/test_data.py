@@ -6,19 +6,14 @@ import re
 import datasets
 import pytest
 import torch
+from helpers.common import write_pair
 
-from mtx.config import load_config
-from mtx.data import sources, toy
+from mtx.checkpoint import Checkpoint
+from mtx.config import Config, load_config
+from mtx.data import sources, toy, vocab
 from mtx.data.prepare import load_prepared, prepare
 from mtx.errors import MtxError
 from mtx.tokens import EOS_ID
-
-
-def write_pair(prefix, src_lines, tgt_lines, newline="\n"):
-    for lang, lines in (("en", src_lines), ("de", tgt_lines)):
-        (prefix.parent / f"{prefix.name}.{lang}").write_bytes(
-            "".join(line + newline for line in lines).encode("utf-8")
-        )
 
 
 def test_local_files_load_line_aligned_with_crlf_and_unicode_separators(tmp_path):
@@ -199,7 +194,8 @@ def test_data_spm_model_encodes_with_a_given_model_or_a_checkpoint_s(tmp_path):
     first, cfg = toy_prepare(tmp_path / "first")
     model_file = first / "spm.model"
     ckpt = tmp_path / "model.pt"
-    torch.save({"spm_model": model_file.read_bytes(), "model": {}}, ckpt)
+    spm_model = model_file.read_bytes()
+    Checkpoint(Config().to_dict(), spm_model, vocab.load(spm_model).get_piece_size(), {}).save(ckpt)
     for name, given in (("file", model_file), ("ckpt", ckpt)):
         # another vocabulary size, which a reused model ignores
         out, cfg2 = toy_prepare(tmp_path / name, f"data.spm_model={given}", "data.vocab_size=90")
@@ -229,7 +225,7 @@ def test_a_bad_data_spm_model_is_refused_before_anything_is_written(tmp_path):
     cases = {
         tmp_path / "missing.model": "no such file",
         junk: "not a SentencePiece model file or an mtx checkpoint",
-        other: "a torch file without an mtx SentencePiece model",
+        other: "data.spm_model: .*other.pt: not an mtx checkpoint",
         tmp_path / "foreign.model": r"pad, unk, bos and eos ids are \(-1, 0, 1, 2\)",
     }
     for path, message in cases.items():

@@ -10,7 +10,6 @@ all in one (a shared disk).
 """
 
 import gc
-import json
 import os
 import random
 import shutil
@@ -25,9 +24,10 @@ import torch
 import torch.distributed as dist
 import yaml
 from conftest import TINY_RUN, run_config
+from helpers.common import assert_same_parameters, last, records
 from torch.nn.parallel import DistributedDataParallel
 
-from mtx import checkpoint
+from mtx.checkpoint import RunDir
 from mtx.config import load_config
 from mtx.data.prepare import prepare
 from mtx.train import distributed
@@ -62,7 +62,6 @@ def torchrun(
     cmd += [f"--max-restarts={restarts}", "--monitor-interval=0.1", "--no-python"]
     cmd += ["sh", "-c", script, "sh", *program, "train", "--config", str(root / "job.yaml"), *args]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHON": sys.executable} | (env or {})
-    env["PYTHONPATH"] = os.pathsep.join([str(HELPERS), env.get("PYTHONPATH", "")])
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     )
@@ -75,25 +74,6 @@ def finish(job: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
 
 def run_dir(root: Path, node: int = 0) -> Path:
     return root / f"node{node}" / "run"
-
-
-def records(run: Path, kind: str) -> list[dict]:
-    """The complete lines of a metrics.jsonl that a running job may be writing."""
-    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
-    complete = [json.loads(line) for line in lines if line.endswith("\n")]
-    return [r for r in complete if r["kind"] == kind]
-
-
-def assert_same_parameters(a: Path, b: Path) -> None:
-    x, y = checkpoint.load(a), checkpoint.load(b)
-    assert x["step"] == y["step"]
-    assert x["model"].keys() == y["model"].keys()
-    different = [k for k in x["model"] if not torch.equal(x["model"][k], y["model"][k])]
-    assert not different, f"{len(different)} tensors differ, e.g. {different[0]}"
-    states = x["optimizer"]["state"], y["optimizer"]["state"]
-    assert len(states[0]) == len(states[1]) == len(x["model"])  # Adam state for every weight
-    for p, q in zip(states[0].values(), states[1].values()):
-        assert all(torch.equal(p[k], q[k]) for k in p)
 
 
 def assert_rank1_wrote_nothing(root: Path) -> None:
@@ -119,9 +99,9 @@ def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepar
         assert code == 0, err[-3000:]
         two = run_dir(root)
         assert_same_parameters(one / "checkpoints" / "last.pt", two / "checkpoints" / "last.pt")
-        a, b = (checkpoint.load(r / "checkpoints" / "last.pt") for r in (one, two))
-        assert a["batch"] == b["batch"]  # the same position in the data order
-        assert len(b["process_rngs"]) == 2
+        a, b = last(one), last(two)
+        assert a.position.batch == b.position.batch  # the same position in the data order
+        assert len(b.resume.process_rngs) == 2
         # Losses and token counts are summed over both processes before rank 0 logs them,
         # and the validation is split between them and added up: as the single process.
         for kind, keys in [("train", ["loss", "nll"]), ("valid", ["valid_loss", "valid_nll"])]:
@@ -143,13 +123,14 @@ def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepar
         assert_rank1_wrote_nothing(root)
 
 
+@pytest.mark.slow
 def test_a_job_on_a_shared_disk_finishes_ten_times_in_a_row(tmp_path, prepared):
     root = tmp_path / "shared"
     job_config(root, prepared, "train.max_steps=4", "train.valid_every=2", *SAME[:2], shared=True)
     for attempt in range(10):
         code, err = finish(torchrun(root, "--overwrite", shared=True))
         assert code == 0, f"attempt {attempt}: {err[-3000:]}"
-        assert checkpoint.load(root / "run" / "checkpoints" / "last.pt")["step"] == 4
+        assert last(root / "run").step == 4
 
 
 def test_a_job_stopped_by_sigterm_resumes_to_the_uninterrupted_parameters(tmp_path, prepared):
@@ -173,7 +154,7 @@ def test_a_job_stopped_by_sigterm_resumes_to_the_uninterrupted_parameters(tmp_pa
             job.kill()
     # rank 0 says SIGTERM, or "a stop signal to another process" if rank 1's came first
     assert "stopped by " in err and "Resume with: mtx train" in err, err[-3000:]
-    stopped = checkpoint.load(run_dir(root) / "checkpoints" / "last.pt")["step"]
+    stopped = last(run_dir(root)).step
     assert 0 < stopped < 100000
     assert_rank1_wrote_nothing(root)
 
@@ -187,8 +168,7 @@ def test_a_job_stopped_by_sigterm_resumes_to_the_uninterrupted_parameters(tmp_pa
     job_config(reference, prepared, end, *settings)
     code, err = finish(torchrun(reference))
     assert code == 0, err[-3000:]
-    last = "checkpoints/last.pt"
-    assert_same_parameters(run_dir(root) / last, run_dir(reference) / last)
+    assert_same_parameters(RunDir(run_dir(root)).last, RunDir(run_dir(reference)).last)
     assert_rank1_wrote_nothing(root)
 
 
@@ -218,7 +198,7 @@ def test_an_elastic_job_survives_a_worker_killed_at_a_random_step(
     root = tmp_path / "elastic"
     job_config(root, prepared, *ELASTIC, shared=shared)
     die = {"MTX_DIE_AT_STEP": str(die_at), "MTX_DIE_RANK": "1"}
-    program = ("-m", "die_at_step")
+    program = (str(HELPERS / "die_at_step.py"),)
     job = torchrun(root, "--resume", shared=shared, restarts=2, program=program, env=die)
     code, err = finish(job)
     assert code == 0, err[-3000:]
@@ -337,9 +317,9 @@ def test_a_finished_job_exits_0_fifty_times_beside_a_busy_core(tmp_path, prepare
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         for attempt in range(50):
-            program = ("-m", "busy_heartbeat") if attempt % 2 else ("-m", "mtx")
+            program = (str(HELPERS / "busy_heartbeat.py"),) if attempt % 2 else ("-m", "mtx")
             code, err = finish(torchrun(root, "--overwrite", shared=True, program=program))
             assert code == 0, f"attempt {attempt}: {err[-3000:]}"
-            assert checkpoint.load(root / "run" / "checkpoints" / "last.pt")["step"] == 2
+            assert last(root / "run").step == 2
     finally:
         hog.kill()

@@ -6,10 +6,9 @@ import pytest
 import sentencepiece as spm
 import torch
 from conftest import tiny_model_config
-from typer.testing import CliRunner
+from helpers.common import invoke, mtx
 
-from mtx import checkpoint
-from mtx.cli import app
+from mtx.checkpoint import Checkpoint
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode.ensemble import Ensemble
@@ -111,17 +110,12 @@ def test_cli_ensemble_of_checkpoints_and_refusals(toy_run, tmp_path):
     size, and A with a copy of itself is A; another vocabulary is refused with one line."""
     ckpts = toy_run / "checkpoints"
     a, b = str(ckpts / "step-125.pt"), str(ckpts / "step-250.pt")
-    result = CliRunner().invoke(
-        app, ["toy", "--output", str(tmp_path / "valid"), "--split", "valid"]
-    )
-    assert result.exit_code == 0, result.output
+    mtx("toy", "--output", tmp_path / "valid", "--split", "valid")
     lines = (tmp_path / "valid.en").read_text().splitlines()[:60]
     text = "\n".join(lines) + "\n"
 
     def translate(*args):
-        result = CliRunner().invoke(app, ["translate", *args], input=text)
-        assert result.exit_code == 0, result.output
-        return result.stdout
+        return mtx("translate", *args, input=text).stdout
 
     pair = translate("--checkpoint", a, "--checkpoint", b, "--device", "cpu")
     assert len(pair.splitlines()) == 60
@@ -129,26 +123,20 @@ def test_cli_ensemble_of_checkpoints_and_refusals(toy_run, tmp_path):
     assert pair != translate("--checkpoint", b, "--device", "cpu")  # two models, not one
     assert translate("--checkpoint", b, "--checkpoint", b) == translate("--checkpoint", b)
 
-    result = CliRunner().invoke(
-        app, ["evaluate", "--checkpoint", a, "--checkpoint", b, "--split", "valid", "--json"]
-    )
-    assert result.exit_code == 0, result.output
+    result = mtx("evaluate", "--checkpoint", a, "--checkpoint", b, "--split", "valid", "--json")
     assert '"bleu"' in result.stdout
 
     other = tmp_path / "other.pt"
-    ckpt = checkpoint.load(b)
-    ckpt["spm_model"] = vocab.train_bpe(
+    ckpt = Checkpoint.load(b)
+    ckpt.spm_model = vocab.train_bpe(
         iter(SENTENCES), vocab_size=40, sample=0, character_coverage=1.0
     )
-    checkpoint.save(other, ckpt)
-    result = CliRunner().invoke(app, ["translate", "--checkpoint", a, "--checkpoint", str(other)])
+    ckpt.save(other)
+    result = invoke("translate", "--checkpoint", a, "--checkpoint", other)
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f"mtx: error: {other}: another vocabulary (SentencePiece model) than {a}; the "
         "checkpoints of an ensemble must share one"
     ]
-    result = CliRunner().invoke(
-        app,
-        ["translate", "--checkpoint", a, "--checkpoint", b, "--attention-dir", str(tmp_path)],
-    )
+    result = invoke("translate", "--checkpoint", a, "--checkpoint", b, "--attention-dir", tmp_path)
     assert result.exit_code == 2 and "give one --checkpoint" in result.output

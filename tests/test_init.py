@@ -2,19 +2,18 @@
 encoded with that model's SentencePiece model (data.spm_model)."""
 
 import hashlib
-import json
 
 import pytest
 import torch
 from conftest import TINY_RUN
-from typer.testing import CliRunner
+from helpers.common import assert_same_parameters, last, mtx, records, write_pair
 
-from mtx import checkpoint
-from mtx.cli import app
+from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import load_config
 from mtx.data import toy
 from mtx.data.prepare import load_prepared, prepare
 from mtx.errors import MtxError
+from mtx.model.build import load_model
 from mtx.train.distributed import Dist
 from mtx.train.schedule import rate
 from mtx.train.step import Precision
@@ -27,8 +26,7 @@ RUN = [x for x in TINY_RUN if not x.startswith("model.")]
 
 
 def write(prefix, pairs):
-    for i, lang in enumerate(("en", "de")):
-        (prefix.parent / f"{prefix.name}.{lang}").write_text("".join(p[i] + "\n" for p in pairs))
+    write_pair(prefix, [p[0] for p in pairs], [p[1] for p in pairs])
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +68,7 @@ def fine_tune_config(root, name, ckpt, b_data, *extra):
 def b_loss(model, cfg) -> float:
     """The loss on domain B's validation data of a model, or of a checkpoint's weights."""
     if not isinstance(model, torch.nn.Module):
-        model = checkpoint.load_model(model)[0]
+        model = load_model(model)[0]
     precision = Precision.choose(torch.device("cpu"), "fp32")
     return validate(model, load_prepared(cfg, "valid"), cfg, precision, Dist())["valid_loss"]
 
@@ -80,19 +78,19 @@ def test_fine_tuning_lowers_the_loss_on_the_new_domain(domains):
     cfg = fine_tune_config(root, "ft", ckpt, b_data, "train.max_steps=60", "train.warmup_steps=30")
     assert cfg.model.d_model == 512  # left out: the defaults, until the checkpoint's are taken
     probe = fine_tune_config(root, "probe", ckpt, b_data)
-    start = Trainer(probe, Dist(), init=read(probe))
+    start = Trainer(probe, Dist(), start=read(probe))
     before = b_loss(ckpt, cfg)
     assert b_loss(start.model, cfg) == before  # the general model's weights, not random ones
     train(cfg, **QUIET)
-    after = checkpoint.load(root / "ft" / "checkpoints" / "last.pt")
-    assert after["config"]["model"]["d_model"] == 32  # taken from the checkpoint
-    assert after["step"] == 60
-    assert b_loss(root / "ft" / "checkpoints" / "last.pt", cfg) < before - 0.2
-    record = after["init_from"]
-    assert record["path"] == str(ckpt.resolve()) and record["step"] == 300
-    assert record["sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest()
-    info = CliRunner().invoke(app, ["info", str(root / "ft" / "checkpoints" / "last.pt")])
-    assert f"started from: {ckpt.resolve()} (step 300, sha256 {record['sha256'][:12]})" in (
+    after = last(root / "ft")
+    assert after.settings().model.d_model == 32  # taken from the checkpoint
+    assert after.step == 60
+    assert b_loss(RunDir(root / "ft").last, cfg) < before - 0.2
+    record = after.init_from
+    assert record.path == str(ckpt.resolve()) and record.step == 300
+    assert record.sha256 == hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    info = mtx("info", RunDir(root / "ft").last)
+    assert f"started from: {ckpt.resolve()} (step 300, sha256 {record.sha256[:12]})" in (
         info.output
     )
 
@@ -107,24 +105,23 @@ def read(cfg):
 
 def test_a_fresh_optimizer_and_step_by_default_or_the_checkpoint_s_when_asked(domains):
     root, ckpt, b_data = domains
-    saved = checkpoint.load(ckpt)
+    saved = Checkpoint.load(ckpt)
     cfg = fine_tune_config(root, "fresh", ckpt, b_data)
-    fresh = Trainer(cfg, Dist(), init=read(cfg))
-    assert fresh.state.step == 0 and fresh.optimizer.state_dict()["state"] == {}
+    fresh = Trainer(cfg, Dist(), start=read(cfg))
+    assert fresh.state.step == 0 and fresh.step.optimizer.state_dict()["state"] == {}
     keep = ["train.init_keep_optimizer=true", "train.init_keep_step=true", "train.adam_eps=1e-7"]
     cfg = fine_tune_config(root, "kept", ckpt, b_data, *keep)
-    kept = Trainer(cfg, Dist(), init=read(cfg))
+    kept = Trainer(cfg, Dist(), start=read(cfg))
     assert kept.state.step == 300
-    state, old = kept.optimizer.state_dict()["state"], saved["optimizer"]["state"]
+    state, old = kept.step.optimizer.state_dict()["state"], saved.resume.optimizer["state"]
     assert state.keys() == old.keys()
     for i in state:
         torch.testing.assert_close(state[i]["exp_avg"], old[i]["exp_avg"], rtol=0, atol=0)
-    assert kept.optimizer.param_groups[0]["eps"] == 1e-7  # this run's settings
+    assert kept.step.optimizer.param_groups[0]["eps"] == 1e-7  # this run's settings
     # the learning rate goes on from the checkpoint's step
     cfg.train.max_steps = 302
     kept.run()
-    rows = [json.loads(x) for x in (root / "kept" / "metrics.jsonl").read_text().splitlines()]
-    logged = [r for r in rows if r["kind"] == "train"]
+    logged = records(root / "kept", "train")
     assert [r["step"] for r in logged] == [302]
     t = cfg.train
     assert logged[0]["lr"] == rate(302, 32, t.warmup_steps, t.lr_scale) != rate(2, 32, 4000, 1)
@@ -135,8 +132,8 @@ def test_frozen_parts_do_not_change_and_the_rest_does(domains):
     cfg = fine_tune_config(root, "frozen", ckpt, b_data, "train.max_steps=10",
                            "train.freeze=[embeddings, encoder]")  # fmt: skip
     train(cfg, **QUIET)
-    before = checkpoint.load(ckpt)["model"]
-    after = checkpoint.load(root / "frozen" / "checkpoints" / "last.pt")["model"]
+    before = Checkpoint.load(ckpt).model
+    after = last(root / "frozen").model
     frozen = [n for n in before if n.startswith(("embed.", "encoder_"))]
     trained = [n for n in before if n.startswith("decoder_layers.") and "weight" in n]
     assert frozen and trained
@@ -151,11 +148,9 @@ def test_resuming_a_fine_tuning_run_is_exact(domains):
     train(fine_tune_config(root, "parts", ckpt, b_data, "train.max_steps=12"), **QUIET)
     train(fine_tune_config(root, "parts", ckpt, b_data, "train.max_steps=30"), resume=True,
           **QUIET)  # fmt: skip
-    whole = checkpoint.load(root / "whole" / "checkpoints" / "last.pt")
-    parts = checkpoint.load(root / "parts" / "checkpoints" / "last.pt")
-    assert parts["init_from"] == whole["init_from"] and parts["init_from"]["step"] == 300
-    for name, value in whole["model"].items():
-        torch.testing.assert_close(parts["model"][name], value, rtol=0, atol=0, msg=name)
+    whole, parts = last(root / "whole"), last(root / "parts")
+    assert parts.init_from == whole.init_from and parts.init_from.step == 300
+    assert_same_parameters(RunDir(root / "whole").last, RunDir(root / "parts").last)
 
 
 def test_what_does_not_fit_is_refused_with_one_line_naming_it(domains, tmp_path):
@@ -178,7 +173,7 @@ def test_what_does_not_fit_is_refused_with_one_line_naming_it(domains, tmp_path)
     with pytest.raises(MtxError, match=f"prepare the data with data.spm_model={ckpt}"):
         train(other, **QUIET)
     assert not (tmp_path / "other" / "checkpoints").exists()
-    with pytest.raises(MtxError, match="train.freeze: no part 'encoders'"):
+    with pytest.raises(MtxError, match="train.freeze: 'encoders' is not one of embeddings"):
         load_config(None, ["train.freeze=encoders"])
     with pytest.raises(MtxError, match="need train.init_from"):
         load_config(None, ["train.init_keep_step=true"])
@@ -193,12 +188,9 @@ def test_the_cli_fine_tunes_with_init_from(domains):
             for x in ("--set", item)]  # fmt: skip
     config = root / "ft.yaml"
     config.write_text("train:\n  seed: 3\n")
-    result = CliRunner().invoke(
-        app, ["train", "--config", str(config), *sets, "--init-from", str(ckpt), "--keep-step"]
-    )
-    assert result.exit_code == 0, result.output
+    result = mtx("train", "--config", config, *sets, "--init-from", ckpt, "--keep-step")
     assert "starting from" in result.output and "keeping its step" in result.output
-    assert checkpoint.load(run / "checkpoints" / "last.pt")["step"] == 304
+    assert last(run).step == 304
 
 
 @pytest.mark.parametrize("arch", ["transformer", "rnn"])

@@ -5,17 +5,10 @@ import json
 import matplotlib.image
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers.common import invoke
 
-from mtx.cli import app
 from mtx.data import toy
 from mtx.decode.translator import Translator
-
-runner = CliRunner()
-
-
-def invoke(*args, input=None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
 
 
 def write_metrics(path, rows):

@@ -6,11 +6,10 @@ import json
 import pytest
 import torch
 from conftest import run_overrides
+from helpers.common import mtx
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-from typer.testing import CliRunner
 
-from mtx.cli import app
 from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.data import toy
 from mtx.decode.search import beam_search
@@ -195,9 +194,7 @@ def test_a_source_longer_than_max_positions_is_refused():
 
 
 def cli(*args, input=None):
-    result = CliRunner().invoke(app, [str(a) for a in args], input=input)
-    assert result.exit_code == 0, result.output + str(result.exception or "")
-    return result.output
+    return mtx(*args, input=input).output
 
 
 def test_the_pipeline_trains_decodes_and_describes_an_rnn(prepared, tmp_path):

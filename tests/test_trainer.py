@@ -1,12 +1,11 @@
-import json
 import math
-import os
 
 import pytest
 import torch
 from conftest import run_config, tiny_model_config
+from helpers.common import last, records
 
-from mtx import checkpoint
+from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import Config
 from mtx.data.batching import collate
 from mtx.errors import MtxError
@@ -16,7 +15,7 @@ from mtx.train.trainer import train
 
 
 def params(run):
-    return checkpoint.load(run / "checkpoints" / "last.pt")["model"]
+    return last(run).model
 
 
 def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, prepared):
@@ -25,8 +24,7 @@ def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, 
     big = ["train.max_tokens=4096", "train.update_freq=2"]
     train(run_config(tmp_path / "whole", prepared, "train.max_steps=60", *big), **quiet)
     train(run_config(tmp_path / "parts", prepared, "train.max_steps=25", *big), **quiet)
-    first = checkpoint.load(tmp_path / "parts" / "checkpoints" / "last.pt")
-    assert first["step"] == 25
+    assert last(tmp_path / "parts").step == 25
     with pytest.raises(MtxError, match="--resume to continue it, --overwrite"):
         train(run_config(tmp_path / "parts", prepared, "train.max_steps=60", *big), **quiet)
     train(
@@ -36,7 +34,7 @@ def test_resume_ends_with_the_same_parameters_as_an_uninterrupted_run(tmp_path, 
     assert whole.keys() == parts.keys()
     for name in whole:
         torch.testing.assert_close(parts[name], whole[name], rtol=0, atol=0, msg=name)
-    assert checkpoint.load(tmp_path / "parts" / "checkpoints" / "last.pt")["epoch"] >= 1
+    assert last(tmp_path / "parts").position.epoch >= 1
 
 
 def test_max_minutes_bounds_a_run_and_both_checkpoints_exist(tmp_path, prepared):
@@ -49,47 +47,20 @@ def test_max_minutes_bounds_a_run_and_both_checkpoints_exist(tmp_path, prepared)
         overwrite=True,
         log=lambda *_: None,
     )
-    assert checkpoint.load(tmp_path / "r" / "checkpoints" / "last.pt")["step"] == 2
+    assert last(tmp_path / "r").step == 2
     train(
         run_config(tmp_path / "r", prepared, "train.max_steps=100000", "train.max_minutes=0.0001"),
         overwrite=True,
         log=lambda *_: None,
     )
-    last = checkpoint.load(tmp_path / "r" / "checkpoints" / "last.pt")
-    best = checkpoint.load(tmp_path / "r" / "checkpoints" / "best.pt")
-    assert 1 <= last["step"] < 100
-    assert best["config"]["model"]["d_model"] == 32 and isinstance(best["spm_model"], bytes)
-    assert "optimizer" not in best
-
-
-class Boom:
-    def __reduce__(self):
-        return (os.system, ("touch /tmp/mtx-pwned",))
-
-
-def test_a_checkpoint_whose_pickle_runs_code_is_refused(tmp_path):
-    path = tmp_path / "evil.pt"
-    torch.save({"format": checkpoint.FORMAT, "payload": Boom()}, path)
-    if os.path.exists("/tmp/mtx-pwned"):
-        os.remove("/tmp/mtx-pwned")
-    with pytest.raises(MtxError, match="not a loadable mtx checkpoint"):
-        checkpoint.load(path)
-    assert not os.path.exists("/tmp/mtx-pwned")
-
-
-def test_a_truncated_checkpoint_gives_a_clear_error(tmp_path):
-    path = tmp_path / "c.pt"
-    checkpoint.save(path, {"model": {"w": torch.ones(1000)}})
-    assert checkpoint.load(path)["model"]["w"].sum() == 1000
-    path.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(MtxError, match="c.pt"):
-        checkpoint.load(path)
-    assert oct(path.stat().st_mode & 0o777) != oct(0o777)
+    best = Checkpoint.load(RunDir(tmp_path / "r").best)
+    assert 1 <= last(tmp_path / "r").step < 100
+    assert best.settings().model.d_model == 32 and isinstance(best.spm_model, bytes)
+    assert best.resume is None
 
 
 def losses(run, kind="train", key="loss"):
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [r[key] for r in map(json.loads, lines) if r["kind"] == kind]
+    return [r[key] for r in records(run, kind)]
 
 
 def test_fp16_trains_with_a_loss_scale_and_resumes_exactly(tmp_path, prepared):
@@ -101,8 +72,7 @@ def test_fp16_trains_with_a_loss_scale_and_resumes_exactly(tmp_path, prepared):
     train(run_config(tmp_path / "whole", prepared, "train.max_steps=30", *fp16), **quiet)
     first = losses(tmp_path / "whole")
     assert all(math.isfinite(x) for x in first) and first[-1] < first[0]
-    last = checkpoint.load(tmp_path / "whole" / "checkpoints" / "last.pt")
-    assert last["scaler"]["scale"] > 0
+    assert last(tmp_path / "whole").resume.scaler["scale"] > 0
     train(run_config(tmp_path / "parts", prepared, "train.max_steps=10", *fp16), **quiet)
     train(
         run_config(tmp_path / "parts", prepared, "train.max_steps=30", *fp16), resume=True, **quiet
@@ -182,7 +152,6 @@ def test_logged_tokens_per_second_leave_validation_time_out(tmp_path, prepared, 
     run = tmp_path / "r"
     steps = ["train.max_steps=12", "train.valid_every=3", "train.log_every=4"]
     train(run_config(run, prepared, *steps), log=lambda *_: None)
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["tokens_per_s"] for r in records if r["kind"] == "train"]
+    rates = [r["tokens_per_s"] for r in records(run, "train")]
     assert len(rates) == 3 and shift[0] == 4e9  # each window holds a validation
     assert min(rates) > 1e-3  # a window timed with a validation in it: under 512 * 4 / 1e9

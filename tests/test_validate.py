@@ -2,13 +2,13 @@
 split, best.pt by BLEU, early stopping with train.patience (restored on resume), and the
 metrics written to TensorBoard."""
 
-import json
 import sys
 
 import pytest
 from conftest import run_config
+from helpers.common import records
 
-from mtx import checkpoint
+from mtx.checkpoint import Checkpoint, RunDir
 from mtx.data.prepare import load_prepared
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
@@ -19,11 +19,6 @@ from mtx.train.trainer import train
 QUIET = {"log": lambda *_: None}
 # BLEU on the first 40 validation lines, with short outputs: a few seconds per validation
 BLEU = ["train.bleu_every=1", "train.valid_bleu_lines=40", "decode.max_len_b=12", "decode.beam=2"]
-
-
-def records(run, kind):
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def test_valid_bleu_is_that_of_the_checkpoint_translating_the_split(tmp_path, prepared):
@@ -71,15 +66,15 @@ def test_patience_stops_the_run_and_best_pt_is_best_by_bleu(tmp_path, prepared, 
     # best at step 20 (25.0); steps 25 (25.0, not better) and 30 (24.0) exhaust the patience
     assert [r["step"] for r in valid] == [5, 10, 15, 20, 25, 30]
     assert [r["best"] for r in valid] == [True, True, False, True, False, False]
-    assert checkpoint.load(run / "checkpoints" / "best.pt")["step"] == 20
-    assert checkpoint.load(run / "checkpoints" / "last.pt")["step"] == 30
+    assert Checkpoint.load(RunDir(run).best).step == 20
+    assert Checkpoint.load(RunDir(run).last).step == 30
     assert lines[-1].startswith(
         "stopped early at step 30: valid bleu has not improved for 2 validations "
         "(train.patience 2); the best, 25.00 at step 20, is "
     )
     # resuming a run that ran out of patience trains no further
     train(cfg, resume=True, **QUIET)
-    assert checkpoint.load(run / "checkpoints" / "last.pt")["step"] == 30
+    assert Checkpoint.load(RunDir(run).last).step == 30
     assert scripted_bleu == [30.0]
 
 
@@ -98,7 +93,7 @@ def test_resume_restores_the_patience_count(tmp_path, prepared, scripted_bleu):
     assert [r["step"] for r in records(run, "valid")] == [5, 10, 15]
     train(run_config(run, prepared, "train.max_steps=100", *sets), resume=True, **QUIET)
     assert [r["step"] for r in records(run, "valid")] == [5, 10, 15, 20]
-    assert checkpoint.load(run / "checkpoints" / "best.pt")["step"] == 10
+    assert Checkpoint.load(RunDir(run).best).step == 10
     assert scripted_bleu == [30.0]
 
 

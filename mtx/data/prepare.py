@@ -37,11 +37,13 @@ import numpy as np
 import sentencepiece as spm
 
 from mtx import __version__
+from mtx.checkpoint import PreparedFiles, RunDir
 from mtx.config import Config, DataConfig
 from mtx.data import sources, vocab
 from mtx.data.clean import TextCleaner, length_reason
 from mtx.device import cores
 from mtx.errors import MtxError
+from mtx.files import sha256_file
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> hub default split
@@ -55,10 +57,6 @@ ENCODED = datasets.Features(
         "tgt_len": datasets.Value("int32"),
     }
 )
-
-
-def prepared_dir(cfg: Config) -> Path:
-    return Path(cfg.run_dir) / "prepared"
 
 
 def _training_sentences(ds: datasets.Dataset) -> Iterator[str]:
@@ -126,15 +124,12 @@ def read_spm_model(path: str) -> tuple[bytes, dict]:
     kind = "sentencepiece"
     proto = p.read_bytes()
     if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
-        import torch
+        from mtx.checkpoint import Checkpoint
 
         try:
-            ckpt = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise MtxError(f"data.spm_model {p}: not a readable checkpoint ({e})") from None
-        if not isinstance(ckpt, dict) or not isinstance(ckpt.get("spm_model"), bytes):
-            raise MtxError(f"data.spm_model {p}: a torch file without an mtx SentencePiece model")
-        proto, kind = ckpt["spm_model"], "checkpoint"
+            proto, kind = Checkpoint.load(p).spm_model, "checkpoint"
+        except MtxError as e:
+            raise MtxError(f"data.spm_model: {e}") from None
     try:
         sp = vocab.load(proto)
     except Exception:  # sentencepiece raises RuntimeError or OSError, with C++ detail
@@ -148,19 +143,19 @@ def read_spm_model(path: str) -> tuple[bytes, dict]:
             f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)"
         )
     source = {"path": str(p.resolve()), "kind": kind}
-    return proto, source | {"file_sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    return proto, source | {"file_sha256": sha256_file(p)}
 
 
 def prepare(cfg: Config, log=print) -> Path:
     """Prepare the run's data; returns RUN/prepared."""
-    final = prepared_dir(cfg)
+    final = RunDir.of(cfg).prepared
     tmp = final.with_name("prepared.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        manifest = _prepare_into(cfg, tmp, log)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest = _prepare_into(cfg, PreparedFiles(tmp), log)
+        PreparedFiles(tmp).manifest.write_text(json.dumps(manifest, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -174,9 +169,9 @@ def prepare(cfg: Config, log=print) -> Path:
     return final
 
 
-def _prepare_into(cfg: Config, out: Path, log) -> dict:
+def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
     d = cfg.data
-    cache = out / "cache"
+    cache = out.cache
     given = read_spm_model(d.spm_model) if d.spm_model else None  # refused before any work
     seconds: Counter[str] = Counter()  # per stage, logged at the end
     texts, counts = {}, {}
@@ -187,9 +182,9 @@ def _prepare_into(cfg: Config, out: Path, log) -> dict:
     model_proto, spm_source = given or _train_spm(d, texts["train"], log)
     if given:
         log(f"encoding with {spm_source['path']} (data.spm_model); data.vocab_size is not used")
-    (out / "spm.model").write_bytes(model_proto)
+    out.spm_model.write_bytes(model_proto)
     sp = vocab.load(model_proto)
-    (out / "spm.vocab").write_text(
+    out.spm_vocab.write_text(
         "".join(
             f"{i}\t{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
         ),
@@ -249,7 +244,13 @@ def _train_spm(d: DataConfig, train: datasets.Dataset, log) -> tuple[bytes, dict
 
 
 def _encode_and_write(
-    d: DataConfig, split: str, text: datasets.Dataset, counts: Counter, out: Path, seconds, log
+    d: DataConfig,
+    split: str,
+    text: datasets.Dataset,
+    counts: Counter,
+    out: PreparedFiles,
+    seconds,
+    log,
 ) -> dict:
     """Encode a split in data.workers processes, drop what is too long, write it to out/split;
     returns its entry of the manifest."""
@@ -257,12 +258,12 @@ def _encode_and_write(
     workers = worker_count(d.workers, len(text))
     # SentencePiece encodes a batch in threads: the cores are shared among the workers
     encoded = text.map(
-        Encoder(out / "spm.model", threads=max(1, cores() // workers)),
+        Encoder(out.spm_model, threads=max(1, cores() // workers)),
         batched=True,
         features=ENCODED,
         num_proc=workers if workers > 1 else None,
         new_fingerprint=f"encode-{split}",
-        cache_file_name=str(out / "cache" / f"encode-{split}.arrow"),
+        cache_file_name=str(out.cache / f"encode-{split}.arrow"),
         desc=f"encoding {split}",
     )
     dropped = dict(counts)
@@ -273,7 +274,7 @@ def _encode_and_write(
     if split == "train" and len(encoded) == 0:
         raise MtxError(f"data.train ({d.train}) is empty after cleaning (max_len {d.max_len})")
     start = time.perf_counter()
-    encoded.save_to_disk(str(out / split))
+    encoded.save_to_disk(str(out.split(split)))
     read = dropped.pop("read", 0)
     entry = {
         "source": getattr(d, split),
@@ -301,26 +302,28 @@ def pairs_sha256(ds: datasets.Dataset) -> str:
     return digest.hexdigest()
 
 
+def _missing(cfg: Config) -> MtxError:
+    return MtxError(
+        f"no prepared data in {RunDir.of(cfg).prepared}: run `mtx prepare` with this config first"
+    )
+
+
 def load_manifest(cfg: Config) -> dict:
-    path = prepared_dir(cfg) / "manifest.json"
+    path = RunDir.of(cfg).data.manifest
     if not path.is_file():
-        raise MtxError(
-            f"no prepared data in {prepared_dir(cfg)}: run `mtx prepare` with this config first"
-        )
+        raise _missing(cfg)
     return json.loads(path.read_text())
 
 
 def load_prepared(cfg: Config, split: str) -> datasets.Dataset:
-    path = prepared_dir(cfg) / split
-    if not (prepared_dir(cfg) / "manifest.json").is_file() or not path.is_dir():
-        raise MtxError(
-            f"no prepared data in {prepared_dir(cfg)}: run `mtx prepare` with this config first"
-        )
-    return datasets.load_from_disk(str(path))
+    data = RunDir.of(cfg).data
+    if not data.manifest.is_file() or not data.split(split).is_dir():
+        raise _missing(cfg)
+    return datasets.load_from_disk(str(data.split(split)))
 
 
 def load_spm_proto(cfg: Config) -> bytes:
-    path = prepared_dir(cfg) / "spm.model"
+    path = RunDir.of(cfg).data.spm_model
     if not path.is_file():
         raise MtxError(
             f"no SentencePiece model at {path}: run `mtx prepare` with this config first"

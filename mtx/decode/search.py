@@ -181,6 +181,48 @@ def beam_step(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, T
     return top, idx // V, idx % V
 
 
+def note_finished(
+    finished: list[list[Hypothesis]],
+    alive: list[int],
+    host: list[list[float]],
+    rows: Tensor,
+    tokens: Tensor,
+    length: int,
+    alpha: float,
+) -> None:
+    """Add to each live sentence's `finished` its candidates among the best K that end in EOS
+    at output `length`: `host` (B, K + 1) holds their scores (NaN for those that do not end,
+    -inf for impossible ones), `rows` (B, 2K) their beams' rows in `tokens` (B*K, t)."""
+    K = len(host[0]) - 1 if host else 0
+    new = [(i, j) for i in range(len(alive)) for j in range(K) if host[i][j] > -torch.inf]
+    if not new:  # NaN and -inf compare False: only real finished hypotheses
+        return
+    ids = rows[[i for i, _ in new], [j for _, j in new]]
+    for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
+        score = host[i][j]
+        finished[alive[i]].append(Hypothesis(hyp, score / length_penalty(length, alpha), score))
+
+
+def sentence_done(
+    fin: list[Hypothesis],
+    live_best: float,
+    longest: int,
+    K: int,
+    nbest: int,
+    alpha: float,
+    stopping: str,
+) -> bool:
+    """Whether a sentence's search may end (`stopping`, see STOPPING): K hypotheses have
+    ended, or no live one (best score `live_best` <= 0, at most `longest` tokens) can still
+    beat the nbest-th finished one."""
+    if stopping == "k_finished":
+        return len(fin) >= K
+    if stopping == "never" or len(fin) < nbest:
+        return False
+    nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
+    return nth >= live_best / length_penalty(longest, alpha)  # live_best <= 0
+
+
 @torch.inference_mode()
 def beam_search(
     model,
@@ -205,15 +247,6 @@ def beam_search(
     scores = torch.full((B0, K), -torch.inf, device=device)
     scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
-
-    def _sentence_done(fin: list[Hypothesis], live_best: float, longest: int) -> bool:
-        if stopping == "k_finished":
-            return len(fin) >= K
-        if stopping == "never" or len(fin) < nbest:
-            return False
-        nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
-        return nth >= live_best / length_penalty(longest, alpha)  # live_best <= 0
-
     for t in range(max(max_len)):
         B = len(alive)
         force = [i * K + j for i, b in enumerate(alive) if t + 1 >= max_len[b] for j in range(K)]
@@ -226,15 +259,10 @@ def beam_search(
         ended = top[:, :K].masked_fill(~is_eos[:, :K], torch.nan)
         live_best = top.masked_fill(is_eos, -torch.inf).max(dim=1).values
         host = torch.cat([ended, live_best.unsqueeze(1)], 1).tolist()
-        new = [(i, j) for i in range(B) for j in range(K) if host[i][j] > -torch.inf]
-        if new:  # NaN and -inf compare False: only real finished hypotheses
-            ids = rows[[i for i, _ in new], [j for _, j in new]]
-            for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
-                finished[alive[i]].append(
-                    Hypothesis(hyp, host[i][j] / length_penalty(t + 1, alpha), host[i][j])
-                )
+        note_finished(finished, alive, host, rows, tokens, t + 1, alpha)
         done = [
-            t + 1 >= max_len[b] or _sentence_done(finished[b], host[i][K], max_len[b])
+            t + 1 >= max_len[b]
+            or sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
             for i, b in enumerate(alive)
         ]
         if all(done):

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from mtx import checkpoint
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.data.batching import pad
@@ -37,7 +36,7 @@ from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
 from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
-from mtx.model.build import Model
+from mtx.model.build import Model, load_model
 from mtx.model.groups import Groups
 from mtx.tokens import BOS_ID, encode_line, padded_length
 
@@ -95,7 +94,7 @@ class Translator:
     def from_checkpoint(
         cls, path: str | Path, overrides: list[str] | None = None, device: str = "auto"
     ) -> Translator:
-        model, cfg, spm_proto = checkpoint.load_model(path, overrides)
+        model, cfg, spm_proto = load_model(path, overrides)
         return cls(model, cfg, spm_proto, device)
 
     @classmethod
@@ -108,7 +107,7 @@ class Translator:
             return cls.from_checkpoint(paths[0], overrides, device)
         models, cfg, spm_proto = [], None, b""
         for path in paths:
-            model, model_cfg, proto = checkpoint.load_model(path, overrides)
+            model, model_cfg, proto = load_model(path, overrides)
             if cfg is None:
                 cfg, spm_proto = model_cfg, proto
             elif proto != spm_proto or model.vocab_size != models[0].vocab_size:

@@ -15,8 +15,11 @@ import shutil
 import warnings
 from pathlib import Path
 
-from mtx import __version__, checkpoint
+from mtx import __version__
+from mtx.checkpoint import Checkpoint
 from mtx.errors import MtxError
+from mtx.files import sha256_file
+from mtx.model.build import checkpoint_model
 
 FORMATS = ("hf", "ctranslate2")
 
@@ -33,15 +36,16 @@ def export(
         raise MtxError("--quantization applies to --format ctranslate2 only")
     if output.exists():
         raise MtxError(f"{output} already exists: remove it or choose another --output")
-    ckpt = checkpoint.load(path)
-    arch = {k: ckpt["config"]["model"].get(k, v) for k, v in PAPER_ARCHITECTURE.items()}
+    ckpt = Checkpoint.load(path)
+    cfg = ckpt.settings()
+    arch = {k: getattr(cfg.model, k) for k in PAPER_ARCHITECTURE}
     if arch != PAPER_ARCHITECTURE:
         found = ", ".join(f"model.{k}={v}" for k, v in arch.items())
         raise MtxError(
             f"{path}: export supports the paper's Transformer only (post-norm, sinusoidal "
             f"positions); this model has {found}"
         )
-    model, cfg, spm_proto = checkpoint.build_model(ckpt, path)
+    model, spm_proto = checkpoint_model(ckpt, cfg, path), ckpt.spm_model
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -59,17 +63,63 @@ def export(
             "exported_by": f"mtx {__version__}",
             "format": fmt if quantization is None else f"{fmt} ({quantization})",
             "checkpoint": str(path),
-            "step": ckpt.get("step"),
-            "trained_by": f"mtx {ckpt.get('mtx_version')}",
-            "averaged_from": ckpt.get("averaged_from"),
-            "config": ckpt["config"],
-            "manifest": ckpt.get("manifest"),
+            "checkpoint_sha256": sha256_file(path),  # serve's cached export checks it
+            "step": ckpt.step,
+            "trained_by": f"mtx {ckpt.mtx_version}",
+            "averaged_from": _sources(ckpt),
+            "config": ckpt.config,
+            "manifest": ckpt.manifest,
         }
         (tmp / "mtx.json").write_text(json.dumps(about, indent=2) + "\n")
         tmp.rename(output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return about
+
+
+def _sources(ckpt: Checkpoint) -> list[dict] | None:
+    """What an averaged checkpoint was averaged from, as JSON."""
+    if ckpt.averaged_from is None:
+        return None
+    return [{"path": s.path, "step": s.step} for s in ckpt.averaged_from]
+
+
+def exported_from(directory: Path) -> str | None:
+    """The sha256 of the checkpoint an export directory was made from (None: it does not say,
+    as exports made before mtx recorded it)."""
+    try:
+        return json.loads((directory / "mtx.json").read_text()).get("checkpoint_sha256")
+    except (OSError, ValueError):
+        return None
+
+
+def ct2_export_of(checkpoint: Path, directory: Path, owned: bool) -> None:
+    """A CTranslate2 export of `checkpoint` in `directory`: made if missing, kept if it was
+    made from this checkpoint (the sha256 its mtx.json records). One made from another
+    checkpoint, or one that does not say, is made again when mtx chose the directory
+    (`owned`), and refused in one line otherwise: a changed checkpoint is never served by a
+    stale export."""
+    if directory.exists() and not (directory / "model.bin").is_file():
+        raise MtxError(f"{directory} exists but holds no CTranslate2 model (model.bin)")
+    if (directory / "model.bin").is_file():
+        recorded, current = exported_from(directory), sha256_file(checkpoint)
+        if recorded == current:
+            return
+        if not owned:
+            was = f"sha256 {recorded[:12]}" if recorded else "an unrecorded checkpoint"
+            raise MtxError(
+                f"{directory} was exported from another checkpoint ({was}) than {checkpoint} "
+                f"(sha256 {current[:12]}): remove it or export again"
+            )
+        stale = directory.with_name(directory.name + ".stale")
+        shutil.rmtree(stale, ignore_errors=True)
+        directory.rename(stale)  # out of the way, whole, until the new export is complete
+        try:
+            export(checkpoint, "ctranslate2", directory)
+        finally:
+            shutil.rmtree(stale, ignore_errors=True)
+        return
+    export(checkpoint, "ctranslate2", directory)
 
 
 class _quiet_transformers:

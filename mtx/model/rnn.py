@@ -220,18 +220,8 @@ class RNN(EncoderDecoder, nn.Module):
             if cache is not None:
                 state["memory_states"], state["memory_keys"] = memory, keys
         N, T = tgt_in.shape
-        G = N // memory.size(0)
         cells = self.decoder_cells
-        if "h0" in state:
-            hs = [state[f"h{i}"] for i in range(len(cells))]
-            cs = [state.get(f"c{i}") for i in range(len(cells))]
-            feed = state["feed"]
-        else:
-            hs = [h.repeat_interleave(G, 0) for h in self.initial_state(memory, src_mask)]
-            cs = [
-                torch.zeros_like(h) if cell.kind == "lstm" else None for h, cell in zip(hs, cells)
-            ]
-            feed = hs[0].new_zeros(N, self.cfg.d_model)
+        hs, cs, feed = self.start_states(state, memory, src_mask, N)
         d = self.cfg.d_model
         first = cells[0]
         embedded = self.dropout(self.embed_tokens(tgt_in))  # (N, T, d)
@@ -252,7 +242,7 @@ class RNN(EncoderDecoder, nn.Module):
         if cache is not None:
             for i in range(len(cells)):
                 state[f"h{i}"] = hs[i]
-                if cs[i] is not None:
+                if cs[i] is not None:  # a GRU has no cell: nothing for reorder_cache
                     state[f"c{i}"] = cs[i]
             state["feed"] = feed
         if self.attention.keep_weights:  # (N, 1 head, T, S)
@@ -261,6 +251,22 @@ class RNN(EncoderDecoder, nn.Module):
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)
         return self.output_projection(x) if project else x
+
+    def start_states(
+        self, state: dict, memory: Tensor, src_mask: Tensor | None, N: int
+    ) -> tuple[list[Tensor], list[Tensor | None], Tensor]:
+        """Each decoder layer's h and c (None for a GRU) and the fed h~ (N, d) where decoding
+        goes on: the cache's, or at the start h_0 from the encoder (one row per decoder row),
+        zero cells and a zero h~."""
+        cells = self.decoder_cells
+        if "h0" in state:
+            hs = [state[f"h{i}"] for i in range(len(cells))]
+            cs = [state.get(f"c{i}") for i in range(len(cells))]
+            return hs, cs, state["feed"]
+        G = N // memory.size(0)
+        hs = [h.repeat_interleave(G, 0) for h in self.initial_state(memory, src_mask)]
+        cs = [torch.zeros_like(h) if cell.kind == "lstm" else None for h, cell in zip(hs, cells)]
+        return hs, cs, hs[0].new_zeros(N, self.cfg.d_model)
 
     def new_cache(self) -> Cache:
         return [{}]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -68,18 +69,48 @@ def summary_writer():
     return SummaryWriter
 
 
+def _lines(path: Path) -> Iterator[tuple[int, str, dict | None, str]]:
+    """(line number, line, its record or None, why not) of each non-blank line of a
+    metrics.jsonl; a line is a record if it is a JSON object with a step."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            yield n, line, None, "not a JSON line"
+            continue
+        if isinstance(record, dict) and "step" in record:
+            yield n, line, record, ""
+        else:
+            yield n, line, None, "a metrics line needs a step"
+
+
+def read_metrics(path: Path, kind: str | None = None, strict: bool = False) -> list[dict]:
+    """The records of a metrics.jsonl (those of `kind`, if given), in order; no file, no
+    records. A line cut short (by a crash, or a writer still writing it) is left out; with
+    `strict`, a line that is not a record is an error naming it."""
+    if not path.is_file():
+        return []
+    records = []
+    for n, line, record, why in _lines(path):
+        if record is None and strict:
+            raise MtxError(f"{path}:{n}: {why}")
+        if record is None or not (strict or line.endswith("\n")):
+            continue
+        if kind is None or record.get("kind") == kind:
+            records.append(record)
+    return records
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the complete metrics records up to `step`: a resumed run rewrites what follows."""
     if not path.is_file():
         return
-    kept = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        if line.endswith("\n") and record.get("step", 0) <= step:
-            kept.append(line)
+    kept = [
+        line for _, line, r, _ in _lines(path) if r and line.endswith("\n") and r["step"] <= step
+    ]
     atomic_write_text(path, "".join(kept))
 
 

@@ -12,17 +12,22 @@ non-finite loss or gradient is skipped on the device: the fused Adam step is tol
 what `train.compile` compiles (compiled.py): in eager mode the output projection and the loss
 go a chunk of target tokens at a time (loss.py's output_loss); compiled, they are written
 plainly and the compiler fuses them.
+
+`build_step` assembles all of it once (precision, LossModel, DDP, compilation, Adam) into a
+`Step`: the trainer, `mtx bench train` and the GPU report run the same update through it.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from mtx.config import Config
 from mtx.tokens import PAD_ID
+from mtx.train import compiled
 from mtx.train.loss import label_smoothed_nll, output_loss
 from mtx.train.schedule import rate
 
@@ -120,12 +125,28 @@ def train_step(
     """
     if hasattr(loss_model, "output_weight"):  # a bare model
         loss_model = LossModel(loss_model, cfg.train.label_smoothing)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
     for group in optimizer.param_groups:
         group["lr"] = lr
     local_tokens = sum(b["tgt_tokens"] for b in batches)  # counted on the host
     factor = world / (ntokens or local_tokens)
+    loss_sum, nll_sum = backward(loss_model, batches, precision, factor)
+    norm, skipped = apply_update(optimizer, precision, cfg.train.clip_norm, loss_sum, world)
+    return {
+        "loss": torch.where(skipped, 0.0, loss_sum),
+        "nll": torch.where(skipped, 0.0, nll_sum),
+        "skipped": skipped,
+        "grad_norm": torch.where(skipped, 0.0, norm.float()),  # before clipping
+        "tgt_tokens": local_tokens,
+        "src_tokens": sum(b["src_tokens"] for b in batches),
+        "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),
+        "lr": lr,
+    }
+
+
+def backward(loss_model, batches: list[dict], precision: Precision, factor: float) -> tuple:
+    """The forward and backward passes of every batch, each loss scaled by `factor` (and by
+    the fp16 loss scale); the summed losses and NLL, on the device."""
     scaler = precision.scaler
     loss_sum = nll_sum = torch.zeros((), device=precision.device)
     for i, b in enumerate(batches):
@@ -136,10 +157,18 @@ def train_step(
             loss, nll = forward_loss(loss_model, b, precision)
             (scaler.scale(loss * factor) if scaler else loss * factor).backward()
         loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
+    return loss_sum, nll_sum
+
+
+def apply_update(optimizer, precision: Precision, clip_norm: float, loss_sum, world: int):
+    """Adam's step on the accumulated gradients, skipped on the device when the loss or the
+    gradient is not finite; (the gradient norm before clipping, whether it was skipped)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    scaler = precision.scaler
     if scaler:
         scaler.unscale_(optimizer)  # records inf/NaN for the scaler's update() below
-    if cfg.train.clip_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.clip_norm)
+    if clip_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, clip_norm)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     finite = torch.isfinite(norm)  # the same on every process: gradients are already averaged
@@ -153,13 +182,54 @@ def train_step(
     if scaler:
         scaler.update()  # halve the scale after an overflow, grow it after a long calm
     optimizer.zero_grad(set_to_none=True)
-    return {
-        "loss": torch.where(skipped, 0.0, loss_sum),
-        "nll": torch.where(skipped, 0.0, nll_sum),
-        "skipped": skipped,
-        "grad_norm": torch.where(skipped, 0.0, norm.float()),  # before clipping
-        "tgt_tokens": local_tokens,
-        "src_tokens": sum(b["src_tokens"] for b in batches),
-        "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),
-        "lr": lr,
-    }
+    return norm, skipped
+
+
+@dataclass
+class Step:
+    """One training update, ready to run: `step(batches, n)` is update number n (from 1) on
+    this process's `batches` (see train_step for `ntokens`)."""
+
+    cfg: Config
+    model: torch.nn.Module  # the bare model (what checkpoints save)
+    precision: Precision
+    optimizer: torch.optim.Adam
+    module: compiled.StepModule  # LossModel, DDP-wrapped when joined, compiled when asked
+    world: int = 1  # processes sharing every update
+
+    def __call__(self, batches: list[dict], step: int, ntokens: int | None = None) -> dict:
+        args = (self.cfg, step, self.precision, ntokens, self.world)
+        return self.module.run(
+            lambda module: train_step(module, self.optimizer, batches, *args), self.optimizer
+        )
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+
+def build_step(
+    cfg: Config,
+    model: torch.nn.Module,
+    device: torch.device,
+    world: int = 1,
+    ddp: bool = False,
+    warn: Callable[[str], None] = print,
+) -> Step:
+    """The update of `model` (on `device`, weights loaded and parts frozen) as `cfg` says:
+    precision, the label-smoothed loss, DistributedDataParallel if `ddp` (in torchrun's
+    process group of `world` processes), train.compile, and a fresh Adam."""
+    t = cfg.train
+    module: torch.nn.Module = LossModel(model, t.label_smoothing)
+    if ddp:
+        module = torch.nn.parallel.DistributedDataParallel(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False,
+            gradient_as_bucket_view=True,
+        )
+    step_module = compiled.StepModule(
+        module, compiled.wanted(t.compile, device), warn, t.compile_backend, t.compile_mode
+    )
+    precision = Precision.choose(device, t.precision)
+    return Step(cfg, model, precision, make_optimizer(model, cfg), step_module, world)

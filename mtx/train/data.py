@@ -1,0 +1,52 @@
+"""What each process trains on: its share of every update's batches, built in the background.
+
+An epoch's batches (data/batching.py, ordered by (seed, epoch)) are taken in groups of
+world x train.update_freq, one group an update, process r taking the r-th update_freq of them;
+a last group too small for an update is left out. So N processes train exactly as one process
+with N times the update_freq, and a run resumes at any batch of any epoch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mtx.config import TrainConfig
+from mtx.data.batching import BatchDataset, lengths, token_batches
+from mtx.errors import MtxError
+from mtx.train.faults import ignore_stop_signals
+
+
+def update_batches(
+    ds, t: TrainConfig, epoch: int, first: int, rank: int, world: int
+) -> tuple[list[np.ndarray], list[int]]:
+    """This process's batches (row indices) of epoch `epoch` from batch `first` on, and the
+    target tokens of each update (all processes together)."""
+    U, G = t.update_freq, world * t.update_freq
+    src_lens, tgt_lens = lengths(ds)
+    order = token_batches(src_lens, tgt_lens, t.max_tokens, t.seed, epoch, t.pad_to)
+    usable = len(order) - len(order) % G
+    if usable == 0:
+        raise MtxError(
+            f"the training data makes {len(order)} batches of train.max_tokens "
+            f"({t.max_tokens}) tokens, fewer than one update takes ({G}: {world} process(es) "
+            f"x train.update_freq {U}); lower train.update_freq or train.max_tokens"
+        )
+    mine, update_tokens = [], []
+    for g in range(first, usable, G):
+        mine += order[g + rank * U : g + (rank + 1) * U]
+        update_tokens.append(int(sum(tgt_lens[b].sum() for b in order[g : g + G])))
+    return mine, update_tokens
+
+
+def loader(ds, batches: list[np.ndarray], t: TrainConfig, device: torch.device):
+    """The padded `batches` of `ds`, built by train.workers background processes."""
+    return torch.utils.data.DataLoader(
+        BatchDataset(ds, batches, t.pad_to),
+        batch_size=None,
+        num_workers=t.workers,
+        prefetch_factor=4 if t.workers else None,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator(),  # keeps the global RNG (dropout) untouched by loaders
+        worker_init_fn=ignore_stop_signals,
+    )
