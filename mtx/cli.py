@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from mtx.config import describe
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text, restrict_umask
 
@@ -30,7 +31,11 @@ _debug = False
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file.")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config key: key=value (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a config key: key=value (repeatable; every key: docs/config.md).",
+    ),
 ]
 CkptOpt = Annotated[
     list[Path] | None,
@@ -95,7 +100,9 @@ def _checkpoint_paths(
         return checkpoints
     if config is None:
         fail("give --checkpoint, or --config to use RUN/checkpoints/best.pt")
-    return [Path(_config(config, overrides).run_dir) / "checkpoints" / "best.pt"]
+    from mtx.checkpoint import RunDir
+
+    return [RunDir.of(_config(config, overrides)).best]
 
 
 @app.command()
@@ -157,17 +164,19 @@ def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, **de
     return run(Translator.from_checkpoints, paths, overrides, device)
 
 
-BeamOpt = Annotated[
-    int | None,
-    typer.Option(help="Beam size (1 = greedy); default from the checkpoint's config."),
+def setting_help(key: str, default: str = "the checkpoint's") -> str:
+    """An option's help from the config key it sets (config.py's declaration of it)."""
+    text = describe(key).replace("[", "\\[")  # not a rich markup tag
+    return f"{text[0].upper()}{text[1:]}; default: {default} {key}."
+
+
+BeamOpt = Annotated[int | None, typer.Option(help=setting_help("decode.beam"))]
+AlphaOpt = Annotated[float | None, typer.Option(help=setting_help("decode.alpha"))]
+BatchOpt = Annotated[
+    int | None, typer.Option("--batch-tokens", help=setting_help("decode.batch_tokens"))
 ]
-AlphaOpt = Annotated[float | None, typer.Option(help="Length penalty alpha.")]
-BatchOpt = Annotated[int | None, typer.Option("--batch-tokens", help="Source tokens per batch.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-DtypeOpt = Annotated[
-    str | None,
-    typer.Option(help="fp32, bf16, fp16 or int8 (CPU only; default: bf16 on a GPU, else fp32)."),
-]
+DtypeOpt = Annotated[str | None, typer.Option(help=setting_help("decode.dtype"))]
 STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 
 
@@ -176,8 +185,12 @@ def serve(
     checkpoint: CkptOpt = None,
     config: ConfigOpt = None,
     set: SetOpt = None,
-    host: Annotated[str | None, typer.Option(help="Address (default serve.host).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port, 0 = any (default serve.port).")] = None,
+    host: Annotated[
+        str | None, typer.Option(help=setting_help("serve.host", "the config's"))
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help=setting_help("serve.port", "the config's"))
+    ] = None,
     engine: Annotated[
         str, typer.Option(help="mtx (exact, the default) or ctranslate2 (an export; not exact).")
     ] = "mtx",
@@ -213,18 +226,16 @@ def translate(
             "'LINE ||| TRANSLATION ||| SCORE ||| LOG-PROBABILITY'."
         ),
     ] = 1,
-    stopping: Annotated[
-        str | None, typer.Option(help="Beam search stopping rule: k_finished, exact or never.")
-    ] = None,
+    stopping: Annotated[str | None, typer.Option(help=setting_help("decode.stopping"))] = None,
     sample: Annotated[
         bool, typer.Option("--sample", help="Sample each token instead of searching.")
     ] = False,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
-    top_k: Annotated[int | None, typer.Option(help="Sample among the k best tokens.")] = None,
-    top_p: Annotated[
-        float | None, typer.Option(help="Sample among the tokens holding this probability.")
+    temperature: Annotated[
+        float | None, typer.Option(help=setting_help("decode.temperature"))
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    top_k: Annotated[int | None, typer.Option(help=setting_help("decode.top_k"))] = None,
+    top_p: Annotated[float | None, typer.Option(help=setting_help("decode.top_p"))] = None,
+    seed: Annotated[int | None, typer.Option(help=setting_help("decode.seed"))] = None,
     chunk_lines: Annotated[
         int, typer.Option(help="Most lines translated together from the stream.")
     ] = 512,
@@ -256,30 +267,33 @@ def translate(
         run(_pyplot)  # a missing matplotlib fails before any work
         run(attention_dir.mkdir, parents=True, exist_ok=True)
 
-    def write_all() -> None:
-        out = sys.stdout
-        lines = read_lines(sys.stdin.buffer)
-        sources: deque[str] = deque()  # lines read but not yet written (bounded by the stream)
-        if attention_dir is not None:
-            lines = _recorded(lines, sources)
-        stream = translator.hypotheses_stream(lines, chunk_lines, STREAM_IDLE_S, nbest)
-        try:
-            for number, hyps in enumerate(stream):
-                if attention_dir is not None:
-                    from mtx.plot import write_attention
+    run(write_translations, translator, chunk_lines, nbest, attention_dir, every_head)
 
-                    record = translator.cross_attention(sources.popleft(), hyps[0].tokens)
-                    write_attention(attention_dir, number + 1, record, every_head)
-                for h in hyps:
-                    text = translator.detokenize(h.tokens)
-                    if nbest > 1:
-                        text = f"{number} ||| {text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
-                    out.write(text + "\n")
-                out.flush()
-        except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
-    run(write_all)
+def write_translations(translator, chunk_lines: int, nbest: int, attention_dir, every_head):
+    """stdin's lines translated to stdout as they come (with `nbest` > 1, as 'LINE ||| TEXT |||
+    SCORE ||| LOG-PROBABILITY'), and each line's attention into `attention_dir` if given."""
+    out = sys.stdout
+    lines = read_lines(sys.stdin.buffer)
+    sources: deque[str] = deque()  # lines read but not yet written (bounded by the stream)
+    if attention_dir is not None:
+        lines = _recorded(lines, sources)
+    stream = translator.hypotheses_stream(lines, chunk_lines, STREAM_IDLE_S, nbest)
+    try:
+        for number, hyps in enumerate(stream):
+            if attention_dir is not None:
+                from mtx.plot import write_attention
+
+                record = translator.cross_attention(sources.popleft(), hyps[0].tokens)
+                write_attention(attention_dir, number + 1, record, every_head)
+            for h in hyps:
+                text = translator.detokenize(h.tokens)
+                if nbest > 1:
+                    text = f"{number} ||| {text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
+                out.write(text + "\n")
+            out.flush()
+    except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _recorded(lines: Iterator[str], seen: deque) -> Iterator[str]:
@@ -450,19 +464,30 @@ def average(
     if any(output.resolve() == p.resolve() for p in paths):
         fail(f"--output {output} is one of the checkpoints being averaged")
     averaged = run(ckpt.average, paths)
-    run(ckpt.save, output, averaged)
-    steps = ", ".join(str(s["step"]) for s in averaged["averaged_from"])
+    run(averaged.save, output)
+    steps = ", ".join(str(s.step) for s in averaged.averaged_from)
     log(f"averaged {len(paths)} checkpoints (steps {steps}) into {output}")
 
 
-@app.command()
-def bench(
+bench_app = typer.Typer(
+    help="Benchmarks of the suite (benchmarks/): train, decode, serve, prepare. "
+    "`mtx bench --config C ...` is `mtx bench train --config C ...`.",
+    invoke_without_command=True,
+)
+app.add_typer(bench_app, name="bench")
+
+
+def bench_train(
+    ctx: typer.Context,
     config: ConfigOpt = None,
     set: SetOpt = None,
     steps: Annotated[int, typer.Option(min=1, help="Updates timed.")] = 20,
     warmup: Annotated[
         int, typer.Option(min=0, help="Updates run before timing, cycling through the timed ones.")
     ] = 5,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Timed passes over the updates; the median counts.")
+    ] = 1,
     synthetic: Annotated[
         bool, typer.Option(help="Random token batches instead of RUN/prepared's training data.")
     ] = False,
@@ -487,19 +512,49 @@ def bench(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Training tokens/s, model FLOPs per token, TFLOP/s, MFU and peak memory of a config."""
-    from mtx.bench import bench as do_bench
-    from mtx.bench import format_table
+    if ctx.invoked_subcommand is not None:
+        return  # `mtx bench decode ...`: the subcommand runs
+    from benchmarks.train import Options
+    from benchmarks.train import run as run_bench
 
     low, _, high = join.partition("-")
     if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
         fail(f"--join expects N-M with 1 <= N <= M, got {join!r}")
     cfg = _config(config, set)
     where = str(lengths_from) if lengths_from else None
-    result = run(
-        do_bench, cfg, steps, warmup, synthetic, length, peak_tflops, where,
-        (int(low), int(high)),
-    )  # fmt: skip
-    typer.echo(json.dumps(result) if json_out else format_table(result))
+    options = Options(steps, warmup, repeats, synthetic, length, peak_tflops, where,
+                      (int(low), int(high)))  # fmt: skip
+    typer.echo(run(run_bench, cfg, options, json_out))
+
+
+bench_app.callback()(bench_train)
+bench_app.command("train")(bench_train)
+# The other benchmarks take their own arguments (`mtx bench decode --help` lists them).
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@bench_app.command("decode", context_settings=PASS_THROUGH, add_help_option=False)
+def bench_decode(ctx: typer.Context) -> None:
+    """Decoding speed of mtx against Hugging Face MarianMT and CTranslate2 on the same weights."""
+    from benchmarks import decode
+
+    run(decode.main, ctx.args)
+
+
+@bench_app.command("serve", context_settings=PASS_THROUGH, add_help_option=False)
+def bench_serve(ctx: typer.Context) -> None:
+    """Load test of `mtx serve` on 127.0.0.1: throughput and latency against the batch CLI."""
+    from benchmarks import serve
+
+    run(serve.main, ctx.args)
+
+
+@bench_app.command("prepare", context_settings=PASS_THROUGH, add_help_option=False)
+def bench_prepare(ctx: typer.Context) -> None:
+    """`mtx prepare` of a WMT-size corpus: seconds per stage and peak memory, by worker count."""
+    from benchmarks import prepare
+
+    run(prepare.main, ctx.args)
 
 
 @app.command()

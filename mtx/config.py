@@ -1,224 +1,296 @@
 """Typed configuration: a tree of dataclasses, loaded from YAML, overridden by `--set key=value`.
 
-Every field has a checked type and a comment; an unknown key is an error naming the closest
-valid key; `Config.validate()` rejects impossible combinations before any work starts.
+Each field declares everything about itself in one place (`setting`): its type (`Literal` for
+a choice of words), its default, a one-line description and, for a number, its range. One
+generic function (`check_fields`) checks every field against its declaration and writes the
+one-line error; only the rules that tie several fields together are written by hand (each
+section's `check`, and `Config.validate` for those that span sections). The CLI's help and
+docs/config.md (`markdown`) are generated from the same declarations.
+
+An unknown key is an error naming the closest valid key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from mtx.errors import MtxError
-
-PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name (each model's parts)
-
-
-def _require(section: str, settings, keys: tuple[str, ...], ok, what: str) -> None:
-    """MtxError naming the first of `keys` (attributes of `settings`) whose value is not `ok`."""
-    for key in keys:
-        value = getattr(settings, key)
-        if not ok(value):
-            raise MtxError(f"{section}.{key} must be {what}, got {value}")
+from mtx.tokens import bucket_length
 
 
-def _positive(section: str, settings, *keys: str) -> None:
-    _require(section, settings, keys, lambda v: v > 0, "positive")
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field accepts: from `low` to `high` (either may be open-ended: None),
+    each bound included unless its `*_open` flag says otherwise. NaN and infinities never are."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and not (
+            value > self.low or (value == self.low and not self.low_open)
+        ):
+            return False
+        return self.high is None or value < self.high or (value == self.high and not self.high_open)
+
+    def describe(self, integer: bool) -> str:
+        """The range in words, as the error says it: 'positive', '0 or more', 'in [0, 1)'."""
+        low, high = self.low, self.high
+        if high is None:
+            if low == 0:
+                return "positive" if self.low_open else "0 or more"
+            return f"at least {low:g}"
+        if integer and not (self.low_open or self.high_open):
+            return f"in {low:g}..{high:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {left}{low:g}, {high:g}{right}"
 
 
-def _not_negative(section: str, settings, *keys: str) -> None:
-    _require(section, settings, keys, lambda v: v >= 0, "0 or more")
+POSITIVE = Range(0, low_open=True)
+NOT_NEGATIVE = Range(0)
+AT_LEAST_1 = Range(1)
+FRACTION = Range(0, 1, high_open=True)  # a probability that must leave something: [0, 1)
+
+
+def setting(default: Any, doc: str, range: Range | None = None) -> Any:
+    """A config field: its default, a one-line description and, for a number, its range."""
+    metadata = {"doc": doc, "range": range}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# --- the sections -------------------------------------------------------------------------
+
+Part = Literal["embeddings", "encoder", "decoder"]  # what train.freeze names (each model's parts)
+PARTS: tuple[str, ...] = typing.get_args(Part)
+AttentionScore = Literal["additive", "general", "dot", "scaled_dot", "location"]
+ATTENTION_SCORES: tuple[str, ...] = typing.get_args(AttentionScore)
+
+SPLIT_DOC = (
+    "a local prefix P (files P.{src_lang} and P.{tgt_lang}), a hub dataset "
+    "hf:NAME[:CONFIG[:SPLIT]], or the embedded corpus toy:SPLIT"
+)
 
 
 @dataclass
 class DataConfig:
-    src_lang: str = "en"  # source language code; local files are PREFIX.{src_lang}
-    tgt_lang: str = "de"  # target language code; local files are PREFIX.{tgt_lang}
-    # Each split is a local prefix P (files P.{src_lang}, P.{tgt_lang}), a hub dataset
-    # "hf:NAME[:CONFIG[:SPLIT]]", or the embedded synthetic corpus "toy:SPLIT".
-    train: str = "toy:train"
-    valid: str = "toy:valid"
-    test: str = "toy:test"
-    vocab_size: int = 8000  # joint SentencePiece BPE vocabulary size (a soft limit)
-    max_len: int = 250  # drop training pairs with more subword tokens than this on either side
-    max_ratio: float = 3.0  # drop training pairs whose token-length ratio exceeds this
-    dedup: bool = False  # drop exact duplicate training pairs
-    spm_sample: int = 2_000_000  # sentences sampled to train SentencePiece (0 = all)
-    character_coverage: float = 1.0  # SentencePiece character coverage
-    # encode with this SentencePiece model (a .model file, or a checkpoint, which embeds one)
-    # instead of training one: to fine-tune a model on new data (vocab_size is then unused)
-    spm_model: str = ""
-    workers: int = 0  # processes that encode the data (0 = one per CPU core)
+    """What `mtx prepare` reads and how it encodes it."""
 
-    def validate(self) -> None:
-        _positive("data", self, "vocab_size", "max_len")
-        _not_negative("data", self, "workers")
+    src_lang: str = setting("en", "source language code; local files are PREFIX.{src_lang}")
+    tgt_lang: str = setting("de", "target language code; local files are PREFIX.{tgt_lang}")
+    train: str = setting("toy:train", f"the training split: {SPLIT_DOC}")
+    valid: str = setting("toy:valid", "the validation split (as data.train)")
+    test: str = setting("toy:test", "the test split (as data.train)")
+    vocab_size: int = setting(
+        8000, "joint SentencePiece BPE vocabulary size (a soft limit)", POSITIVE
+    )
+    max_len: int = setting(
+        250, "drop training pairs with more subwords than this on either side", POSITIVE
+    )
+    max_ratio: float = setting(
+        3.0, "drop training pairs whose length ratio exceeds this", AT_LEAST_1
+    )
+    dedup: bool = setting(False, "drop exact duplicate training pairs")
+    spm_sample: int = setting(
+        2_000_000, "sentences sampled to train SentencePiece (0: all)", NOT_NEGATIVE
+    )
+    character_coverage: float = setting(
+        1.0, "SentencePiece's character coverage", Range(0, 1, low_open=True)
+    )
+    spm_model: str = setting(
+        "",
+        "encode with this SentencePiece model (a .model file, or a checkpoint, which embeds "
+        "one) instead of training one: to fine-tune on new data (vocab_size is then unused)",
+    )
+    workers: int = setting(0, "processes that encode the data (0: one per CPU core)", NOT_NEGATIVE)
+
+    def check(self) -> None:
         if self.src_lang == self.tgt_lang:
             raise MtxError("data.src_lang and data.tgt_lang must differ")
 
 
-ATTENTION_SCORES = ("additive", "general", "dot", "scaled_dot", "location")
-
-
 @dataclass
 class ModelConfig:
-    d_model: int = 512  # model width
-    d_ff: int = 2048  # inner width of the position-wise feed-forward network
-    n_heads: int = 8  # attention heads; d_k = d_v = d_model / n_heads
-    encoder_layers: int = 6  # encoder stack depth
-    decoder_layers: int = 6  # decoder stack depth
-    dropout: float = 0.1  # on sublayer outputs and on embedding + position sums (the paper's)
-    attention_dropout: float = 0.0  # on attention weights (not in the paper)
-    # Transformer weights: fairseq (Q/K/V Xavier with gain 1/sqrt(2), feed-forward layers and
-    # Q/K/V biases as torch's nn.Linear; it learns more per update) or xavier (every matrix
-    # Xavier, zero biases); the paper does not say (model/transformer.py)
-    init: str = "fairseq"
-    max_positions: int = 1024  # length of the sinusoidal position table
-    layer_norm_eps: float = 1e-5  # LayerNorm epsilon
-    norm: str = "post"  # residual placement: post (the paper: LN(x + f(x))) or pre (x + f(LN(x)))
-    positions: str = "sinusoidal"  # sinusoidal (the paper), learned, or relative (Shaw et al.)
-    max_relative_position: int = 16  # relative positions: distances clipped to [-k, k]
-    # The recurrent baseline (`arch: rnn`, model/rnn.py) uses d_model, the layer counts,
-    # dropout and max_positions above, and these:
-    arch: str = "transformer"  # transformer (the paper) or rnn (an attentional RNN, Luong et al.)
-    rnn_cell: str = "lstm"  # rnn: lstm or gru
-    attention: str = "general"  # rnn: additive, general, dot, scaled_dot or location
+    """The network (model/): the paper's Transformer, its variants, or the recurrent baseline."""
 
-    def validate(self) -> None:
+    d_model: int = setting(512, "model width", POSITIVE)
+    d_ff: int = setting(2048, "inner width of the position-wise feed-forward network", POSITIVE)
+    n_heads: int = setting(8, "attention heads; d_k = d_v = d_model / n_heads", POSITIVE)
+    encoder_layers: int = setting(6, "encoder stack depth", POSITIVE)
+    decoder_layers: int = setting(6, "decoder stack depth", POSITIVE)
+    dropout: float = setting(
+        0.1, "on sublayer outputs and on embedding + position sums (the paper's)", FRACTION
+    )
+    attention_dropout: float = setting(0.0, "on attention weights (not in the paper)", FRACTION)
+    init: Literal["fairseq", "xavier"] = setting(
+        "fairseq",
+        "Transformer weights: fairseq (Q/K/V Xavier with gain 1/sqrt(2), feed-forward layers "
+        "and Q/K/V biases as torch's nn.Linear; it learns more per update) or xavier (every "
+        "matrix Xavier, zero biases); the paper does not say",
+    )
+    max_positions: int = setting(
+        1024, "length of the position table (the longest sequence)", POSITIVE
+    )
+    layer_norm_eps: float = setting(1e-5, "LayerNorm epsilon", POSITIVE)
+    norm: Literal["post", "pre"] = setting(
+        "post", "residual placement: post (the paper: LN(x + f(x))) or pre (x + f(LN(x)))"
+    )
+    positions: Literal["sinusoidal", "learned", "relative"] = setting(
+        "sinusoidal", "sinusoidal (the paper), learned, or relative (Shaw et al.)"
+    )
+    max_relative_position: int = setting(
+        16, "relative positions: distances clipped to [-k, k]", NOT_NEGATIVE
+    )
+    arch: Literal["transformer", "rnn"] = setting(
+        "transformer",
+        "transformer (the paper) or rnn (an attentional RNN, Luong et al., which uses d_model, "
+        "the layer counts, dropout and max_positions, and the rnn_* and attention keys)",
+    )
+    rnn_cell: Literal["lstm", "gru"] = setting("lstm", "rnn: the recurrent cell")
+    attention: AttentionScore = setting("general", "rnn: how attention scores are computed")
+
+    def check(self) -> None:
         m = self
-        if m.arch not in ("transformer", "rnn"):
-            raise MtxError(f"model.arch must be transformer or rnn, got {m.arch!r}")
-        _positive("model", m, "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers")
-        _positive("model", m, "max_positions")
-        _require("model", m, ("dropout", "attention_dropout"), lambda v: 0 <= v < 1, "in [0, 1)")
-        _not_negative("model", m, "max_relative_position")
         if m.arch == "transformer" and m.d_model % m.n_heads:
             raise MtxError(
                 f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})"
             )
-        if m.init not in ("fairseq", "xavier"):
-            raise MtxError(f"model.init must be fairseq or xavier, got {m.init!r}")
-        if m.norm not in ("post", "pre"):
-            raise MtxError(f"model.norm must be post or pre, got {m.norm!r}")
-        if m.positions not in ("sinusoidal", "learned", "relative"):
+        if m.arch != "rnn":
+            return
+        if m.d_model % 2:
             raise MtxError(
-                f"model.positions must be sinusoidal, learned or relative, got {m.positions!r}"
+                f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
+                "direction of the bidirectional encoder has d_model / 2 units)"
             )
-        if m.rnn_cell not in ("lstm", "gru"):
-            raise MtxError(f"model.rnn_cell must be lstm or gru, got {m.rnn_cell!r}")
-        if m.attention not in ATTENTION_SCORES:
-            raise MtxError(
-                f"model.attention must be one of {', '.join(ATTENTION_SCORES)}, got {m.attention!r}"
-            )
-        if m.arch == "rnn":
-            if m.d_model % 2:
-                raise MtxError(
-                    f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
-                    "direction of the bidirectional encoder has d_model / 2 units)"
-                )
-            for key, value, default in (
-                ("norm", m.norm, "post"),
-                ("positions", m.positions, "sinusoidal"),
-                ("init", m.init, "fairseq"),
-            ):
-                if value != default:
-                    raise MtxError(
-                        f"model.{key} ({value}) is a transformer setting; model.arch is rnn"
-                    )
+        for key in ("norm", "positions", "init"):
+            value, default = getattr(m, key), getattr(ModelConfig, key)
+            if value != default:
+                raise MtxError(f"model.{key} ({value}) is a transformer setting; model.arch is rnn")
 
 
 @dataclass
 class TrainConfig:
-    max_tokens: int = 4096  # token budget of a batch (max length x sentences, per side)
-    update_freq: int = 1  # batches accumulated into one update
-    lr_scale: float = 1.0  # factor on the paper's learning-rate formula
-    warmup_steps: int = 4000  # linear warm-up steps of the inverse-sqrt schedule
-    max_steps: int = 100_000  # stop after this many updates
-    max_minutes: float = 0.0  # stop after this many minutes of training (0 = no limit)
-    label_smoothing: float = 0.1  # epsilon of label-smoothed cross-entropy
-    adam_beta1: float = 0.9  # Adam beta1
-    adam_beta2: float = 0.98  # Adam beta2
-    adam_eps: float = 1e-9  # Adam epsilon
-    clip_norm: float = 0.0  # clip the gradient norm to this (0 = off, as in the paper)
-    seed: int = 1  # seeds initialisation, dropout and batch order
-    valid_every: int = 1000  # validate and checkpoint every this many updates
-    # Translate the validation split with decode.* and score it with sacreBLEU (BLEU, chrF) at
-    # every this many validations, and at the last (0 = never: loss only)
-    bleu_every: int = 1
-    valid_bleu_lines: int = 0  # translate only the first N validation lines (0 = all)
-    best_metric: str = "loss"  # what best.pt is best by: loss (lowest) or bleu (highest)
-    patience: int = 0  # stop after this many validations without a better best_metric (0 = off)
-    # also write every metric to RUN/tensorboard (pip install tensorboard)
-    tensorboard: bool = False
-    keep_last: int = 5  # step checkpoints (step-N.pt) kept beside last.pt and best.pt
-    max_nonfinite: int = 10  # stop after this many updates in a row with a NaN/inf loss or gradient
-    max_oom: int = 3  # stop after this many batches in a row run out of GPU memory
-    log_every: int = 100  # write a metrics line every this many updates
-    device: str = "auto"  # "auto" (CUDA if present), "cpu", "cuda", "cuda:N"
-    # "auto" (bf16 autocast on GPUs that have it, else fp32), "fp32", "bf16", or "fp16"
-    # (autocast with dynamic loss scaling, for GPUs without bf16)
-    precision: str = "auto"
-    # torch.compile the step (train/compiled.py): auto (on CUDA only; experimental), true, false
-    compile: str = "false"
-    # torch.compile's backend: inductor (generated kernels); aot_eager or eager trace the step
-    # but run torch's own kernels (quick checks that it compiles)
-    compile_backend: str = "inductor"
-    # torch.compile's mode with inductor: default, reduce-overhead (CUDA graphs: one recorded
-    # per batch shape) or max-autotune-no-cudagraphs (searches kernels: slow to compile)
-    compile_mode: str = "default"
-    # pad each side of a batch to a length from a bounded set: a multiple of up to this many
-    # tokens, never more than 1/8 of the length (data/batching.py; 1 = exact lengths)
-    pad_to: int = 8
-    workers: int = 1  # background processes building batches (0 = in the training process)
-    # Fine-tuning (train/init.py): start from this checkpoint's weights, with a fresh optimizer
-    # at step 0 and this run's schedule; model.* keys left out of the config come from it
-    init_from: str = ""
-    init_keep_optimizer: bool = False  # init_from: keep its Adam moments (last.pt, step-N.pt)
-    init_keep_step: bool = False  # init_from: continue its step count, and so its learning rate
-    # parts left as they are: embeddings (shared with the output layer), encoder, decoder
-    freeze: list[str] = field(default_factory=list)
-    threads: int = 0  # CPU threads for torch (0 = torch's default)
-    # torchrun: a collective that waits this many seconds fails and ends the job (a process
-    # died or hangs); raise it where rank 0 writes large checkpoints to a slow disk
-    dist_timeout: float = 60.0
+    """`mtx train` (train/): batches, optimizer, schedule, validation, checkpoints, devices."""
 
-    def validate(self) -> None:
+    max_tokens: int = setting(
+        4096, "token budget of a batch (longest padded length x sentences, per side)", POSITIVE
+    )
+    update_freq: int = setting(1, "batches accumulated into one update", POSITIVE)
+    lr_scale: float = setting(
+        1.0, "factor on the paper's learning-rate formula (0: a learning rate of 0)", NOT_NEGATIVE
+    )
+    warmup_steps: int = setting(
+        4000, "linear warm-up steps of the inverse-sqrt schedule", AT_LEAST_1
+    )
+    max_steps: int = setting(100_000, "stop after this many updates", POSITIVE)
+    max_minutes: float = setting(
+        0.0, "stop after this many minutes of training (0: no limit)", NOT_NEGATIVE
+    )
+    label_smoothing: float = setting(0.1, "epsilon of label-smoothed cross-entropy", FRACTION)
+    adam_beta1: float = setting(0.9, "Adam beta1", FRACTION)
+    adam_beta2: float = setting(0.98, "Adam beta2", FRACTION)
+    adam_eps: float = setting(1e-9, "Adam epsilon", POSITIVE)
+    clip_norm: float = setting(
+        0.0, "clip the gradient norm to this (0: off, as in the paper)", NOT_NEGATIVE
+    )
+    seed: int = setting(1, "seeds initialisation, dropout and batch order", NOT_NEGATIVE)
+    valid_every: int = setting(1000, "validate and checkpoint every this many updates", POSITIVE)
+    bleu_every: int = setting(
+        1,
+        "translate the validation split with decode.* and score it (BLEU, chrF) at every this "
+        "many validations, and at the last (0: never, loss only)",
+        NOT_NEGATIVE,
+    )
+    valid_bleu_lines: int = setting(
+        0, "translate only the first N validation lines (0: all)", NOT_NEGATIVE
+    )
+    best_metric: Literal["loss", "bleu"] = setting(
+        "loss", "what best.pt is best by: loss (lowest) or bleu (highest)"
+    )
+    patience: int = setting(
+        0, "stop after this many validations without a better best_metric (0: off)", NOT_NEGATIVE
+    )
+    tensorboard: bool = setting(
+        False, "also write every metric to RUN/tensorboard (pip install tensorboard)"
+    )
+    keep_last: int = setting(
+        5, "step checkpoints (step-N.pt) kept beside last.pt and best.pt", NOT_NEGATIVE
+    )
+    max_nonfinite: int = setting(
+        10, "stop after this many updates in a row with a NaN/inf loss or gradient", POSITIVE
+    )
+    max_oom: int = setting(
+        3, "stop after this many batches in a row run out of GPU memory", POSITIVE
+    )
+    log_every: int = setting(100, "write a metrics line every this many updates", POSITIVE)
+    device: str = setting("auto", "auto (CUDA if present), cpu, cuda or cuda:N")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
+        "auto",
+        "auto (bf16 autocast on GPUs that have it, else fp32), fp32, bf16, or fp16 (autocast "
+        "with dynamic loss scaling, for GPUs without bf16)",
+    )
+    compile: Literal["auto", "true", "false"] = setting(
+        "false", "torch.compile the step: auto (on CUDA only; experimental), true or false"
+    )
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = setting(
+        "inductor",
+        "torch.compile's backend: inductor (generated kernels); aot_eager or eager trace the "
+        "step but run torch's own kernels (quick checks that it compiles)",
+    )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = setting(
+        "default",
+        "torch.compile's mode with inductor: default, reduce-overhead (CUDA graphs, one per "
+        "batch shape) or max-autotune-no-cudagraphs (searches kernels: slow to compile)",
+    )
+    pad_to: int = setting(
+        8,
+        "pad each side of a batch to a length from a bounded set: a multiple of up to this many "
+        "tokens, never more than 1/8 of the length (1: exact lengths)",
+        POSITIVE,
+    )
+    workers: int = setting(
+        1, "background processes building batches (0: in the training process)", NOT_NEGATIVE
+    )
+    init_from: str = setting(
+        "",
+        "fine-tuning: start from this checkpoint's weights, with a fresh optimizer at step 0 "
+        "and this run's schedule; model.* keys left out of the config come from it",
+    )
+    init_keep_optimizer: bool = setting(
+        False, "init_from: keep its Adam moments (last.pt, step-N.pt)"
+    )
+    init_keep_step: bool = setting(
+        False, "init_from: continue its step count, and so its learning rate"
+    )
+    freeze: list[Part] = setting(
+        [], "parts left as they are: embeddings (shared with the output layer), encoder, decoder"
+    )
+    threads: int = setting(0, "CPU threads for torch (0: torch's default)", NOT_NEGATIVE)
+    dist_timeout: float = setting(
+        60.0,
+        "torchrun: a collective that waits this many seconds fails and ends the job (a process "
+        "died or hangs); raise it where rank 0 writes large checkpoints to a slow disk",
+        POSITIVE,
+    )
+
+    def check(self) -> None:
         t = self
-        _positive("train", t, "max_tokens", "update_freq", "pad_to", "max_steps", "valid_every")
-        _positive("train", t, "log_every", "max_nonfinite", "max_oom", "dist_timeout")
-        _require("train", t, ("label_smoothing",), lambda v: 0 <= v < 1, "in [0, 1)")
-        _not_negative("train", t, "keep_last", "bleu_every", "valid_bleu_lines", "patience")
-        _not_negative("train", t, "workers")
-        if t.best_metric not in ("loss", "bleu"):
-            raise MtxError(f"train.best_metric must be loss or bleu, got {t.best_metric!r}")
         if t.best_metric == "bleu" and t.bleu_every == 0:
             raise MtxError("train.best_metric bleu needs train.bleu_every above 0")
-        if t.warmup_steps < 1:
-            raise MtxError(f"train.warmup_steps must be at least 1, got {t.warmup_steps}")
-        if t.precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise MtxError(f"train.precision must be auto, fp32, bf16 or fp16, got {t.precision!r}")
-        if t.compile not in ("auto", "true", "false"):
-            raise MtxError(f"train.compile must be auto, true or false, got {t.compile!r}")
-        if t.compile_backend not in ("inductor", "aot_eager", "eager"):
-            raise MtxError(
-                "train.compile_backend must be inductor, aot_eager or eager, got "
-                f"{t.compile_backend!r}"
-            )
-        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
-        if t.compile_mode not in modes:
-            raise MtxError(
-                f"train.compile_mode must be one of {', '.join(modes)}, got {t.compile_mode!r}"
-            )
-        unknown = [part for part in t.freeze if part not in PARTS]
-        if unknown:
-            raise MtxError(f"train.freeze: no part {unknown[0]!r} (parts: {', '.join(PARTS)})")
         if set(t.freeze) == set(PARTS):
             raise MtxError("train.freeze: every part is frozen, so nothing would be trained")
         if (t.init_keep_optimizer or t.init_keep_step) and not t.init_from:
@@ -229,118 +301,170 @@ class TrainConfig:
 
 @dataclass
 class DecodeConfig:
-    beam: int = 4  # beam size (1 = greedy)
-    alpha: float = 0.6  # length penalty ((5 + len) / 6) ** alpha
-    max_len_a: float = 1.0  # max output length = a * source length + b
-    max_len_b: int = 50  # see max_len_a
-    batch_tokens: int = 4096  # source-token budget of a translation batch
-    stopping: str = "k_finished"  # beam search: k_finished, exact or never (decode/search.py)
-    sampling: bool = False  # draw each token at random instead of searching
-    temperature: float = 1.0  # sampling: softmax(logits / temperature)
-    top_k: int = 0  # sampling: only the k most probable tokens (0 = all)
-    top_p: float = 1.0  # sampling: only the smallest set of tokens with this much probability
-    seed: int = 0  # sampling: line i of the input draws from the stream seeded by (seed, i)
-    # fp32, bf16, fp16, or int8 (CPU only: int8 weights, inputs quantized row by row); auto =
-    # bf16 on a GPU that has it, else fp32
-    dtype: str = "auto"
+    """How `mtx translate`, `evaluate`, `serve` and validation BLEU decode (decode/)."""
 
-    def validate(self) -> None:
-        dec = self
-        _positive("decode", dec, "beam", "batch_tokens", "temperature")
-        _not_negative("decode", dec, "top_k", "seed")
-        if dec.stopping not in ("k_finished", "exact", "never"):
-            raise MtxError(
-                f"decode.stopping must be k_finished, exact or never, got {dec.stopping!r}"
-            )
-        if dec.dtype not in ("auto", "fp32", "bf16", "fp16", "int8"):
-            raise MtxError(
-                f"decode.dtype must be auto, fp32, bf16, fp16 or int8, got {dec.dtype!r}"
-            )
-        if not 0 < dec.top_p <= 1:
-            raise MtxError(f"decode.top_p must be in (0, 1], got {dec.top_p}")
+    beam: int = setting(4, "beam size (1: greedy)", POSITIVE)
+    alpha: float = setting(0.6, "length penalty ((5 + length) / 6) ** alpha", NOT_NEGATIVE)
+    max_len_a: float = setting(1.0, "longest output = a x source length + b", NOT_NEGATIVE)
+    max_len_b: int = setting(50, "see max_len_a", NOT_NEGATIVE)
+    batch_tokens: int = setting(4096, "source-token budget of a translation batch", POSITIVE)
+    stopping: Literal["k_finished", "exact", "never"] = setting(
+        "k_finished", "when a beam search ends a sentence (decode/search.py)"
+    )
+    sampling: bool = setting(False, "draw each token at random instead of searching")
+    temperature: float = setting(1.0, "sampling: softmax(logits / temperature)", POSITIVE)
+    top_k: int = setting(0, "sampling: only the k most probable tokens (0: all)", NOT_NEGATIVE)
+    top_p: float = setting(
+        1.0,
+        "sampling: only the smallest set of tokens holding this much probability",
+        Range(0, 1, low_open=True),
+    )
+    seed: int = setting(
+        0, "sampling: line i of the input draws from the stream seeded by (seed, i)", NOT_NEGATIVE
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "int8"] = setting(
+        "auto",
+        "auto (bf16 on a GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU only: "
+        "int8 weights, inputs quantized row by row)",
+    )
 
 
 @dataclass
 class ServeConfig:
-    """`mtx serve` (serve/): limits and batching of the translation service."""
+    """`mtx serve` (serve/): where it listens, its limits and its batching."""
 
-    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
-    port: int = 8080  # TCP port to listen on (0: one the system picks, printed at start)
-    batching: bool = True  # false: one request at a time, decoded alone (for comparison)
-    # decoding processes, each with its share of the cores (serve/workers.py); 0 = auto: on
-    # the CPU one per core, at most 4; on a GPU 1. The server's own process never decodes
-    workers: int = 0
-    max_wait_ms: float = 5.0  # wait at most this long for more sentences to fill a batch
-    max_queue: int = 2048  # sentences waiting at most; a request beyond gets 503
-    max_texts: int = 256  # texts in one request at most (413 beyond)
-    max_chars: int = 4096  # characters in one text at most (413 beyond)
-    max_body_bytes: int = 1_000_000  # bytes in one request body at most (413 beyond)
-    max_beam: int = 8  # the largest beam (and n-best) a request may ask for
-    timeout_s: float = 60.0  # a request waiting longer gets 504
-    drain_s: float = 30.0  # on SIGTERM: finish queued sentences within this, then 503 the rest
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
+    port: int = setting(
+        8080, "TCP port (0: one the system picks, printed at start)", Range(0, 65535)
+    )
+    batching: bool = setting(True, "false: one request at a time, decoded alone (for comparison)")
+    workers: int = setting(
+        0,
+        "decoding processes, each with its share of the cores (0: on the CPU one per core, at "
+        "most 4; on a GPU 1)",
+        NOT_NEGATIVE,
+    )
+    max_wait_ms: float = setting(
+        5.0, "wait at most this long for more sentences to fill a batch", NOT_NEGATIVE
+    )
+    max_queue: int = setting(
+        2048, "sentences waiting at most; a request beyond gets 503", AT_LEAST_1
+    )
+    max_texts: int = setting(256, "texts in one request at most (413 beyond)", AT_LEAST_1)
+    max_chars: int = setting(4096, "characters in one text at most (413 beyond)", AT_LEAST_1)
+    max_body_bytes: int = setting(
+        1_000_000, "bytes in one request body at most (413 beyond)", AT_LEAST_1
+    )
+    max_beam: int = setting(8, "the largest beam (and n-best) a request may ask for", AT_LEAST_1)
+    timeout_s: float = setting(60.0, "a request waiting longer gets 504", POSITIVE)
+    drain_s: float = setting(
+        30.0, "on SIGTERM: finish queued sentences within this, then 503 the rest", NOT_NEGATIVE
+    )
 
-    def validate(self) -> None:
-        for key in ("max_queue", "max_texts", "max_chars", "max_body_bytes", "max_beam"):
-            if getattr(self, key) < 1:
-                raise MtxError(f"serve.{key} must be at least 1, got {getattr(self, key)}")
+    def check(self) -> None:
         if self.max_texts > self.max_queue:  # such a request could never be queued
             raise MtxError(
                 f"serve.max_texts ({self.max_texts}) must not exceed serve.max_queue "
                 f"({self.max_queue})"
             )
-        if not 0 <= self.port < 65536:
-            raise MtxError(f"serve.port must be in 0..65535 (0: any free port), got {self.port}")
-        if not self.timeout_s > 0:
-            raise MtxError(f"serve.timeout_s must be positive, got {self.timeout_s}")
-        for key in ("max_wait_ms", "drain_s", "workers"):
-            if getattr(self, key) < 0:
-                raise MtxError(f"serve.{key} must be 0 or more, got {getattr(self, key)}")
 
 
 @dataclass
 class Config:
-    run_dir: str = "runs/default"  # prepared data, checkpoints and metrics go here
+    run_dir: str = setting("runs/default", "prepared data, checkpoints and metrics go here")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    # Not a setting: the keys the user wrote, in the file or with --set (None: every key).
+    # train.init_from takes the model.* keys left out from its checkpoint (train/init.py).
+    given: frozenset[str] | None = field(default=None, repr=False, compare=False)
 
     def validate(self) -> Config:
-        """Reject impossible settings with a message naming the key: each section's own
-        (the ranges first), then those that tie sections together."""
+        """Reject impossible settings with a message naming the key: every field against its
+        declaration, each section's own rules, then those that tie sections together."""
+        for section in SECTIONS:
+            settings = getattr(self, section)
+            check_fields(settings, f"{section}.")
+            if hasattr(settings, "check"):
+                settings.check()
         m, t, d = self.model, self.train, self.data
-        d.validate()
-        m.validate()
-        t.validate()
-        self.decode.validate()
         if t.max_tokens < d.max_len + 1:
             raise MtxError(
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
                 f"({d.max_len}) tokens plus EOS"
             )
-        from mtx.data.batching import bucket_length
-
         longest = bucket_length(d.max_len + 1, t.pad_to)
         if longest > m.max_positions:
             raise MtxError(
                 f"data.max_len ({d.max_len}) plus EOS, padded to {longest} tokens by "
                 f"train.pad_to ({t.pad_to}), must fit model.max_positions ({m.max_positions})"
             )
-        self.serve.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting, as nested plain values (what config.yaml and checkpoints hold)."""
+        return {
+            f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if _is_key(f)
+        }
+
+
+SECTIONS = ("data", "model", "train", "decode", "serve")
+
+
+def _is_key(f: dataclasses.Field) -> bool:
+    """Whether a dataclass field is a config key or section (not bookkeeping like `given`)."""
+    return "doc" in f.metadata or f.name in SECTIONS
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+# --- checking fields against their declarations -------------------------------------------
+
+
+def _choices(tp: Any) -> tuple[str, ...] | None:
+    """The words a Literal type allows (None for other types)."""
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+
+
+def _words(choices: tuple[str, ...]) -> str:
+    if len(choices) > 4:
+        return "one of " + ", ".join(choices)
+    return ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+def check_fields(settings: Any, prefix: str) -> None:
+    """MtxError naming the first field of `settings` whose value is outside its declared
+    choices or range."""
+    hints = typing.get_type_hints(type(settings))
+    for f in dataclasses.fields(settings):
+        if "doc" not in f.metadata:
+            continue
+        key, value, tp = prefix + f.name, getattr(settings, f.name), hints[f.name]
+        choices = _choices(tp)
+        if choices is not None and value not in choices:
+            raise MtxError(f"{key} must be {_words(choices)}, got {value!r}")
+        item_choices = _choices(typing.get_args(tp)[0]) if typing.get_origin(tp) is list else None
+        for item in value if item_choices else ():
+            if item not in item_choices:
+                raise MtxError(f"{key}: {item!r} is not one of {', '.join(item_choices)}")
+        valid = f.metadata["range"]
+        if valid is not None and value not in valid:
+            raise MtxError(f"{key} must be {valid.describe(tp is int)}, got {value}")
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
+    return "str" if _choices(tp) is not None else getattr(tp, "__name__", str(tp))
 
 
 def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
     """Check `value` against the field type `tp`; `raw` is the --set text, if any."""
-    if typing.get_origin(tp) is list:  # list[str]: a YAML list, or "a,b" on the command line
+    if _choices(tp) is not None:
+        tp = str  # the choice itself is checked with the ranges (check_fields)
+    if typing.get_origin(tp) is list:  # a YAML list, or "a,b" on the command line
         if isinstance(value, str):
             value = [x.strip() for x in value.split(",") if x.strip()]
         if isinstance(value, list) and all(isinstance(x, str) for x in value):
@@ -371,32 +495,38 @@ def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
     raise MtxError(f"config key {key} expects {_type_name(tp)}, got {value!r}")
 
 
-def _unknown(key: str, valid: list[str]) -> MtxError:
-    close = difflib.get_close_matches(key, valid, n=1)
+# --- keys, YAML and --set -----------------------------------------------------------------
+
+
+def _unknown(key: str) -> MtxError:
+    close = difflib.get_close_matches(key, all_keys(), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return MtxError(f"unknown config key {key}{hint}")
 
 
-def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Every dotted key of the config tree, e.g. `model.d_model`."""
-    keys = []
+def declared(cls: type = Config, prefix: str = "") -> Iterator[tuple[str, Any, dataclasses.Field]]:
+    """(dotted key, type, field) of every setting of the config tree, in declaration order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            keys += all_keys(tp, f"{prefix}{f.name}.")
-        else:
-            keys.append(prefix + f.name)
-    return keys
+            yield from declared(tp, f"{prefix}{f.name}.")
+        elif _is_key(f):
+            yield prefix + f.name, tp, f
+
+
+def all_keys() -> list[str]:
+    """Every dotted key of the config tree, e.g. `model.d_model`."""
+    return [key for key, _, _ in declared()]
 
 
 def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
-    names = {f.name for f in dataclasses.fields(obj)}
+    fields = {f.name: f for f in dataclasses.fields(obj) if _is_key(f)}
     for name, value in values.items():
         key = f"{prefix}{name}"
-        if name not in names:
-            raise _unknown(key, all_keys())
+        if name not in fields:
+            raise _unknown(key)
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
@@ -408,22 +538,18 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
 
 def set_key(cfg: Config, key: str, raw: str) -> None:
     """Apply one `--set key=value` override (value parsed as YAML, checked against the field)."""
+    types = {k: tp for k, tp, _ in declared()}
+    if key not in types:
+        raise _unknown(key)
     *path, name = key.split(".")
     obj: Any = cfg
     for part in path:
-        if not dataclasses.is_dataclass(obj) or part not in {
-            f.name for f in dataclasses.fields(obj)
-        }:
-            raise _unknown(key, all_keys())
         obj = getattr(obj, part)
-    hints = typing.get_type_hints(type(obj)) if dataclasses.is_dataclass(obj) else {}
-    if name not in hints or dataclasses.is_dataclass(hints[name]):
-        raise _unknown(key, all_keys())
     try:
         value = yaml.safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError:
         value = raw
-    setattr(obj, name, _coerce(key, value, hints[name], raw))
+    setattr(obj, name, _coerce(key, value, types[key], raw))
 
 
 def from_dict(values: dict[str, Any]) -> Config:
@@ -450,8 +576,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     except MtxError as e:
         raise MtxError(f"{p}: {e}") from None
     apply_overrides(cfg, overrides)
-    # the keys a user wrote (file or --set): train.init_from fills the model.* keys left out
-    cfg.given = set(_dotted(values)) | {o.split("=", 1)[0].strip() for o in overrides or []}
+    cfg.given = frozenset(_dotted(values)) | {o.split("=", 1)[0].strip() for o in overrides or []}
     return cfg.validate()
 
 
@@ -470,3 +595,83 @@ def apply_overrides(cfg: Config, overrides: list[str] | None) -> Config:
         key, raw = item.split("=", 1)
         set_key(cfg, key.strip(), raw)
     return cfg
+
+
+# --- the declarations as help and documentation -------------------------------------------
+
+
+def describe(key: str) -> str:
+    """One line for a key: its description, and its choices or range."""
+    for k, tp, f in declared():
+        if k == key:
+            allowed = _allowed(tp, f)
+            return f.metadata["doc"] + (f" ({allowed})" if allowed else "")
+    raise KeyError(key)
+
+
+def _allowed(tp: Any, f: dataclasses.Field) -> str:
+    """What a field accepts, in words: its choices or its range ("" for any string)."""
+    item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+    choices = _choices(tp) or (_choices(item) if item is not None else None)
+    if choices:
+        return _words(choices) if item is None else "any of " + ", ".join(choices)
+    valid = f.metadata.get("range")
+    return valid.describe(tp is int) if valid else ""
+
+
+def _type_word(tp: Any) -> str:
+    if _choices(tp) is not None:
+        return "choice"
+    if typing.get_origin(tp) is list:
+        return "list of choices" if _choices(typing.get_args(tp)[0]) else "list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _yaml(value: Any) -> str:
+    """A default as YAML writes it (`true`, `[]`, `1.0e-09`)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def markdown() -> str:
+    """docs/config.md: how configs work, then every key: its type, default, choices or range,
+    and description."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- Generated from mtx/config.py by `make config-doc`; a test fails when it is stale. -->",
+        "",
+        "A config is a YAML file of the sections below; a key left out keeps its default.",
+        "Every key can also be set on the command line, `--set key=value` (repeatable), after",
+        "the file; a value is read as YAML (`--set train.freeze=[encoder]`). An unknown key",
+        "(with the closest valid one), a value of the wrong type, a word that is not one of a",
+        "key's choices or a number outside its range is refused in one line naming the key.",
+        "A checkpoint embeds its resolved config, so `translate`, `evaluate` and `serve` take",
+        "`--set` over it (`--set decode.beam=8`).",
+        "",
+        "```yaml",
+        "run_dir: runs/multi30k",
+        "data: {train: ../shared/data/multi30k/train, valid: ../shared/data/multi30k/val,",
+        "       test: ../shared/data/multi30k/test2016, vocab_size: 8000}",
+        "model: {d_model: 256, d_ff: 1024, n_heads: 4, encoder_layers: 3, decoder_layers: 3}",
+        "train: {max_tokens: 4096, warmup_steps: 4000, lr_scale: 2.0}",
+        "```",
+        "",
+        "The shipped configs: `configs/toy.yaml` (the demo: the toy corpus, a small model, 800",
+        "updates at most), `configs/multi30k.yaml` (Multi30k en-de), `configs/base.yaml` and",
+        "`configs/big.yaml` (the paper's base and big models on WMT14 en-de from the hub).",
+    ]
+    section = None
+    for key, tp, f in declared():
+        head = key.split(".")[0] if "." in key else ""
+        if head != section:
+            section = head
+            lines += ["", f"## `{head}`" if head else "## Top level", ""]
+            doc = type(getattr(Config(), head)).__doc__ if head else None
+            lines += [" ".join(doc.split()), ""] if doc else []
+            lines += ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = f.metadata["doc"].replace("|", "\\|")
+        lines.append(
+            f"| `{key}` | {_type_word(tp)} | `{_yaml(default)}` | {_allowed(tp, f)} | {text} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,7 +1,10 @@
 """The vocabulary's fixed ids, the same in every SentencePiece model mtx trains (data/vocab.py),
-in the model's embedding (its padding row), in batching and in the search; a source line's ids
-and the length it is padded to. No torch here: `mtx serve`'s HTTP process counts tokens with
-these (serve/front.py)."""
+in the model's embedding (its padding row), in batching and in the search; a source line's ids;
+the lengths batches and sources are padded to. No torch here: `mtx serve`'s HTTP process counts
+tokens with these (serve/front.py), and the config checks that the longest padded pair fits
+the model (config.py)."""
+
+import numpy as np
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -18,3 +21,14 @@ def padded_length(length: int, limit: int = 1 << 30) -> int:
     """The length a source of `length` tokens is padded to: a multiple of SOURCE_BUCKET, at
     most `limit` (the longest source the model takes)."""
     return min(-(-length // SOURCE_BUCKET) * SOURCE_BUCKET, max(limit, length))
+
+
+def bucket_length(n, pad_to: int = 1):
+    """n (an int or an integer array) rounded up to a multiple of its step: 1 below 16, then
+    the largest power of two that is at most n / 8, capped at `pad_to` (1: n itself)."""
+    x = np.asarray(n, dtype=np.int64)
+    if pad_to <= 1:
+        return n
+    step = np.minimum(pad_to, 2 ** np.maximum(0, np.floor(np.log2(np.maximum(x, 1))) - 3))
+    out = -(-x // step.astype(np.int64)) * step.astype(np.int64)
+    return int(out) if out.ndim == 0 else out

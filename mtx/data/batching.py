@@ -19,18 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtx.tokens import BOS_ID, PAD_ID
-
-
-def bucket_length(n, pad_to: int = 1):
-    """n (an int or an integer array) rounded up to a multiple of its step: 1 below 16, then
-    the largest power of two that is at most n / 8, capped at `pad_to` (1: n itself)."""
-    x = np.asarray(n, dtype=np.int64)
-    if pad_to <= 1:
-        return n
-    step = np.minimum(pad_to, 2 ** np.maximum(0, np.floor(np.log2(np.maximum(x, 1))) - 3))
-    out = -(-x // step.astype(np.int64)) * step.astype(np.int64)
-    return int(out) if out.ndim == 0 else out
+from mtx.tokens import BOS_ID, PAD_ID, bucket_length
 
 
 def token_batches(
