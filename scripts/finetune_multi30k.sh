@@ -23,7 +23,7 @@ for l in en de; do
 done
 
 if [ -z "${GENERAL:-}" ]; then
-  # the settings of scripts/per_update.py (fairseq's Multi30k recipe), en->de, 600 updates
+  # the settings of benchmarks/per_update.py (fairseq's Multi30k recipe), en->de, 600 updates
   G=(--set "run_dir=$WORK/general" --set "data.train=$M30K/train" --set "data.valid=$M30K/val"
      --set "data.test=$M30K/test2016" --set model.dropout=0.1 --set train.warmup_steps=500
      --set train.lr_scale=0.3578 --set train.max_steps=600 --set train.valid_every=600

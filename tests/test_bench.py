@@ -1,9 +1,12 @@
-"""`mtx bench` and the FLOPs it counts."""
+"""`mtx bench train` (benchmarks/train.py), the FLOPs it counts, the harness every benchmark
+uses (benchmarks/harness.py), and the race against torch's nn.Transformer."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +14,13 @@ import pytest
 import torch
 import yaml
 from conftest import run_config, tiny_model_config
+from helpers.common import invoke
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-from typer.testing import CliRunner
 
-from mtx.bench import batch_flops, joined_lengths, synthetic_batches
-from mtx.cli import app
+from benchmarks import harness
+from benchmarks.reference import Reference
+from benchmarks.train import batch_flops, joined_lengths, synthetic_batches, timed_updates
 from mtx.config import ATTENTION_SCORES, Config
 from mtx.data.batching import collate
 from mtx.errors import MtxError
@@ -24,7 +28,6 @@ from mtx.model.build import make_model
 from mtx.model.flops import forward_flops
 from mtx.model.transformer import Transformer, count_parameters
 
-runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -66,7 +69,7 @@ def test_batch_flops_use_each_pairs_real_lengths():
 
 
 def bench(*args):
-    result = runner.invoke(app, ["bench", *map(str, args)])
+    result = invoke("bench", *args)
     return result.exit_code, result.output
 
 
@@ -82,6 +85,14 @@ def test_bench_reports_throughput_flops_mfu_and_memory(tmp_path, prepared):
     assert r["mfu"] == pytest.approx(r["tflops"] / 2)
     assert r["tflops"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / 1e12)
     assert r["peak_memory_bytes"] > 10 * 2**20 and 0 <= r["padding"] < 1
+    assert r["peak_memory_kind"] == "process peak PSS"
+    # the harness's result: the machine and the commit; `mtx bench train` is the same command
+    assert r["benchmark"] == "train" and r["machine"]["cores"] >= 1 and "commit" in r
+    args = ("--steps", 2, "--warmup", 1, "--repeats", 3, "--json")
+    code, out = bench("train", "--config", config, *args)
+    assert code == 0, out
+    again = json.loads(out)
+    assert again["timing"]["repeats"] == 3 and again["seconds"] == again["timing"]["median_s"]
     # synthetic batches need no prepared data; without a known peak there is no MFU
     code, out = bench(
         "--config",
@@ -127,11 +138,8 @@ def test_bench_reports_throughput_flops_mfu_and_memory(tmp_path, prepared):
 
 
 def test_the_nn_transformer_reference_computes_the_same_function_as_mtx():
-    """scripts/bench_reference.py races mtx against torch's modules: with mtx's weights copied
+    """benchmarks/reference.py races mtx against torch's modules: with mtx's weights copied
     in, the reference gives the same logits, so the race compares equal models."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_reference import Reference
-
     cfg = tiny_model_config(encoder_layers=2, decoder_layers=2)
     torch.manual_seed(0)
     ours, ref = Transformer(cfg, 60).eval(), Reference(cfg, 60).eval()
@@ -182,7 +190,8 @@ def test_bench_reference_script_runs_and_reports_the_ratio(tmp_path, prepared):
     out = subprocess.run(
         [
             sys.executable,
-            ROOT / "scripts" / "bench_reference.py",
+            "-m",
+            "benchmarks.reference",
             "--config",
             config,
             "--steps",
@@ -200,25 +209,55 @@ def test_bench_reference_script_runs_and_reports_the_ratio(tmp_path, prepared):
     assert out.stdout.count("round ") == 2
 
 
-def test_the_warm_up_cycles_through_the_timed_updates(monkeypatch):
-    """Work done once per batch shape must be over before the clock starts: every batch the
-    warm-up runs is one of the timed ones, and with warm-up >= steps each timed one is seen."""
-    import mtx.bench as mb
-
+def test_the_warm_up_cycles_through_the_timed_updates():
+    """Work done once per batch shape must be over before the clock starts: every update the
+    warm-up runs is one of the timed ones, and with warm-up >= steps each timed one is seen;
+    updates are numbered on from 1, and each repeat runs every timed update once."""
     seen = []
-    monkeypatch.setattr(
-        mb,
-        "train_step",
-        lambda model, opt, group, cfg, step, prec: seen.append((step, [id(b) for b in group])),
-    )
-    cfg = Config()
-    cfg.model = tiny_model_config()
-    cfg.train.device, cfg.train.max_tokens, cfg.train.update_freq = "cpu", 64, 2
-    mb.bench(cfg, steps=3, warmup=4, synthetic=True, length=6)
+
+    class Step:  # what timed_updates calls, recording instead of training
+        precision = types.SimpleNamespace(device=torch.device("cpu"))
+
+        def __call__(self, group, number):
+            seen.append((number, [id(b) for b in group]))
+
+    updates = [[{}, {}] for _ in range(3)]  # 3 updates of 2 distinct batches
+    timing, warmup_seconds, compiles = timed_updates(Step(), updates, warmup=4, repeats=2)
     warm, timed = seen[:4], seen[4:]
-    assert [s for s, _ in seen] == list(range(1, 8))
-    assert [g for _, g in warm] == [g for _, g in timed] + [timed[0][1]]
-    assert len({i for _, g in timed for i in g}) == 6  # 3 updates of 2 distinct batches
+    assert [n for n, _ in seen] == list(range(1, 11))
+    assert [g for _, g in warm] == [[id(b) for b in u] for u in updates + updates[:1]]
+    assert [g for _, g in timed] == [[id(b) for b in u] for u in updates * 2]
+    assert len(timing.seconds) == 2 and warmup_seconds >= 0
+    assert compiles["timed_compilations"] == 0
+
+
+def test_the_harness_times_repeats_after_the_warm_up_and_measures_a_process_tree():
+    calls = []
+    timing, last = harness.timed(lambda: calls.append(len(calls)) or len(calls), 3, 2)
+    assert calls == [0, 1, 2, 3, 4] and last == 5 and len(timing.seconds) == 3
+    assert timing.best <= timing.median and timing.spread >= 0
+    assert timing.as_dict()["repeats"] == 3
+    # a child that holds 200 MB is part of the tree's memory, its parent's alone is not
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time; b = bytearray(200 << 20); print(1, flush=True); "
+                              "time.sleep(60)"], stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        child.stdout.readline()
+        with harness.PeakMemory(os.getpid(), every=0.05) as peak:
+            pass
+        assert child.pid in harness.tree(os.getpid())
+        assert peak.peak.pss >= harness.memory([child.pid]).pss >= 200 << 20
+        assert harness.memory([child.pid]).anon >= 200 << 20
+    finally:
+        child.kill()
+        child.wait()
+    m = harness.machine()
+    assert m["cores"] >= 1 and m["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert m["torch"] == torch.__version__
+    assert harness.result("x", {"a": 1}, b=2) | {"date": 0} == {
+        "benchmark": "x", "machine": m, "commit": harness.commit(), "date": 0,
+        "settings": {"b": 2}, "a": 1,
+    }  # fmt: skip
 
 
 def test_bench_takes_real_lengths_joined_and_compiles_nothing_while_timed(tmp_path, prepared):

@@ -9,16 +9,17 @@ from dataclasses import replace
 import ctranslate2
 import pytest
 import torch
-from conftest import ROOT, tiny_model_config
+from conftest import tiny_model_config
 from transformers import MarianMTModel, MarianTokenizer
 
-from mtx import checkpoint
+from mtx.checkpoint import Checkpoint
 from mtx.config import Config, DecodeConfig
 from mtx.data import toy
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.export import export
 from mtx.export.marian import marian_permutation, to_marian
+from mtx.files import sha256_file
 from mtx.model.positions import sinusoidal_table
 from mtx.model.transformer import Transformer
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -178,8 +179,9 @@ def test_ct2_int8_quantization_is_written(toy_run, tmp_path):
 
 def test_an_export_describes_its_model(hf_dir, toy_run):
     about = json.loads((hf_dir / "mtx.json").read_text())
-    ckpt = checkpoint.load(toy_run / "checkpoints" / "best.pt")
-    assert about["config"] == ckpt["config"] and about["step"] == ckpt["step"]
+    ckpt = Checkpoint.load(toy_run / "checkpoints" / "best.pt")
+    assert about["config"] == ckpt.config and about["step"] == ckpt.step
+    assert about["checkpoint_sha256"] == sha256_file(toy_run / "checkpoints" / "best.pt")
     assert about["manifest"]["splits"]["train"]["source"] == "toy:train"
 
 
@@ -194,13 +196,13 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
         export(best, "hf", tmp_path / "x", "int8")
     with pytest.raises(MtxError, match="--quantization must be one of"):
         export(best, "ctranslate2", tmp_path / "x", "int3")
-    variant = torch.load(best, weights_only=False)
-    variant["config"]["model"]["norm"] = "pre"
-    torch.save(variant, tmp_path / "pre.pt")
+    variant = Checkpoint.load(best)
+    variant.config["model"]["norm"] = "pre"
+    variant.save(tmp_path / "pre.pt")
     with pytest.raises(MtxError, match="model.norm=pre"):
         export(tmp_path / "pre.pt", "ctranslate2", tmp_path / "x")
-    variant["config"]["model"].update(norm="post", arch="rnn")
-    torch.save(variant, tmp_path / "pre.pt")
+    variant.config["model"].update(norm="post", arch="rnn")
+    variant.save(tmp_path / "pre.pt")
     with pytest.raises(MtxError, match="model.arch=rnn"):
         export(tmp_path / "pre.pt", "hf", tmp_path / "x")
     (tmp_path / "pre.pt").unlink()
@@ -211,19 +213,22 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
 
 
 def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test, tmp_path):
-    """scripts/bench_decode.py: each engine translates the same batches; the peers (same
-    weights, alpha 0, mtx's length limit) give mtx's greedy output."""
+    """`mtx bench decode` (benchmarks/decode.py): each engine translates the same batches; the
+    peers (same weights, alpha 0, mtx's length limit) give mtx's greedy output."""
     src = tmp_path / "src.en"
     src.write_text("".join(line + "\n" for line in toy_test[:40]), encoding="utf-8")
     (tmp_path / "src.de").write_text("".join(line + "\n" for line in toy_test[1:41]), "utf-8")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), "--checkpoint",
+        [sys.executable, "-m", "mtx", "bench", "decode", "--checkpoint",
          str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--beam", "1",
-         "--batch", "8", "--rounds", "1", "--json"],
+         "--batch", "8", "--rounds", "2", "--json"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    rows = {r["engine"]: r for r in json.loads(out.stdout.splitlines()[-1])["results"]}
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["benchmark"] == "decode" and report["machine"]["cores"] >= 1
+    rows = {r["engine"]: r for r in report["results"]}
     assert set(rows) == {"mtx", "mtx-int8", "hf", "ct2", "ct2-int8"}
+    assert all(r["spread"] >= 0 for r in rows.values())  # two rounds each
     assert all(r["lines"] == 40 and r["tokens_per_s"] > 0 for r in rows.values())
     assert rows["hf"]["same_as_mtx"] == rows["ct2"]["same_as_mtx"] == 1.0
     # BLEU against src.de, found beside the source: equal outputs, equal scores
@@ -243,13 +248,13 @@ def test_the_decoding_race_runs_every_engine_in_the_dtype_asked(toy_run, toy_tes
     src = tmp_path / "src.en"
     src.write_text("".join(line + "\n" for line in toy_test[:16]), encoding="utf-8")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_decode.py"), "--checkpoint",
+        [sys.executable, "-m", "mtx", "bench", "decode", "--checkpoint",
          str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--beam", "1",
          "--batch", "8", "--dtype", "bf16", "--engines", "mtx,hf", "--json"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     report = json.loads(out.stdout.splitlines()[-1])
-    assert report["dtype"] == "bf16"
+    assert report["settings"]["dtype"] == "bf16"
     assert [r["dtype"] for r in report["results"]] == ["bfloat16"] * 2
     assert all(r["bleu"] is None for r in report["results"])  # no src.de beside the source
     assert all(r["lines"] == 16 and r["tokens_per_s"] > 0 for r in report["results"])

@@ -1,7 +1,6 @@
-"""scripts/gpu_report.py, the one command for a lent GPU, run with --smoke: every part on the
-CPU with tiny sizes, so that the script works when a GPU session comes."""
+"""benchmarks/gpu_report.py, the one command for a lent GPU, run with --smoke: every part on
+the CPU with tiny sizes, so that the report works when a GPU session comes."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -9,12 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import gpu_report as report
+
 ROOT = Path(__file__).parent.parent
 
 
 def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--smoke", "--out",
+        [sys.executable, "-m", "benchmarks.gpu_report", "--smoke", "--out",
          str(tmp_path / "out"), "--work", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -44,11 +45,7 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     assert table.count("\n| ") == 14 and "failed" not in table
 
 
-def test_each_part_leaves_the_later_parts_the_least_they_need(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # gpu_report imports gpu_parts
-    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "scripts" / "gpu_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+def test_each_part_leaves_the_later_parts_the_least_they_need():
     args = report.arguments(["--out", "x", "--minutes", "3"])
     now = time.time()
     most, least = report.limits(args, "bench", ["train", "decode"], now + 530)

@@ -1,7 +1,5 @@
 """Linear layers packed for CPU inference (mtx/model/packed.py) and Model.pack."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -117,16 +115,3 @@ def test_int8_decoding_runs_on_the_cpu_only():
     assert decode_dtype(torch.device("cpu"), "int8") == torch.float32
     with pytest.raises(MtxError, match="int8 runs on the CPU only"):
         decode_dtype(torch.device("cuda"), "int8")
-
-
-def test_the_step_benchmark_times_every_way(toy_run):
-    """scripts/bench_decode_step.py: one table row per number of rows, a time for each way."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_decode_step.py"), "--checkpoint",
-         str(toy_run / "checkpoints" / "best.pt"), "--rows", "1", "3", "--repeat", "1"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [r.split("|")[1].strip() for r in rows] == ["1", "3"]
-    assert all(float(x) > 0 for r in rows for x in r.strip("|").split("|")[1:])
-    assert len(rows[0].strip("|").split("|")) == 7  # rows, 3 x products, 3 x step

@@ -1,17 +1,13 @@
-"""scripts/per_update.py: its ablations change what they say, and together they make
+"""benchmarks/per_update.py: its ablations change what they say, and together they make
 `model.init: xavier` into `model.init: fairseq`."""
-
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, tiny_model_config
+from conftest import tiny_model_config
 
+from benchmarks.per_update import ABLATIONS, patch
 from mtx.model import transformer
 from mtx.train import step
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from per_update import ABLATIONS, patch  # noqa: E402
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Decoding speed race: mtx against Hugging Face MarianMT and CTranslate2 on the same weights.
 
-    python scripts/bench_decode.py --checkpoint RUN/checkpoints/best.pt \
+    mtx bench decode --checkpoint RUN/checkpoints/best.pt \
         --src ../shared/data/multi30k/test2016.en [--ref ...test2016.de] [--batch 32] \
         [--beam 4 --beam 1] [--threads 2] [--device cpu] [--dtype fp32] [--lines N] \
         [--rounds 2] [--stopping k_finished|exact] [--json]
@@ -12,10 +12,11 @@ engines do the same work and should give the same output. Each engine runs in a 
 its own, so that no other engine's thread pool competes for the cores (in one process, the
 peers' idle threads were seen to halve mtx's greedy speed). Timed: the search only (not
 tokenization), after one warm-up batch, --rounds times, every other round in the reverse order
-of engines, so that a busy spell on a shared machine slows every engine alike; the fastest
-round counts. Reported per engine and beam: seconds, sentences/s, output tokens/s (EOS not counted, each engine's own outputs), sacreBLEU against --ref (by
-default the source file with the target language's suffix, where it exists) and the share of
-lines equal to mtx's output. Engines: mtx, mtx-int8 (`decode.dtype=int8`, CPU only), Hugging
+of engines, so that a busy spell on a shared machine slows every engine alike (the harness's
+timer; the fastest round counts, and the spread of the rounds is reported). Reported per
+engine and beam: seconds, sentences/s, output tokens/s (EOS not counted, each engine's own
+outputs), sacreBLEU against --ref (by default the source file with the target language's
+suffix, where it exists) and the share of lines equal to mtx's output. Engines: mtx, mtx-int8 (`decode.dtype=int8`, CPU only), Hugging
 Face, CTranslate2 and CTranslate2 int8.
 
 Stopping: Hugging Face (early_stopping=True) ends a sentence's beam search when K hypotheses
@@ -31,14 +32,14 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import sacrebleu
 import torch
-from peers import batches, ct2_generate, hf_generate
 
+from benchmarks.harness import Timing, describe_machine, result, timed
+from benchmarks.peers import batches, ct2_generate, hf_generate
 from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
@@ -53,20 +54,11 @@ DTYPES = {
     "bf16": (torch.bfloat16, "bfloat16", "int8_bfloat16"),
     "fp16": (torch.float16, "float16", "int8_float16"),
 }
+PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",)}  # what each mtx engine is raced with
 
 
-def timed(run, inputs) -> tuple[float, list[list[int]]]:
-    """Seconds to run every batch (after a warm-up on the first), and the outputs in order."""
-    run(*inputs[0])
-    start = time.perf_counter()
-    outputs = [ids for batch in inputs for ids in run(*batch)]
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, outputs
-
-
-def arguments() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="mtx bench decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, type=Path)
     ap.add_argument("--src", required=True, type=Path, help="source sentences, one per line")
     ap.add_argument("--ref", type=Path, help="reference translations, for BLEU")
@@ -83,18 +75,10 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # one engine's process: see worker()
     ap.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.beams = args.beam or [4, 1]
+    args.argv = list(argv if argv is not None else sys.argv[1:])
     return args
-
-
-def prepare(args) -> tuple[Translator, list[str], list[tuple[int, list[int]]]]:
-    """mtx's translator (tokenization, scoring), the lines and their batches."""
-    lines = list(read_lines(args.src))
-    lines = lines[: args.lines] if args.lines else lines
-    overrides = ["decode.alpha=0", f"decode.dtype={args.dtype}"]
-    tr = Translator.from_checkpoint(args.checkpoint, overrides, device="cpu")
-    return tr, lines, batches(tr, lines, args.batch)
 
 
 def runner(name: str, args, work: dict):
@@ -143,52 +127,27 @@ def runner(name: str, args, work: dict):
 
 def worker(args) -> None:
     """One engine in a process of its own, with no other engine's threads beside it (the
-    CTranslate2 process runs no torch model): every beam timed, the seconds and outputs
-    written to --out."""
+    CTranslate2 process runs no torch model): every beam timed once by the harness after one
+    warm-up batch, the seconds and outputs written to --out."""
     torch.set_num_threads(args.threads)
     work = json.loads((args.export_dir / "work.json").read_text())
     run, inputs, dtype = runner(args.worker, args, work)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     report = {"dtype": dtype, "beams": {}}
     for beam in args.beams:
-        seconds, outputs = timed(run, [(*x, beam) for x in inputs])
-        report["beams"][str(beam)] = {"seconds": seconds, "outputs": outputs}
+        batches = [(*x, beam) for x in inputs]
+        run(*batches[0])  # warm-up
+        timing, outputs = timed(
+            lambda b=batches: [ids for batch in b for ids in run(*batch)], 1, 0, sync
+        )
+        report["beams"][str(beam)] = {"seconds": timing.median, "outputs": outputs}
     args.out.write_text(json.dumps(report))
 
 
-def main() -> None:
-    args = arguments()
-    if args.worker:
-        return worker(args)
-    engines = args.engines.split(",")
-    if args.device != "cpu" or args.dtype != "fp32":
-        engines = [e for e in engines if e != "mtx-int8"]  # int8 weights: the CPU, fp32 only
-    tr, lines, plan = prepare(args)
-    order = [i for _, idx in plan for i in idx]
-    ref = args.ref or args.src.with_suffix("." + tr.cfg.data.tgt_lang)
-    refs = list(read_lines(ref))[: len(lines)] if ref.exists() else None
-
-    def score(seconds: float, outputs: list[list[int]], reference) -> dict:
-        """Speeds, BLEU (with references) and the share of lines equal to `reference`."""
-        tokens = sum(len(o) for o in outputs)
-        bleu = None
-        if refs is not None:
-            hyps = [""] * len(order)
-            for i, ids in zip(order, outputs):
-                hyps[i] = tr.detokenize(ids)
-            bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
-        same = None
-        if reference is not None and reference is not outputs:
-            same = sum(a == b for a, b in zip(outputs, reference)) / len(order)
-        return {
-            "lines": len(order),
-            "seconds": seconds,
-            "sentences_per_s": len(order) / seconds,
-            "tokens_per_s": tokens / seconds,
-            "bleu": bleu,
-            "same_as_mtx": same,
-        }
-
-    seconds: dict[tuple[str, int], float] = {}
+def race(args, engines: list[str], tr: Translator, lines: list[str], plan) -> dict:
+    """Every engine's rounds, each in a process of its own: {(engine, beam): [seconds of
+    each round]}, the first round's outputs, and each engine's dtype."""
+    seconds: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     dtypes: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,56 +166,102 @@ def main() -> None:
         for r in range(args.rounds):  # every other round in reverse: noise falls on all
             for name in engines if r % 2 == 0 else engines[::-1]:
                 out = Path(tmp) / f"{name}.json"
-                command = [sys.executable, __file__, *sys.argv[1:], "--worker", name]
-                subprocess.run([*command, "--export-dir", tmp, "--out", str(out)], check=True)
+                command = [sys.executable, "-m", "benchmarks.decode", *args.argv]
+                command += ["--worker", name, "--export-dir", tmp, "--out", str(out)]
+                subprocess.run(command, check=True)
                 report = json.loads(out.read_text())
                 dtypes[name] = report["dtype"]
                 for beam, run in report["beams"].items():
-                    key = (name, int(beam))
-                    seconds[key] = min(run["seconds"], seconds.get(key, run["seconds"]))
-                    outputs.setdefault(key, run["outputs"])
-    results = []
+                    seconds.setdefault((name, int(beam)), []).append(run["seconds"])
+                    outputs.setdefault((name, int(beam)), run["outputs"])
+    return {"seconds": seconds, "outputs": outputs, "dtypes": dtypes}
+
+
+def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, reference) -> dict:
+    """Speeds (the fastest round), BLEU (with references) and the share of lines equal to
+    `reference` (mtx's outputs)."""
+    seconds = timing.best
+    tokens = sum(len(o) for o in outputs)
+    bleu = None
+    if refs is not None:
+        hyps = [""] * len(order)
+        for i, ids in zip(order, outputs):
+            hyps[i] = tr.detokenize(ids)
+        bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
+    same = None
+    if reference is not None and reference is not outputs:
+        same = sum(a == b for a, b in zip(outputs, reference)) / len(order)
+    return {
+        "lines": len(order),
+        "seconds": seconds,
+        "spread": timing.spread,
+        "sentences_per_s": len(order) / seconds,
+        "tokens_per_s": tokens / seconds,
+        "bleu": bleu,
+        "same_as_mtx": same,
+    }
+
+
+def results(args, engines, tr, lines, plan) -> list[dict]:
+    order = [i for _, idx in plan for i in idx]
+    ref = args.ref or args.src.with_suffix("." + tr.cfg.data.tgt_lang)
+    refs = list(read_lines(ref))[: len(lines)] if ref.exists() else None
+    raced = race(args, engines, tr, lines, plan)
+    rows = []
     for beam in args.beams:
         for name in engines:
-            row = {"engine": name, "dtype": dtypes[name], "beam": beam, "batch": args.batch}
             key = (name, beam)
-            results.append(row | score(seconds[key], outputs[key], outputs.get(("mtx", beam))))
-    by = {(r["engine"], r["beam"]): r for r in results}
-    peers = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",)}
-    for r in results:
-        for peer in peers.get(r["engine"], ()):
+            row = {"engine": name, "dtype": raced["dtypes"][name], "beam": beam}
+            row["batch"] = args.batch
+            mtx_out = raced["outputs"].get(("mtx", beam))
+            timing = Timing(raced["seconds"][key])
+            rows.append(row | score(tr, order, refs, timing, raced["outputs"][key], mtx_out))
+    by = {(r["engine"], r["beam"]): r for r in rows}
+    for r in rows:
+        for peer in PEERS.get(r["engine"], ()):
             if (peer, r["beam"]) in by:
                 r[f"speedup_vs_{peer}"] = r["tokens_per_s"] / by[(peer, r["beam"])]["tokens_per_s"]
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "device": args.device,
-                    "dtype": args.dtype,
-                    "threads": args.threads,
-                    "results": results,
-                }
-            )
-        )
-        return
-    print(
-        f"{len(order)} lines, batches of {args.batch}, device {args.device}, {args.dtype}, "
-        f"threads {args.threads}"
-    )
-    print("| engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
+    return rows
+
+
+def table(rows: list[dict], args, machine: dict) -> str:
+    out = [
+        f"{rows[0]['lines']} lines, batches of {args.batch}, device {args.device}, "
+        f"{args.dtype}, threads {args.threads}; {describe_machine(machine)}",
+        "| engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
         same = "-" if r["same_as_mtx"] is None else f"{100 * r['same_as_mtx']:.1f}%"
         bleu = "-" if r["bleu"] is None else f"{r['bleu']:.2f}"
-        print(
+        out.append(
             f"| {r['engine']} | {r['beam']} | {r['seconds']:.2f} | {r['sentences_per_s']:.1f} "
             f"| {r['tokens_per_s']:.0f} | {bleu} | {same} |"
         )
-    for r in results:
-        for peer in peers.get(r["engine"], ()):
+    for r in rows:
+        for peer in PEERS.get(r["engine"], ()):
             if f"speedup_vs_{peer}" in r:
                 ratio = r[f"speedup_vs_{peer}"]
-                print(f"{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
+                out.append(f"{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
+    if args.worker:
+        return worker(args)
+    engines = args.engines.split(",")
+    if args.device != "cpu" or args.dtype != "fp32":
+        engines = [e for e in engines if e != "mtx-int8"]  # int8 weights: the CPU, fp32 only
+    lines = list(read_lines(args.src))
+    lines = lines[: args.lines] if args.lines else lines
+    overrides = ["decode.alpha=0", f"decode.dtype={args.dtype}"]
+    tr = Translator.from_checkpoint(args.checkpoint, overrides, device="cpu")
+    plan = batches(tr, lines, args.batch)
+    rows = results(args, engines, tr, lines, plan)
+    settings = {k: str(v) for k, v in vars(args).items() if k not in ("argv", "worker", "out")}
+    report = result("decode", {"results": rows}, **settings)
+    print(json.dumps(report) if args.json else table(rows, args, report["machine"]))
 
 
 if __name__ == "__main__":

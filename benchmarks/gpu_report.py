@@ -1,18 +1,18 @@
 """One command that turns a GPU's few minutes into mtx's GPU table.
 
-    python scripts/gpu_report.py --data DIR --out OUT [--parts bench,profile,...]
+    python -m benchmarks.gpu_report --data DIR --out OUT [--parts bench,profile,...]
         [--minutes 3] [--train-compile false] [--smoke]
 
 DIR holds Multi30k's plain-text files (train.en, train.de, val.*, test2016.*, test2017.*; a
 copy of ../shared/data/multi30k, which does not travel to a lent GPU machine). The parts, in
-this order (scripts/gpu_parts.py):
+this order (gpu_parts.py):
 
 - prepare  `mtx prepare` of Multi30k (every other part reads it)
-- bench    `mtx bench` of configs/base.yaml and configs/big.yaml, bf16, 25k-token updates on
+- bench    `mtx bench train` of configs/base.yaml and configs/big.yaml, bf16, 25k-token updates on
            WMT-like lengths (Multi30k pairs joined 2 to 4 at random, up to 250 subwords;
            random ids of a 37k vocabulary), eager and compiled; and base in 2 x 12.5k batches
 - train    `mtx train --config configs/multi30k.yaml` for --minutes, its logged tokens/s
-           beside `mtx bench` of the same config, validation's share of the time, test2016 BLEU
+           beside `mtx bench train` of the same config, validation's share of the time, test2016 BLEU
 - decode   the trained model on val + test2016 + test2017 (3,014 lines), bf16, beam 4 and
            greedy, batches of 32, 128 and 512 sentences: target tokens/s, and how many
            outputs equal those of batches of 32
@@ -27,22 +27,21 @@ that part only, and every part's limit leaves the later parts the least they nee
 so in the table). WORK/parts/NAME.json holds each part's figures as soon as it ends,
 OUT/report.json all of them (rewritten after each part), and OUT/report.md the table (printed
 last). `--smoke` runs every part on the CPU with tiny sizes and the toy corpus, in about a
-minute (tests/test_gpu_report.py runs it), so that the script cannot rot between GPU
-sessions.
+minute (tests/test_gpu_report.py runs it), so that the report cannot rot between GPU
+sessions. scripts/gpu_report.sh is the recipe of a GPU call around it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # mtx, installed or not
-import gpu_parts  # noqa: E402
+from benchmarks import gpu_parts
+from benchmarks.harness import commit, machine
 
 PARTS = ("prepare", "bench", "train", "decode", "fp16", "nccl", "oom", "profile")
 LIMITS = {"prepare": 150, "bench": 420, "profile": 240, "decode": 300, "fp16": 150}
@@ -72,7 +71,8 @@ def arguments(argv=None) -> argparse.Namespace:
 def run_part(args, name: str, limit: float) -> dict:
     """Part `name` in a child process within `limit` seconds; its figures or its error."""
     deadline = time.time() + limit - 5  # the child's own steps end before it is killed
-    command = [sys.executable, __file__, *args.argv, "--part", name, "--deadline", str(deadline)]
+    command = [sys.executable, "-m", "benchmarks.gpu_report", *args.argv, "--part", name]
+    command += ["--deadline", str(deadline)]
     start = time.perf_counter()
     path = args.work / "parts" / f"{name}.json"
     partial = path.with_suffix(".partial.json")  # what a part wrote before it failed
@@ -97,11 +97,11 @@ def limits(args, name: str, later: list[str], deadline: float) -> tuple[float, f
 
 
 def environment() -> dict:
+    """The harness's machine and commit, and the GPU's memory."""
     import torch
 
-    env = {"torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    env = machine() | {"commit": commit()}
     if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name()
         env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     return env
 

@@ -1,9 +1,9 @@
-"""The parts of scripts/gpu_report.py: each runs one measurement and returns its figures.
+"""The parts of gpu_report.py: each runs one measurement and returns its figures.
 
 `Sizes` says what each part runs: the real sizes on a GPU, or tiny ones on the CPU
 (--smoke). A part runs in a process of its own (gpu_report.py's run_part) and may take until
-`args.deadline`; it runs mtx's commands with `python -m mtx` from the repository root, so mtx
-need not be installed.
+`args.deadline`; it runs mtx's commands with the harness (`python -m mtx`, from the
+repository root, where the configs are).
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks import harness
+from benchmarks.harness import ROOT, timed
+from mtx.checkpoint import Checkpoint, RunDir
+from mtx.train.metrics import read_metrics
 
 
 def write_json(path: Path, value) -> None:
@@ -58,17 +61,9 @@ class Sizes:
 
 
 def mtx(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m mtx ARGS` from the repository root (mtx need not be installed)."""
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = os.environ | {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}  # keeps carried packages
-    return subprocess.run(
-        [sys.executable, "-m", "mtx", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python -m mtx ARGS` from the repository root, its failure left to `checked`."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    return harness.mtx(*args, timeout=timeout, check=False, cwd=ROOT, env=env)
 
 
 def left(args, most: float) -> float:
@@ -98,12 +93,12 @@ def run_dir(args, sizes: Sizes, name: str) -> Path:
 
 
 def part_prepare(args, sizes: Sizes) -> dict:
-    start = time.perf_counter()
     shutil.rmtree(sizes.prepared, ignore_errors=True)
     items = [f"run_dir={sizes.prepared}", *sizes.data]
-    checked(mtx("prepare", "--config", sizes.config, *sets(items), timeout=left(args, 150)))
-    manifest = json.loads((sizes.prepared / "prepared" / "manifest.json").read_text())
-    return {"seconds": time.perf_counter() - start, "vocab_size": manifest["vocab_size"]}
+    command = ("prepare", "--config", sizes.config, *sets(items))
+    timing, _ = timed(lambda: checked(mtx(*command, timeout=left(args, 150))), 1, 0)
+    manifest = json.loads(RunDir(sizes.prepared).data.manifest.read_text())
+    return {"seconds": timing.median, "vocab_size": manifest["vocab_size"]}
 
 
 def bench_args(sizes: Sizes, model: str, compile_: str, tokens: int, update_freq: int = 1):
@@ -117,7 +112,7 @@ def bench_args(sizes: Sizes, model: str, compile_: str, tokens: int, update_freq
     steps = sizes.bench_steps
     warmup = steps  # the warm-up runs the timed updates: every shape is planned (and compiled)
     config = f"configs/{model}.yaml"
-    return ["bench", "--config", config, *sets(items), "--lengths-from", str(lengths)] + [
+    return ["bench", "train", "--config", config, *sets(items), "--lengths-from", str(lengths)] + [
         "--join", "2-4", "--steps", str(steps), "--warmup", str(warmup), "--json",
     ]  # fmt: skip
 
@@ -149,7 +144,7 @@ def part_profile(args, sizes: Sizes) -> dict:
     import datasets
     import torch
 
-    from mtx.bench import joined_lengths, synthetic_batches
+    from benchmarks.train import joined_lengths, synthetic_batches
     from mtx.config import load_config
     from mtx.data.batching import lengths
 
@@ -175,34 +170,24 @@ def profiled(cfg, batches: list[dict], compile_: bool, cuda: bool) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from mtx.model.build import make_model
-    from mtx.train import compiled
-    from mtx.train.step import LossModel, Precision, make_optimizer, train_step
+    from mtx.train.step import build_step
 
     torch.manual_seed(1)
     device = torch.device("cuda" if cuda else "cpu")
-    model = make_model(cfg.model, cfg.data.vocab_size).to(device)
-    optimizer = make_optimizer(model, cfg)
-    precision = Precision.choose(device, cfg.train.precision)
-    t = cfg.train
-    loss_model = LossModel(model, t.label_smoothing)
-    step_module = compiled.StepModule(
-        loss_model, compile_, print, t.compile_backend, t.compile_mode
-    )
+    cfg.train.compile = "true" if compile_ else "false"
+    run = build_step(cfg, make_model(cfg.model, cfg.data.vocab_size).to(device), device)
 
     def step(b: dict, n: int) -> None:
-        step_module.run(lambda m: train_step(m, optimizer, [b], cfg, n, precision), optimizer)
+        run([b], n)
 
     for n, b in enumerate(batches * 2):
         step(b, n + 1)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    start = time.perf_counter()
     with profile(activities=activities) as prof:
-        for n, b in enumerate(batches):
-            step(b, 100 + n)
-        sync()
-    wall = (time.perf_counter() - start) / len(batches)
+        timing, _ = timed(lambda: [step(b, 100 + n) for n, b in enumerate(batches)], 1, 0, sync)
+    wall = timing.median / len(batches)
     rows = prof.key_averages()
     if cuda:  # the kernels alone: an operator's device time is its kernels' time again
         rows = [r for r in rows if r.device_type == torch.autograd.DeviceType.CUDA]
@@ -233,20 +218,19 @@ def part_train(args, sizes: Sizes) -> dict:
         items += ["train.valid_bleu_lines=8", *sizes.compile_backend]
     else:
         items += [f"train.max_minutes={sizes.minutes}", "train.max_steps=1000000"]
-    start = time.perf_counter()
-    checked(mtx("train", "--config", sizes.config, *sets(items), timeout=left(args, 1e9)))
-    wall = time.perf_counter() - start
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
-    valid = [r for r in records if r["kind"] == "valid"]
-    ckpt = run / "checkpoints" / "best.pt"
+    training = lambda: checked(  # noqa: E731
+        mtx("train", "--config", sizes.config, *sets(items), timeout=left(args, 1e9))
+    )
+    wall = timed(training, 1, 0)[0].median
+    train, valid = (read_metrics(RunDir(run).metrics, kind) for kind in ("train", "valid"))
+    ckpt = RunDir(run).best
     test = json.loads(
         checked(mtx("evaluate", "--checkpoint", str(ckpt), "--split", "test", "--json",
                     timeout=left(args, 240))).strip().splitlines()[-1]
     )  # fmt: skip
     bench_items = [x for x in items if not x.startswith(("train.max_", "train.valid", "train.log"))]
     steps = sizes.bench_steps * 2
-    proc = mtx("bench", "--config", sizes.config, *sets(bench_items), "--steps", str(steps),
+    proc = mtx("bench", "train", "--config", sizes.config, *sets(bench_items), "--steps", str(steps),
                "--warmup", str(steps), "--json", timeout=left(args, 300))  # fmt: skip
     bench = json.loads(checked(proc).strip().splitlines()[-1])
     logged = [r["tokens_per_s"] for r in train[1:]] or [r["tokens_per_s"] for r in train]
@@ -265,44 +249,52 @@ def part_train(args, sizes: Sizes) -> dict:
     }
 
 
-def part_decode(args, sizes: Sizes) -> dict:
-    import torch
-
-    from mtx.data.batching import pad
+def decode_lines(args, sizes: Sizes) -> list[str]:
+    """What the decode part translates: Multi30k's val, test2016 and test2017 (the toy test
+    split's first lines with --smoke)."""
     from mtx.data.sources import read_lines
-    from mtx.decode.translator import Translator
-    from mtx.tokens import padded_length
 
-    ckpt = args.work / "train" / "checkpoints" / "best.pt"
-    device = "cpu" if sizes.smoke else "cuda"
-    tr = Translator.from_checkpoint(ckpt, [f"decode.dtype={sizes.precision}"], device=device)
     if sizes.smoke:
         from mtx.data import toy
 
-        lines = [src for src, _ in toy.split_pairs("test")][: sizes.decode_lines]
-    else:
-        lines = []
-        for name in ("val", "test2016", "test2017"):
-            lines += list(read_lines(args.data / f"{name}.en"))
-    ids = sorted((tr.encode(x) for x in lines), key=len)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        return [src for src, _ in toy.split_pairs("test")][: sizes.decode_lines]
+    return [
+        x for name in ("val", "test2016", "test2017") for x in read_lines(args.data / f"{name}.en")
+    ]
+
+
+def source_batches(tr, ids: list[list[int]], size: int) -> list:
+    """Batches of `size` sources (sorted by length), each padded to its longest's bucket."""
+    from mtx.data.batching import pad
+    from mtx.tokens import padded_length
+
+    srcs = []
+    for i in range(0, len(ids), size):
+        group = ids[i : i + size]
+        srcs.append(pad(group, length=padded_length(max(len(x) for x in group))).to(tr.device))
+    return srcs
+
+
+def part_decode(args, sizes: Sizes) -> dict:
+    import torch
+
+    from mtx.decode.translator import Translator
+
+    device = "cpu" if sizes.smoke else "cuda"
+    ckpt = RunDir(args.work / "train").best
+    tr = Translator.from_checkpoint(ckpt, [f"decode.dtype={sizes.precision}"], device=device)
+    ids = sorted((tr.encode(x) for x in decode_lines(args, sizes)), key=len)
+    sync = torch.cuda.synchronize if device == "cuda" else None
     out, first = {}, {}
     for beam in (4, 1):
         tr.cfg.decode.beam = beam
         for size in sizes.batches:
-            srcs = []
-            for i in range(0, len(ids), size):
-                group = ids[i : i + size]
-                length = padded_length(max(len(x) for x in group))
-                srcs.append(pad(group, length=length).to(tr.device))
+            srcs = source_batches(tr, ids, size)
             for src in srcs[:2] + srcs[-1:]:  # warm-up: the shortest and longest shapes
                 tr.search(src)
-            sync()
-            start = time.perf_counter()
-            hyps = [h[0].tokens for src in srcs for h in tr.search(src)]
-            sync()
-            seconds = time.perf_counter() - start
-            tokens = sum(len(h) for h in hyps)
+            timing, hyps = timed(
+                lambda s=srcs: [h[0].tokens for src in s for h in tr.search(src)], 1, 0, sync
+            )
             same = None
             if beam in first:
                 same = sum(a == b for a, b in zip(hyps, first[beam])) / len(hyps)
@@ -310,9 +302,9 @@ def part_decode(args, sizes: Sizes) -> dict:
                 first[beam] = hyps
             out[f"beam {beam}, batch {size}"] = {
                 "lines": len(hyps),
-                "seconds": seconds,
-                "tgt_tokens_per_s": tokens / seconds,
-                "sentences_per_s": len(hyps) / seconds,
+                "seconds": timing.median,
+                "tgt_tokens_per_s": sum(len(h) for h in hyps) / timing.median,
+                "sentences_per_s": len(hyps) / timing.median,
                 "same_as_smallest_batch": same,
             }
     return out
@@ -332,36 +324,34 @@ def part_fp16(args, sizes: Sizes) -> dict:
     run, items = short_run(args, sizes, "fp16", 50)
     items += ["train.precision=fp16"]
     checked(mtx("train", "--config", sizes.config, *sets(items), timeout=left(args, 150)))
-    import torch
 
-    last = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
+    last = Checkpoint.load(RunDir(run).last)
+    train = read_metrics(RunDir(run).metrics, "train")
     return {
-        "steps": last["step"],
+        "steps": last.step,
         "losses": [r["loss"] for r in train],
         "skipped": sum(r["skipped"] for r in train),
-        "loss_scale": (last.get("scaler") or {}).get("scale"),
+        "loss_scale": (last.resume.scaler or {}).get("scale"),
     }
 
 
 def part_nccl(args, sizes: Sizes) -> dict:
     run, items = short_run(args, sizes, "nccl", 30)
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = os.environ | {"PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}  # keeps carried packages
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-         "-m", "mtx", "train", "--config", sizes.config, *sets(items)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=left(args, 180),
-    )  # fmt: skip
-    checked(proc)
-    import torch
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
 
-    last = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    def job() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+             "-m", "mtx", "train", "--config", sizes.config, *sets(items)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=left(args, 180),
+        )  # fmt: skip
+
+    timing, proc = timed(job, 1, 0)
+    checked(proc)
+    last = Checkpoint.load(RunDir(run).last)
     joined = re.search(r"1 process\(es\), (\w+)", proc.stdout + proc.stderr)  # the model line
     return {"exit": proc.returncode, "backend": joined.group(1) if joined else None,
-            "last_step": last["step"], "seconds": time.perf_counter() - start}  # fmt: skip
+            "last_step": last.step, "seconds": timing.median}  # fmt: skip
 
 
 def part_oom(args, sizes: Sizes) -> dict:
@@ -393,10 +383,8 @@ def part_oom(args, sizes: Sizes) -> dict:
     trainer_module.Trainer.__init__ = init
     lines: list[str] = []
     trainer_module.train(cfg, overwrite=True, log=lines.append)
-    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    last = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     return {
-        "oom_records": [r for r in records if r["kind"] == "oom"],
-        "last_step": last["step"],
+        "oom_records": read_metrics(RunDir(run).metrics, "oom"),
+        "last_step": Checkpoint.load(RunDir(run).last).step,
         "real_cuda_oom": torch.cuda.is_available() and not sizes.smoke,
     }

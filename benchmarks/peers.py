@@ -1,6 +1,6 @@
 """mtx's weights in the two peer engines, Hugging Face MarianMT (`mtx export --format hf`)
-and CTranslate2 (`--format ctranslate2`), decoding as mtx does: for scripts/check_export.py
-and scripts/bench_decode.py.
+and CTranslate2 (`--format ctranslate2`), decoding as mtx does: for the decoding race
+(decode.py) and tests/test_export.py.
 
 Every engine gets mtx's output length limit (source tokens + 50, EOS included) and alpha 0 (the
 only setting at which the three length penalties rank alike), and never produces PAD, UNK or
@@ -14,7 +14,6 @@ from collections import defaultdict
 
 import torch
 
-from mtx.data.batching import pad
 from mtx.decode.translator import Translator
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -63,21 +62,3 @@ def ct2_generate(ct2, tr: Translator, pieces: list[list[str]], limit: int, beam:
         max_batch_size=len(pieces),
     )
     return [([tr.sp.piece_to_id(p) for p in r.hypotheses[0]], r.scores[0]) for r in results]
-
-
-def hf_translate(hf, tr: Translator, lines: list[str], beam: int, size: int = 32) -> list[str]:
-    out = [""] * len(lines)
-    for limit, idx in batches(tr, lines, size):
-        src = pad([tr.encode(lines[i]) for i in idx])
-        for i, ids in zip(idx, hf_generate(hf, src, limit, beam)):
-            out[i] = tr.detokenize(ids)
-    return out
-
-
-def ct2_translate(ct2, tr: Translator, lines: list[str], beam: int, size: int = 64):
-    out: list = [None] * len(lines)
-    for limit, idx in batches(tr, lines, size):
-        pieces = [tr.sp.encode(lines[i], out_type=str) for i in idx]
-        for i, result in zip(idx, ct2_generate(ct2, tr, pieces, limit, beam)):
-            out[i] = result
-    return out

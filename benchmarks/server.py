@@ -1,4 +1,5 @@
-"""A real `mtx serve` process on 127.0.0.1 and a real HTTP client, for the tests and scripts."""
+"""A real `mtx serve` process on 127.0.0.1 and a real HTTP client: what the serving benchmark
+(serve.py) loads and what tests/test_serve.py talks to."""
 
 from __future__ import annotations
 

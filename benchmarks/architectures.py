@@ -1,6 +1,6 @@
 """Train each architecture variant on the same data, budget and seed, and compare them.
 
-    python scripts/compare_architectures.py [--config configs/toy.yaml] [--set key=value ...]
+    python -m benchmarks.architectures [--config configs/toy.yaml] [--set key=value ...]
         [--variants post,pre,...] [--parallel 1] [--work DIR]
         [--write BENCHMARKS.md --label toy-cpu] [--json]
 
@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.harness import describe_machine, machine, mtx, timed
+from mtx.checkpoint import RunDir
 from mtx.config import ATTENTION_SCORES
+from mtx.train.metrics import read_metrics
 
 VARIANTS = {
     "post": [],  # the paper: post-norm, sinusoidal positions
@@ -41,14 +42,6 @@ VARIANTS = {
     },
     "rnn-gru-general": ["model.arch=rnn", "model.rnn_cell=gru", "model.attention=general"],
 }
-MTX = [sys.executable, "-m", "mtx"]
-
-
-def mtx(*args: str) -> str:
-    done = subprocess.run([*MTX, *map(str, args)], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"mtx {' '.join(map(str, args))} failed:\n{done.stderr[-2000:]}")
-    return done.stdout
 
 
 def sets(values: list[str]) -> list[str]:
@@ -62,12 +55,12 @@ def run_variant(name: str, config: Path, common: list[str], work: Path) -> dict:
     if not prepared.exists():
         prepared.symlink_to((work / "data" / "prepared").resolve())
     args = ["--config", config, *sets([*common, *VARIANTS[name], f"run_dir={run}"])]
-    start = time.perf_counter()
-    mtx("train", *args)
-    wall = time.perf_counter() - start
-    scores = json.loads(mtx("evaluate", *args, "--split", "test", "--json").splitlines()[-1])
-    info = json.loads(mtx("info", run / "checkpoints" / "best.pt", "--json"))
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    timing, _ = timed(lambda: mtx("train", *args), repeats=1, warmup=0)
+    wall = timing.median
+    test = mtx("evaluate", *args, "--split", "test", "--json").stdout
+    scores = json.loads(test.splitlines()[-1])
+    info = json.loads(mtx("info", RunDir(run).best, "--json").stdout)
+    rows = read_metrics(RunDir(run).metrics)
     speeds = [r["tokens_per_s"] for r in rows if r.get("kind") == "train"]
     return {
         "variant": name,
@@ -111,7 +104,7 @@ def write_block(path: Path, label: str, text: str) -> None:
     path.write_text(doc)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/toy.yaml"))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -120,9 +113,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/compare"))
     ap.add_argument("--write", type=Path, help="a Markdown file to put the table in")
     ap.add_argument("--label", default="toy-cpu", help="names the table's block in --write")
-    ap.add_argument("--machine", default="cpu2", help="the machine named beside the table")
+    ap.add_argument("--machine", help="the machine named beside the table (default: this one)")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     names = args.variants.split(",")
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -139,8 +132,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(results))
         return
-    command = "python scripts/compare_architectures.py " + " ".join(sys.argv[1:])
-    text = table(results, command, args.machine)
+    command = "python -m benchmarks.architectures " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    text = table(results, command, args.machine or describe_machine(machine()))
     print(text, end="")
     if args.write:
         write_block(args.write, args.label, text)

@@ -3,7 +3,7 @@ the settings of the fairseq comparison in BENCHMARKS.md ("Learning per update"),
 seeds, and print the training and validation loss curves (in bits, as fairseq prints them) and
 the test2016 sacreBLEU of each seed's last checkpoint.
 
-    python scripts/per_update.py [--updates 568] [--seeds 1 2 3] [--jobs 1] [--device cpu]
+    python -m benchmarks.per_update [--updates 568] [--seeds 1 2 3] [--jobs 1] [--device cpu]
         [--set key=value ...] [--data ../shared/data/multi30k] [--out runs/per-update]
 
 The data are prepared once (joint SentencePiece BPE 8k) and copied into each seed's run. The
@@ -25,15 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import runpy
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.harness import ROOT, describe_machine, machine, result, timed
+from mtx.checkpoint import RunDir
+from mtx.train.metrics import read_metrics
+
 SETTINGS = [
     "data.src_lang=de",
     "data.tgt_lang=en",
@@ -88,28 +91,22 @@ def patch(ablate: set[str]) -> None:
         step.rate = lambda n, *args: 0.0 if n == 1 else rate(n - 1, *args)
 
 
-# `python -c RUNNER ABLATIONS ARGS...`: the mtx CLI with the ablations (comma-separated) made.
-RUNNER = f"""
-import sys
-sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-from per_update import patch
-patch(set(sys.argv.pop(1).split(",")))
-sys.argv[0] = "mtx"
-from mtx.cli import main
-main()
-"""
+# `python -m benchmarks.per_update --mtx-with ABLATIONS ARGS...`: the mtx CLI with the
+# ablations (comma-separated) made, in the process that trains.
+MTX_WITH = "--mtx-with"
 
 
 def mtx(*args: str, log: Path | None = None, ablate: list[str] | None = None) -> str:
     command = [sys.executable, "-m", "mtx", *args]
     if ablate:
-        command = [sys.executable, "-c", RUNNER, ",".join(ablate), *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+        command = [sys.executable, "-m", "benchmarks.per_update", MTX_WITH, ",".join(ablate)]
+        command += args
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
     if log is not None:
-        log.write_text(result.stdout + result.stderr)
-    if result.returncode:
-        sys.exit(f"mtx {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result.stdout
+        log.write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise RuntimeError(f"mtx {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def options(settings: list[str]) -> list[str]:
@@ -122,18 +119,17 @@ def train_and_score(seed: int, settings: list[str], out: Path, args) -> dict:
         shutil.rmtree(run)
     shutil.copytree(out / "data" / "prepared", run / "prepared")
     sets = settings + [f"run_dir={run}", f"train.seed={seed}", f"train.device={args.device}"]
-    start = time.monotonic()
     train = ("train", "--config", "configs/multi30k.yaml", *options(sets))
-    mtx(*train, log=run / "train.log", ablate=args.ablate)
-    seconds = time.monotonic() - start
-    last = run / "checkpoints" / "last.pt"
+    timing, _ = timed(lambda: mtx(*train, log=run / "train.log", ablate=args.ablate), 1, 0)
+    seconds = timing.median
+    last = RunDir(run).last
     scores = json.loads(
         mtx(
             "evaluate", "--checkpoint", str(last), "--split", "test", "--json",
             "--device", args.device, "--dtype", "fp32",
         )
     )  # fmt: skip
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(RunDir(run).metrics)
     return {
         "seed": seed,
         "seconds": seconds,
@@ -154,7 +150,12 @@ def curve(title: str, results: list[dict], key: str) -> None:
         print(f"  {step:4d}  {row}  {statistics.fmean(values):7.3f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [MTX_WITH]:  # a training process of an ablation (see `mtx` above)
+        patch(set(argv[1].split(",")))
+        sys.argv = ["mtx", *argv[2:]]
+        return runpy.run_module("mtx", run_name="__main__")  # `python -m mtx ARGS`, patched
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=568)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -165,7 +166,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs/per-update")
     parser.add_argument("--ablate", action="append", default=[], choices=sorted(ABLATIONS))
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data = args.data.resolve()
     splits = [f"data.{s}={data / f}" for s, f in (("train", "train"), ("valid", "val"))]
     settings = (
@@ -178,7 +179,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     prepare = settings + [f"run_dir={out / 'data'}"]
     mtx("prepare", "--config", "configs/multi30k.yaml", *options(prepare))
-    print(f"mtx, {args.updates} updates on {args.device}; settings: {' '.join(settings[:12])}")
+    print(f"mtx, {args.updates} updates on {args.device} ({describe_machine(machine())}); "
+          f"settings: {' '.join(settings[:12])}")  # fmt: skip
     for change in args.set:
         print(f"changed: {change}")
     for name in args.ablate:
@@ -197,7 +199,8 @@ def main() -> None:
     print(f"  mean BLEU {statistics.fmean(bleus):.2f} (sd {spread:.2f}), "
           f"mean chrF {statistics.fmean(r['chrf'] for r in results):.2f}")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"settings": settings, "results": results}, indent=1))
+        report = result("per_update", {"results": results}, settings=settings)
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

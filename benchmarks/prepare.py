@@ -1,0 +1,135 @@
+"""`mtx bench prepare`: `mtx prepare` of a WMT-size corpus, by encoding workers: the seconds
+of each stage and the peak memory.
+
+    mtx bench prepare [--pairs 4500000] [--workers 1@1,1,2] [--work /tmp/bench_prepare]
+                      [--sample-every 2] [--data ../shared/data/multi30k] [--json FILE]
+
+The corpus is built from Multi30k's training pairs (--data), joining 2 or 3 pairs picked at
+random (seed 1) into one, about WMT's sentence lengths (few duplicates); valid and test are
+Multi30k's val and test2016. Each `mtx prepare` (configs/base.yaml: vocabulary 37,000, max_len
+250) runs in its own process, one after the other, with data.workers W ("W"), or W on the
+first C cores ("W@C", taskset). The peak memory is the harness's measure, the PSS of the
+whole process tree (the main process and its encoding workers), sampled every --sample-every
+seconds; sampling is not free (reading a process's smaps walks all its mappings, the
+memory-mapped Arrow files included), and its CPU time is reported. The stage seconds come
+from prepare's own "seconds:" log line. Each run directory is deleted after its run; the
+manifests' pairs sha256 are compared (every worker count must prepare the same data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.harness import ROOT, PeakMemory, describe_machine, machine, result, timed
+from mtx.checkpoint import RunDir
+
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def build_corpus(prefix: Path, data: Path, pairs: int, seed: int = 1) -> None:
+    src = (data / "train.en").read_text(encoding="utf-8").splitlines()
+    tgt = (data / "train.de").read_text(encoding="utf-8").splitlines()
+    rng = random.Random(seed)
+    with open(f"{prefix}.en", "w", encoding="utf-8") as fe, open(f"{prefix}.de", "w") as fd:
+        for _ in range(pairs):
+            picks = [rng.randrange(len(src)) for _ in range(rng.randint(2, 3))]
+            fe.write(" ".join(src[i] for i in picks) + "\n")
+            fd.write(" ".join(tgt[i] for i in picks) + "\n")
+
+
+def prepare_command(corpus: Path, data: Path, run_dir: Path, spec: str) -> list[str]:
+    """`mtx prepare` with data.workers W, given as "W" (every core) or "W@C" (C cores)."""
+    workers, _, ncores = spec.partition("@")
+    sets = [f"run_dir={run_dir}", f"data.train={corpus}", f"data.workers={workers}"]
+    sets += [f"data.valid={data / 'val'}", f"data.test={data / 'test2016'}"]
+    command = [sys.executable, "-m", "mtx", "prepare", "--config", str(ROOT / "configs/base.yaml")]
+    if ncores:  # the process and its workers on the first C cores
+        command = ["taskset", "-c", f"0-{int(ncores) - 1}", *command]
+    return command + [x for s in sets for x in ("--set", s)]
+
+
+def run(corpus: Path, data: Path, work: Path, spec: str, every: float) -> dict:
+    run_dir = work / f"run-{spec}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = prepare_command(corpus, data, run_dir, spec)
+
+    def prepare() -> str:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
+        with PeakMemory(proc.pid, every) as peak:
+            out = proc.communicate()[0]
+        if proc.returncode:
+            raise RuntimeError(f"prepare with data.workers {spec} failed:\n{out[-3000:]}")
+        return out, peak
+
+    timing, (out, peak) = timed(prepare, repeats=1, warmup=0)
+    stages = re.search(r"seconds: (.*)", out).group(1)
+    manifest = json.loads(RunDir(run_dir).data.manifest.read_text())
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {
+        "workers": spec,
+        "wall_seconds": timing.median,
+        "stages": {k: float(v) for k, v in (x.split() for x in stages.split(", "))},
+        "peak_pss_bytes": peak.peak.pss,
+        "peak_pss_anon_bytes": peak.peak.anon,
+        "sampler_cpu_seconds": peak.sampler_cpu_s,
+        "train_pairs": manifest["splits"]["train"]["kept"],
+        "pairs_sha256": {k: v["pairs_sha256"] for k, v in manifest["splits"].items()},
+    }
+
+
+def table(results: list[dict], pairs: int) -> str:
+    same = len({json.dumps(r["pairs_sha256"], sort_keys=True) for r in results}) == 1
+    stages = list(results[0]["stages"])
+    out = [
+        f"corpus: {pairs:,} pairs; {describe_machine(machine())}; same data: {same}",
+        "| workers | " + " | ".join(stages) + " | total | peak PSS (anonymous) | sampler CPU |",
+        "|---" * (len(stages) + 4) + "|",
+    ]
+    for r in results:
+        cells = [f"{r['stages'][s]:.1f} s" for s in stages]
+        out.append(f"| {r['workers']} | " + " | ".join(cells) + f" | {r['wall_seconds']:.1f} s | "
+                   f"{r['peak_pss_bytes'] / 2**30:.2f} GiB ({r['peak_pss_anon_bytes'] / 2**30:.2f}) "
+                   f"| {r['sampler_cpu_seconds']:.1f} s |")  # fmt: skip
+    for r in results[1:]:
+        a, b = results[0]["stages"]["encode"], r["stages"]["encode"]
+        out.append(f"encoding with data.workers {r['workers']}: {a / b:.2f}x the speed of "
+                   f"{results[0]['workers']}")  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="mtx bench prepare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pairs", type=int, default=4_500_000)
+    ap.add_argument(
+        "--workers",
+        default="1@1,1,2",
+        help="comma-separated runs: data.workers W, or W@C on C cores (taskset)",
+    )
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench_prepare"))
+    ap.add_argument("--data", type=Path, default=MULTI30K, help="Multi30k's plain-text files")
+    ap.add_argument("--sample-every", type=float, default=2.0, help="seconds between samples")
+    ap.add_argument("--json", type=Path, help="Also write the JSON result here.")
+    args = ap.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    corpus = args.work / f"corpus-{args.pairs}-2to3"
+    if not Path(f"{corpus}.de").is_file():
+        build_corpus(corpus, args.data, args.pairs)
+    specs = args.workers.split(",")
+    results = [run(corpus, args.data, args.work, w, args.sample_every) for w in specs]
+    print(table(results, args.pairs))
+    if args.json:
+        settings = {k: str(v) for k, v in vars(args).items()} | {"cpus": os.cpu_count()}
+        args.json.write_text(json.dumps(result("prepare", {"runs": results}, **settings)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
