@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,12 +16,14 @@ from pathlib import Path
 
 import pytest
 from conftest import MULTI30K
-from helpers.server import Server
-from typer.testing import CliRunner
+from helpers.common import invoke
 
-from mtx.cli import app
+from benchmarks.server import Server
+from mtx.checkpoint import Checkpoint
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
+from mtx.export import exported_from
+from mtx.files import sha256_file
 from mtx.tokens import SOURCE_BUCKET
 
 LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:96]
@@ -154,7 +157,7 @@ def test_health_ready_info_metrics_docs_and_the_page(server, checkpoint):
     assert server.get("/ready")[2] == {"ready": True}
     status, _, info = server.get("/info")
     sets = ["--set", "decode.batch_tokens=64", "--set", "serve.max_texts=40"]
-    cli = json.loads(CliRunner().invoke(app, ["info", str(checkpoint), "--json", *sets]).output)
+    cli = json.loads(invoke("info", str(checkpoint), "--json", *sets).output)
     served = info["checkpoints"][0]
     assert {k: v for k, v in served.items() if k != "config"} == {
         k: v for k, v in cli.items() if k != "config"
@@ -167,6 +170,8 @@ def test_health_ready_info_metrics_docs_and_the_page(server, checkpoint):
                  "mtx_request_seconds_bucket"):  # fmt: skip
         assert name in text
     assert "/translate" in server.get("/openapi.json")[2]["paths"]
+    # no page that would fetch Swagger UI from a CDN: the server fetches nothing from outside
+    assert server.get("/docs")[0] == 404 and server.get("/redoc")[0] == 404
     status, headers, page = server.get("/")
     assert status == 200 and headers["content-type"].startswith("text/html")
     assert 'id="source"' in page and "http://" not in page and "https://" not in page
@@ -291,7 +296,7 @@ def test_without_the_extra_serve_says_what_to_install(checkpoint, monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a)
     )
-    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(checkpoint)])
+    result = invoke("serve", "--checkpoint", str(checkpoint))
     assert result.exit_code == 2
     assert "pip install 'mtx[serve]'" in result.output and "uvicorn" in result.output
 
@@ -305,9 +310,9 @@ def test_serve_refuses_bad_settings_in_one_line(checkpoint):
         (["decode.sampling=true"], "decode.sampling=false"),
     ):
         args = ["serve", "--checkpoint", str(checkpoint)]
-        result = CliRunner().invoke(app, args + [x for s in sets for x in ("--set", s)])
+        result = invoke(*args, *[x for s in sets for x in ("--set", s)])
         assert result.exit_code == 2 and words in result.output, result.output
-    result = CliRunner().invoke(app, ["serve", "--checkpoint", str(checkpoint), "--engine", "x"])
+    result = invoke("serve", "--checkpoint", str(checkpoint), "--engine", "x")
     assert result.exit_code == 2 and "--engine must be one of mtx, ctranslate2" in result.output
 
 
@@ -324,6 +329,31 @@ def test_the_ctranslate2_engine_serves_an_export_made_once(checkpoint, tmp_path)
     again = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)  # reused, not redone
     assert (ct2_dir / "model.bin").stat().st_mtime_ns == stamp
     assert [r.texts for r in again.translate(LINES[:4], 2, 2)] == [r.texts for r in results]
+
+
+def test_a_cached_ctranslate2_export_of_a_changed_checkpoint_is_made_again_or_refused(
+    checkpoint, tmp_path
+):
+    """The export beside the checkpoint (CKPT.ct2, which mtx made) follows the checkpoint: a
+    changed checkpoint is exported again, never served from the old export. One in a
+    --ct2-dir the user named is refused in one line instead."""
+    from mtx.serve.engine import make_engine
+
+    ckpt = tmp_path / "model.pt"
+    shutil.copy(checkpoint, ckpt)
+    first = make_engine("ctranslate2", [ckpt], [], "cpu", None)
+    assert first.dir == tmp_path / "model.ct2"
+    before = [r.texts for r in first.translate(LINES[:8], 1, 1)]
+    changed = Checkpoint.load(ckpt)
+    changed.model = {k: v.flip(0) if k == "embed.weight" else v for k, v in changed.model.items()}
+    changed.save(ckpt)
+    again = make_engine("ctranslate2", [ckpt], [], "cpu", None)
+    assert exported_from(again.dir) == sha256_file(ckpt)
+    assert [r.texts for r in again.translate(LINES[:8], 1, 1)] != before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ct2", "model.pt"]
+    shutil.copy(checkpoint, ckpt)  # the export is now of another checkpoint again
+    with pytest.raises(MtxError, match=r"model.ct2 was exported from another checkpoint"):
+        make_engine("ctranslate2", [ckpt], [], "cpu", tmp_path / "model.ct2")
 
 
 def test_the_first_decoding_process_describes_its_engine_so_the_server_counts_tokens_alike(

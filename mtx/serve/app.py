@@ -7,7 +7,8 @@
     GET  /info        what `mtx info --json` says of each checkpoint, the engine and serve.*
     GET  /metrics     Prometheus text (metrics.py)
     GET  /            a page to try it, with the attention as a heatmap (page.html)
-    GET  /docs        the OpenAPI page
+    GET  /openapi.json  the API's OpenAPI schema (no /docs page: Swagger UI would load its
+                      scripts from a CDN, and the server fetches nothing from outside)
 
 Every error is JSON, {"error": "one line", "status": N}: 413 for a body, a list or a text over
 its limit (naming the serve.* key), 422 for malformed JSON, wrong types, unknown keys and
@@ -246,6 +247,8 @@ def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
         summary="Machine translation with mtx: batched, and exact",
         version=str(info.get("mtx_version", "")),
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI and ReDoc load their scripts from a CDN
+        redoc_url=None,
     )
     app.state.service = service
 

@@ -68,7 +68,8 @@ class MtxEngine:
 
 
 class CT2Engine:
-    """A CTranslate2 export of one checkpoint (made on first use into `ct2_dir`)."""
+    """A CTranslate2 export of one checkpoint (made on first use into `ct2_dir`, or CKPT.ct2
+    beside the checkpoint; made again there when the checkpoint has changed)."""
 
     name = "ctranslate2"
     single_model = False  # no attention for the page
@@ -84,12 +85,11 @@ class CT2Engine:
         self.translator = translator  # its SentencePiece model and decode.* settings
         self.cfg = translator.cfg
         self.dir = ct2_dir or checkpoint.with_name(checkpoint.stem + ".ct2")
-        if not (self.dir / "model.bin").is_file():
-            from mtx.export import export
+        from mtx.export import ct2_export_of
 
-            if self.dir.exists():
-                raise MtxError(f"{self.dir} exists but holds no CTranslate2 model (model.bin)")
-            export(checkpoint, "ctranslate2", self.dir)
+        # made on first use; made again if the checkpoint changed since (refused in a
+        # --ct2-dir the user named)
+        ct2_export_of(checkpoint, self.dir, owned=ct2_dir is None)
         self.threads = 0
         self.set_threads(torch.get_num_threads())
         sp = translator.sp
