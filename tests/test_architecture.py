@@ -1,0 +1,167 @@
+"""The shape of the code, checked: dependencies run one way (no module imports upward or in a
+circle, not even for typing), no function passes 60 lines, checkpoints are read and written in
+one module only, and no code changes Python's import path."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Floors, bottom first. A module may import modules of a lower floor, and of its own group
+# (never another group of its floor): the model knows no corpus, the data no model.
+FLOORS = [
+    {"base": ["mtx", "mtx.errors", "mtx.files", "mtx.tokens", "mtx.device"]},
+    {"config": ["mtx.config"]},
+    {"checkpoint": ["mtx.checkpoint"]},
+    {"model": ["mtx.model"], "data": ["mtx.data"], "evaluate": ["mtx.evaluate"]},
+    {"decode": ["mtx.decode"]},
+    {"train": ["mtx.train"], "export": ["mtx.export"], "info": ["mtx.info"]},
+    {"serve": ["mtx.serve"], "plot": ["mtx.plot"]},
+    {"benchmarks": ["benchmarks"]},
+    {"cli": ["mtx.cli", "mtx.__main__"]},
+]
+
+
+def modules() -> dict[str, Path]:
+    """Every module of mtx/ and benchmarks/, by dotted name."""
+    out = {}
+    for package in ("mtx", "benchmarks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def place(module: str) -> tuple[int, str]:
+    """(floor, group) of a module: the longest prefix that names it."""
+    best = None
+    for floor, groups in enumerate(FLOORS):
+        for group, prefixes in groups.items():
+            for prefix in prefixes:
+                if module == prefix or module.startswith(prefix + "."):
+                    if best is None or len(prefix) > best[2]:
+                        best = (floor, group, len(prefix))
+    assert best is not None, f"{module} is on no floor: add it to FLOORS"
+    return best[0], best[1]
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports, anywhere in it (in functions, under TYPE_CHECKING)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def test_no_module_imports_upward_or_across_its_floor():
+    wrong = []
+    for name, targets in graph().items():
+        floor, group = place(name)
+        for target in targets:
+            t_floor, t_group = place(target)
+            if t_floor > floor or (t_floor == floor and t_group != group):
+                wrong.append(f"{name} ({group}) imports {target} ({t_group})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_in_a_circle():
+    edges = graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, node])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            cycle = visit(node, [])
+            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
+
+
+def functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_no_function_passes_60_lines(name):
+    path = modules()[name]
+    long = [
+        f"{path.relative_to(ROOT)}:{f.lineno} {f.name}: {f.end_lineno - f.lineno + 1} lines"
+        for f in functions(path)
+        if f.end_lineno - f.lineno + 1 > 60
+    ]
+    assert not long, "\n".join(long)
+
+
+def calls(path: Path, dotted: str) -> list[int]:
+    """Lines where `path` calls `dotted` (e.g. torch.load) or passes weights_only=False."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            if ast.unparse(node.func) == dotted:
+                lines.append(node.lineno)
+            if any(
+                k.arg == "weights_only" and ast.unparse(k.value) == "False" for k in node.keywords
+            ):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_checkpoints_are_read_and_written_in_the_checkpoint_module_only():
+    """Every other module reads a checkpoint's fields (mtx/checkpoint.py's Checkpoint), never
+    its keys: only the checkpoint module calls torch.load and torch.save, always safely."""
+    found = []
+    for name, path in modules().items():
+        if name == "mtx.checkpoint":
+            continue
+        for dotted in ("torch.load", "torch.save"):
+            found += [f"{path.relative_to(ROOT)}:{n} {dotted}" for n in calls(path, dotted)]
+    assert not found, "\n".join(found)
+    assert calls(ROOT / "mtx" / "checkpoint.py", "torch.load")  # the one loader is there
+    text = (ROOT / "mtx" / "checkpoint.py").read_text()
+    assert "weights_only=True" in text and "weights_only=False" not in text
+
+
+def test_no_code_changes_the_import_path():
+    """Modules import each other as installed packages: no sys.path or PYTHONPATH changes in
+    the package, the benchmarks, the tests or the scripts."""
+    found = []
+    for folder in ("mtx", "benchmarks", "tests", "scripts"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix not in (".py", ".sh") or path == Path(__file__):
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if "sys.path" in line or "syspath_prepend" in line or "PYTHONPATH=" in line:
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    allowed = [f for f in found if f.startswith("scripts/gpu_report.sh")]  # pip --target there
+    assert found == allowed, "\n".join(found)
