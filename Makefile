@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 RUN ?= runs/toy
 
-.PHONY: install demo test test-all check clean
+.PHONY: install demo test test-all check docs config-doc clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,16 @@ test-all: install
 	$(BIN)/python -m pytest -q
 
 check: install
-	$(BIN)/ruff format --check mtx tests scripts
-	$(BIN)/ruff check mtx tests scripts
+	$(BIN)/ruff format --check mtx benchmarks tests
+	$(BIN)/ruff check mtx benchmarks tests
+
+# The manual (docs/), built offline in strict mode: a broken link or a page left out fails.
+docs: install
+	$(BIN)/mkdocs build --strict
+
+# docs/config.md from the config's declarations (a test fails when it is stale).
+config-doc: install
+	$(BIN)/python -c "from mtx.config import markdown; print(markdown(), end='')" > docs/config.md
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs site .pytest_cache
