@@ -62,7 +62,7 @@ class Range:
 POSITIVE = Range(0, low_open=True)
 NOT_NEGATIVE = Range(0)
 AT_LEAST_1 = Range(1)
-FRACTION = Range(0, 1, high_open=True)  # a probability that must leave something: [0, 1)
+FRACTION = Range(0, 1, high_open=True)  # dropout, label smoothing, Adam's betas
 
 
 def setting(default: Any, doc: str, range: Range | None = None) -> Any:
@@ -371,6 +371,8 @@ class ServeConfig:
 
 @dataclass
 class Config:
+    """The whole config: the run directory and one section per part of mtx."""
+
     run_dir: str = setting("runs/default", "prepared data, checkpoints and metrics go here")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

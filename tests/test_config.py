@@ -162,3 +162,57 @@ def test_defaults_are_the_papers():
     assert (cfg.train.adam_beta1, cfg.train.adam_beta2, cfg.train.adam_eps) == (0.9, 0.98, 1e-9)
     assert cfg.train.label_smoothing == 0.1 and cfg.train.warmup_steps == 4000
     assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.max_len_b) == (4, 0.6, 50)
+
+
+def test_every_number_declares_a_range_and_every_word_its_choices():
+    """Each field says what it accepts beside its declaration: a number its range, a choice of
+    words its Literal type (with its default among them), and every field a description."""
+    import typing
+
+    from mtx.config import declared
+
+    defaults = Config().to_dict()
+    for key, tp, f in declared():
+        assert f.metadata["doc"], key
+        if tp in (int, float):
+            assert f.metadata["range"] is not None, f"{key} has no range"
+        if typing.get_origin(tp) is typing.Literal:
+            section, name = key.split(".")
+            assert defaults[section][name] in typing.get_args(tp), key
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr_scale=-1", "train.lr_scale must be 0 or more, got -1.0"),
+        ("train.adam_beta2=1.0", r"train.adam_beta2 must be in \[0, 1\), got 1.0"),
+        ("train.adam_eps=0", "train.adam_eps must be positive, got 0.0"),
+        ("train.clip_norm=nan", "train.clip_norm must be 0 or more, got nan"),
+        ("train.max_minutes=inf", "train.max_minutes must be 0 or more, got inf"),
+        ("train.threads=-2", "train.threads must be 0 or more"),
+        ("data.max_ratio=0.5", "data.max_ratio must be at least 1, got 0.5"),
+        ("data.character_coverage=0", r"data.character_coverage must be in \(0, 1\]"),
+        ("data.spm_sample=-1", "data.spm_sample must be 0 or more"),
+        ("decode.alpha=-0.1", "decode.alpha must be 0 or more"),
+        ("decode.max_len_a=-1", "decode.max_len_a must be 0 or more"),
+        ("decode.max_len_b=-1", "decode.max_len_b must be 0 or more"),
+        ("model.layer_norm_eps=0", "model.layer_norm_eps must be positive"),
+        ("serve.port=70000", "serve.port must be in 0..65535"),
+        ("decode.stopping=soon", "decode.stopping must be k_finished, exact or never, got 'soon'"),
+        ("train.freeze=[encoder, decoders]", "train.freeze: 'decoders' is not one of"),
+    ],
+)
+def test_values_outside_their_declared_range_or_choices_name_the_key(override, message):
+    with pytest.raises(MtxError, match=message):
+        load_config(None, [override])
+
+
+def test_the_help_of_an_option_that_sets_a_key_is_that_keys_declaration():
+    from helpers.common import invoke
+
+    from mtx.cli import setting_help
+
+    shown = " ".join(invoke("translate", "--help").output.replace("│", " ").split())
+    for key in ("decode.stopping", "decode.beam", "decode.top_p", "decode.dtype"):
+        assert " ".join(setting_help(key).replace("\\[", "[").split()) in shown, key
+    assert "k_finished, exact or never" in shown and "(in (0, 1])" in shown
