@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import run_config, tiny_model_config
+from conftest import MULTI30K, run_config, tiny_model_config
 from helpers.common import invoke
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -29,6 +29,7 @@ from mtx.model.flops import forward_flops
 from mtx.model.transformer import Transformer, count_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
+MULTI30K_LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "relative"])
@@ -295,3 +296,30 @@ def test_joined_lengths_add_up_pairs_with_one_eos_each():
     assert s.max() <= 12 and t.max() <= 12  # longer ones left out
     with pytest.raises(MtxError, match="too few joined pairs fit 12 tokens"):
         joined_lengths(src, tgt, (3, 3), cap=12, n=50, seed=0)  # none fits
+
+
+def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run, tmp_path):
+    """`mtx bench serve` (a real server on 127.0.0.1, a few bounded requests) and `mtx bench
+    prepare` (a small corpus) run and write the harness's JSON result."""
+    src = tmp_path / "src.en"
+    src.write_text("".join(line + "\n" for line in MULTI30K_LINES[:12]), encoding="utf-8")
+    serve = [sys.executable, "-m", "mtx", "bench", "serve", "--checkpoint",
+             str(multi30k_run / "checkpoints" / "best.pt"), "--src", str(src), "--clients", "2",
+             "--requests", "6", "--seconds", "20", "--modes", "batched",
+             "--json", str(tmp_path / "serve.json")]  # fmt: skip
+    done = subprocess.run(serve, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "serve.json").read_text())
+    assert report["benchmark"] == "serve" and report["same_as_cli"]["batched"] == 1.0
+    assert report["batched"][0]["requests"] == 6 and report["batched"][0]["errors"] == 0
+    prepare = [sys.executable, "-m", "mtx", "bench", "prepare", "--pairs", "3000", "--workers",
+               "1,2", "--work", str(tmp_path / "prep"), "--json", str(tmp_path / "prep.json")]  # fmt: skip
+    done = subprocess.run(prepare, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads((tmp_path / "prep.json").read_text())["runs"]
+    assert [r["workers"] for r in runs] == ["1", "2"] and runs[0]["train_pairs"] > 2900
+    assert runs[0]["pairs_sha256"] == runs[1]["pairs_sha256"]  # any worker count, same data
+    assert all(r["peak_pss_bytes"] > r["peak_pss_anon_bytes"] > 0 for r in runs)
+    usage = subprocess.run([sys.executable, "-m", "mtx", "bench", "decode", "--help"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert usage.returncode == 0 and "usage: mtx bench decode" in usage.stdout
