@@ -9,8 +9,8 @@ from a fixed set, `bucket_length`: a multiple of 2 from 16 tokens, of 4 from 32,
 (never more than `pad_to`, and never more than 1/8 of the length). Every batch of every
 epoch, on any corpus, then has one of at most 56 lengths a side up to 256 tokens, so a
 compiled step or a kernel's plan made for a shape keeps being reused; padding grows by about
-one to three points (BENCHMARKS.md, "Bounded batch shapes"), where a plain multiple of 8
-added 16 points on Multi30k's short sentences.
+one to three points (BENCHMARKS.md, "The training step for GPUs, measured on the CPU"), where
+a plain multiple of 8 added 16 points on Multi30k's short sentences.
 """
 
 from __future__ import annotations
