@@ -218,10 +218,8 @@ def part_train(args, sizes: Sizes) -> dict:
         items += ["train.valid_bleu_lines=8", *sizes.compile_backend]
     else:
         items += [f"train.max_minutes={sizes.minutes}", "train.max_steps=1000000"]
-    training = lambda: checked(  # noqa: E731
-        mtx("train", "--config", sizes.config, *sets(items), timeout=left(args, 1e9))
-    )
-    wall = timed(training, 1, 0)[0].median
+    command = ("train", "--config", sizes.config, *sets(items))
+    wall = timed(lambda: checked(mtx(*command, timeout=left(args, 1e9))), 1, 0)[0].median
     train, valid = (read_metrics(RunDir(run).metrics, kind) for kind in ("train", "valid"))
     ckpt = RunDir(run).best
     test = json.loads(

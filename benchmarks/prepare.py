@@ -61,7 +61,7 @@ def run(corpus: Path, data: Path, work: Path, spec: str, every: float) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     command = prepare_command(corpus, data, run_dir, spec)
 
-    def prepare() -> str:
+    def prepare() -> tuple[str, PeakMemory]:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)  # fmt: skip
         with PeakMemory(proc.pid, every) as peak:
