@@ -311,6 +311,13 @@ class DecodeConfig:
     stopping: Literal["k_finished", "exact", "never"] = setting(
         "k_finished", "when a beam search ends a sentence (decode/search.py)"
     )
+    search: Literal["shrinking", "static", "graphs", "auto"] = setting(
+        "shrinking",
+        "shrinking: sentences leave the batch as they end (decode/search.py); static: fixed "
+        "rows over a preallocated cache (decode/static.py); graphs: static, each step a CUDA "
+        "graph (CUDA only); auto: graphs on CUDA, else shrinking. static and graphs take "
+        "stopping k_finished, no sampling, one Transformer; auto falls back to shrinking",
+    )
     sampling: bool = setting(False, "draw each token at random instead of searching")
     temperature: float = setting(1.0, "sampling: softmax(logits / temperature)", POSITIVE)
     top_k: int = setting(0, "sampling: only the k most probable tokens (0: all)", NOT_NEGATIVE)

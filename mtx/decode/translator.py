@@ -33,6 +33,8 @@ from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
+from mtx.decode.static import StaticSearch
+from mtx.decode.static import supports as supports_static
 from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
@@ -83,6 +85,7 @@ class Translator:
             self.model = model.to(self.device, self.dtype).eval()
             self.model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
         self.cfg = cfg
+        self.static_searches: dict[tuple, StaticSearch] = {}  # see static_search
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:
             raise MtxError(
@@ -155,11 +158,36 @@ class Translator:
             )  # fmt: skip
             groups = [hyps[i : i + nbest] for i in range(0, len(hyps), nbest)]
             return [sorted(g, key=lambda h: -h.score) for g in groups]
+        static = self.static_search()
+        if static is not None:
+            return static(src, nbest)
         if d.beam == 1:
             return [[h] for h in greedy_search(self.model, src, d.max_len_a, d.max_len_b, limit)]
         return beam_search(
             self.model, src, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, nbest, d.stopping
         )
+
+    def static_search(self) -> StaticSearch | None:
+        """The static search `decode.search` asks for (decode/static.py), or None for the
+        shrinking one; one per decode settings, kept with its CUDA graphs."""
+        d = self.cfg.decode
+        mode = d.search
+        if mode == "auto":
+            mode = "graphs" if self.device.type == "cuda" else "shrinking"
+        if mode == "shrinking":
+            return None
+        why = static_refusal(self.model, d, mode, self.device)
+        if why:
+            if d.search == "auto":
+                return None
+            raise MtxError(f"decode.search {mode}: {why}")
+        limit = self.model.cfg.max_positions - 1
+        key = (mode, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit)
+        if key not in self.static_searches:
+            self.static_searches[key] = StaticSearch(
+                self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, mode == "graphs"
+            )
+        return self.static_searches[key]
 
     def translate_ids(
         self, lines: list[str], nbest: int = 1, first_line: int = 0
@@ -170,7 +198,7 @@ class Translator:
         ids = [self.encode(line) for line in lines]
         out: list[list[Hypothesis]] = [[] for _ in lines]
         lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
-        mix = getattr(self.model, "mixes_lengths", False)
+        mix = getattr(self.model, "mixes_lengths", False) and self.static_search() is None
         for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
             parts = [pad([ids[i] for i in idx], length=n).to(self.device) for n, idx in batch]
             src = parts[0] if len(parts) == 1 else Groups(parts)
@@ -234,6 +262,19 @@ class Translator:
         """Translate an endless iterable chunk by chunk, yielding outputs in order."""
         for hyps in self.hypotheses_stream(lines, chunk_lines, idle):
             yield self.detokenize(hyps[0].tokens)
+
+
+def static_refusal(model, d, mode: str, device: torch.device) -> str | None:
+    """Why the static search cannot run with these decode settings (None: it can)."""
+    if mode == "graphs" and device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, not {device.type}"
+    if not supports_static(model):
+        return f"{type(model).__name__} has no static cache (the Transformer alone has one)"
+    if d.sampling:
+        return "sampling runs in the shrinking search only"
+    if d.beam > 1 and d.stopping != "k_finished":
+        return f"stopping {d.stopping} runs in the shrinking search only (static: k_finished)"
+    return None
 
 
 Batch = list[tuple[int, list[int]]]  # groups of (padded source length, line indices)

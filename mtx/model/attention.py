@@ -52,10 +52,10 @@ class RelativePositions(nn.Module):
         for w in (self.keys, self.values):
             nn.init.normal_(w, std=w.size(-1) ** -0.5)
 
-    def index(self, T: int, S: int, start: int, device: torch.device) -> Tensor:
+    def index(self, T: int, S: int, start: int | Tensor, device: torch.device) -> Tensor:
         """(T, S) long: clip(j - i, -k, k) + k for queries at positions start.. start + T - 1
         and keys at positions 0.. S - 1."""
-        i = torch.arange(start, start + T, device=device).unsqueeze(1)
+        i = (torch.arange(T, device=device) + start).unsqueeze(1)  # start: an int or a tensor
         j = torch.arange(S, device=device).unsqueeze(0)
         k = self.max_distance
         return (j - i).clamp(-k, k) + k
@@ -143,7 +143,8 @@ class MultiHeadAttention(Packable, nn.Module):
     ) -> Tensor:
         """With `cache`, self-attention appends the new positions' keys/values to cache["k"] and
         cache["v"] and attends over all of them; attention over `memory` computes its
-        keys/values once into cache["memory_k"] and cache["memory_v"].
+        keys/values once into cache["memory_k"] and cache["memory_v"]. A static cache (one
+        with a "position", `static_keys`) is written in place instead.
 
         Cached memory keys/values may hold fewer rows than `query`: with Bm memory rows and
         B = Bm * G query rows, each group of G consecutive query rows (the beams of one
@@ -152,7 +153,10 @@ class MultiHeadAttention(Packable, nn.Module):
         start = 0  # position of the first query (for relative positions)
         if not self.cross:
             q, k, v = self._heads(self.project("qkv", query), 3)
-            if cache is not None:
+            if cache is not None and "position" in cache:  # preallocated: see static_keys
+                start = cache["position"]
+                k, v, mask = static_keys(cache, k, v)
+            elif cache is not None:
                 start = cache["k"].size(2) if "k" in cache else 0
                 if "k" in cache:
                     k = torch.cat([cache["k"], k], dim=2)
@@ -221,6 +225,23 @@ class MultiHeadAttention(Packable, nn.Module):
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
         out = out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
         return out
+
+
+def static_keys(
+    cache: dict[str, Tensor], k: Tensor, v: Tensor
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Write one new position's keys and values k, v (N, H, 1, d_k) into a static cache, at
+    cache["position"] (a () long tensor) of cache["k"] and cache["v"] (N, H, L, d_k), allocated
+    once for the whole search, and return what the query attends over: with cache["visible"]
+    ((L,) bool, True at positions written so far) all L positions, masked, so that every step
+    has the same shapes (what a CUDA graph replays); without, the first cache["length"] (a host
+    int: the same numbers as the growing cache, which attends over exactly those)."""
+    cache["k"].index_copy_(2, cache["position"].view(1), k.to(cache["k"].dtype))
+    cache["v"].index_copy_(2, cache["position"].view(1), v.to(cache["v"].dtype))
+    if "visible" in cache:
+        return cache["k"], cache["v"], cache["visible"].view(1, 1, 1, -1)
+    n = cache["length"]
+    return cache["k"][:, :, :n], cache["v"][:, :, :n], None
 
 
 def attention(

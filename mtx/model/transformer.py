@@ -82,9 +82,17 @@ class Transformer(EncoderDecoder, nn.Module):
             if isinstance(module, (MultiHeadAttention, FeedForward, nn.LayerNorm)):
                 module.reset_parameters()
 
-    def embed_tokens(self, ids: Tensor, start: int = 0) -> Tensor:
-        """(B, n) ids at positions start.. -> (B, n, d) scaled embeddings + positions, dropped out."""
+    def embed_tokens(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
+        """(B, n) ids at positions start.. -> (B, n, d) scaled embeddings + positions, dropped
+        out. `start` may be a () tensor on the device (a static cache's position, n = 1)."""
         n = ids.size(1)
+        if isinstance(start, Tensor):
+            x = self.embed(ids) * math.sqrt(self.cfg.d_model)
+            if self.cfg.positions == "sinusoidal":
+                x = x + self.positions.index_select(0, start.view(1)).to(x.dtype)
+            elif self.position_embed is not None:
+                x = x + self.position_embed(start.view(1, 1)).to(x.dtype)
+            return self.dropout(x)
         if start + n > self.cfg.max_positions:
             raise ValueError(
                 f"sequence of {start + n} tokens exceeds model.max_positions "
@@ -136,7 +144,7 @@ class Transformer(EncoderDecoder, nn.Module):
         and the cache is extended in place: incremental decoding gives the same logits as
         decoding the whole prefix at once.
         """
-        start = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
+        start = decoded_length(cache)
         x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, memory, src_mask, None if cache is None else cache[i])
@@ -149,9 +157,77 @@ class Transformer(EncoderDecoder, nn.Module):
     def new_cache(self) -> Cache:
         return [{} for _ in self.decoder_layers]
 
+    def new_static_cache(self, rows: int, length: int, full: bool, like: Tensor) -> StaticCache:
+        """A cache of `length` positions for `rows` hypotheses, allocated once (dtype and
+        device of `like`): see StaticCache."""
+        H, d_k = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
+        return StaticCache(len(self.decoder_layers), rows, H, length, d_k, full, like)
+
+    def fill_memory(self, cache: StaticCache, memory: Tensor) -> None:
+        """Compute the cross-attention keys and values of `memory` (B, S, d) into `cache`, in
+        place where it already holds some (of the same shapes)."""
+        for layer, attn in zip(cache, self.cross_attention_modules()):
+            for name, value in zip(("memory_k", "memory_v"), attn.project_kv(memory)):
+                if name in layer:
+                    layer[name].copy_(value)
+                else:
+                    layer[name] = value.contiguous()
+
     def cross_attention_modules(self) -> list[MultiHeadAttention]:
         """The encoder-decoder attention of each decoder layer (for `keep_weights`)."""
         return [layer.cross_attn for layer in self.decoder_layers]
+
+
+def decoded_length(cache: Cache | None) -> int | Tensor:
+    """How many positions a cache holds: the position of the next decoder input."""
+    if not cache:
+        return 0
+    if "position" in cache[0]:
+        return cache[0]["position"]
+    return cache[0]["k"].size(2) if "k" in cache[0] else 0
+
+
+class StaticCache(list):
+    """A decoder cache whose tensors are allocated once for a whole search: per layer, the
+    self-attention keys and values (rows, H, length, d_k), written in place at `position` (a
+    () long tensor on the device: attention.py's static_keys), and the encoder output's keys
+    and values, computed at the first step. Every step then has the same shapes and touches
+    the same memory, so that a CUDA graph can replay it (decode/static.py).
+
+    `full`: attend over all `length` positions, those not yet written masked (`visible`);
+    else over the first `position + 1` only (`advance` is told the host position), which
+    computes the same numbers as the growing cache of `new_cache`."""
+
+    def __init__(self, layers, rows, H, length, d_k, full, like: Tensor) -> None:
+        kw = {"dtype": like.dtype, "device": like.device}
+        self.position = torch.zeros((), dtype=torch.long, device=like.device)
+        self.slots = torch.arange(length, device=like.device)
+        self.visible = self.slots == 0 if full else None
+        shared = {"position": self.position}
+        if full:
+            shared["visible"] = self.visible
+        super().__init__(
+            {name: torch.zeros(rows, H, length, d_k, **kw) for name in ("k", "v")} | shared
+            for _ in range(layers)
+        )
+
+    def start(self, position: int | None = None) -> None:
+        """Before a step: the host's position where the cache attends over a prefix."""
+        if self.visible is not None:
+            torch.le(self.slots, self.position, out=self.visible)
+        else:
+            for layer in self:
+                layer["length"] = position + 1
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep rows `rows` of the self-attention keys and values (the beams that continue),
+        in place."""
+        for layer in self:
+            for name in ("k", "v"):
+                layer[name].copy_(layer[name].index_select(0, rows))
+
+    def advance(self) -> None:
+        self.position.add_(1)
 
 
 def reorder_cache(cache: Cache, rows: Tensor, sentences: Tensor | None = None) -> Cache:
