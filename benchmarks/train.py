@@ -30,7 +30,7 @@ import torch
 from benchmarks.harness import PeakMemory, result, timed
 from mtx.checkpoint import RunDir
 from mtx.config import Config
-from mtx.data.batching import BatchDataset, collate, lengths, token_batches
+from mtx.data.batching import BatchDataset, collate, lengths
 from mtx.data.prepare import load_manifest, load_prepared
 from mtx.device import pick_device
 from mtx.errors import MtxError
@@ -39,6 +39,7 @@ from mtx.model.flops import forward_flops
 from mtx.model.transformer import count_parameters
 from mtx.tokens import EOS_ID, PAD_ID
 from mtx.train import compiled
+from mtx.train.data import epoch_batches, fixed_tokens
 from mtx.train.step import Step, build_step
 
 # Dense bf16/fp16 tensor-core peak of one GPU in TFLOP/s, from the vendors' data sheets (no
@@ -73,7 +74,7 @@ class Options:
 
 
 def known_peak_tflops(device: torch.device, precision: str) -> float | None:
-    if device.type != "cuda" or precision not in ("bf16", "fp16"):
+    if device.type != "cuda" or precision not in ("bf16", "fp16", "bf16-weights"):
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
@@ -118,6 +119,8 @@ def synthetic_batches(
     if real_lengths is None:
         low, high = max(2, length // 2), min(cfg.data.max_len + 1, 3 * length // 2)
         n = int(count * cfg.train.max_tokens / max(low, 1)) + 1
+        if cfg.train.static_shapes:  # enough pairs of each length to fill its batches
+            n = max(n, 50_000)
         src_lens, tgt_lens = rng.integers(low, high + 1, n), rng.integers(low, high + 1, n)
     else:
         src_lens, tgt_lens = real_lengths
@@ -126,10 +129,15 @@ def synthetic_batches(
         return rng.integers(EOS_ID + 1, vocab_size, n - 1).tolist() + [EOS_ID]
 
     t = cfg.train
-    order = token_batches(src_lens, tgt_lens, t.max_tokens, t.seed, pad_to=t.pad_to)
+    order = epoch_batches(src_lens, tgt_lens, t, 0)
     order = [order[i % len(order)] for i in range(count)]
     return [
-        collate([sentence(src_lens[i]) for i in b], [sentence(tgt_lens[i]) for i in b], t.pad_to)
+        collate(
+            [sentence(src_lens[i]) for i in b],
+            [sentence(tgt_lens[i]) for i in b],
+            t.pad_to,
+            fixed_tokens(t),
+        )  # fmt: skip
         for b in order
     ]
 
@@ -138,9 +146,9 @@ def prepared_batches(cfg: Config, count: int) -> list[dict]:
     """The first `count` batches of the first epoch's order (repeated if there are fewer)."""
     ds = load_prepared(cfg, "train")
     t = cfg.train
-    order = token_batches(*lengths(ds), t.max_tokens, t.seed, pad_to=t.pad_to)
+    order = epoch_batches(*lengths(ds), t, 0)
     order = [order[i % len(order)] for i in range(count)]
-    return list(BatchDataset(ds, order, t.pad_to))
+    return list(BatchDataset(ds, order, t.pad_to, fixed_tokens(t)))
 
 
 def batch_flops(batch: dict, cfg: Config, vocab_size: int) -> int:

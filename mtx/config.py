@@ -238,10 +238,11 @@ class TrainConfig:
     )
     log_every: int = setting(100, "write a metrics line every this many updates", POSITIVE)
     device: str = setting("auto", "auto (CUDA if present), cpu, cuda or cuda:N")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = setting(
+    precision: Literal["auto", "fp32", "bf16", "fp16", "bf16-weights"] = setting(
         "auto",
-        "auto (bf16 autocast on GPUs that have it, else fp32), fp32, bf16, or fp16 (autocast "
-        "with dynamic loss scaling, for GPUs without bf16)",
+        "auto (bf16 autocast on GPUs that have it, else fp32), fp32, bf16, fp16 (autocast "
+        "with dynamic loss scaling, for GPUs without bf16), or bf16-weights (bf16 parameters "
+        "and activations, fp32 master weights in Adam: train/master.py)",
     )
     compile: Literal["auto", "true", "false"] = setting(
         "false", "torch.compile the step: auto (on CUDA only; experimental), true or false"
@@ -261,6 +262,12 @@ class TrainConfig:
         "pad each side of a batch to a length from a bounded set: a multiple of up to this many "
         "tokens, never more than 1/8 of the length (1: exact lengths)",
         POSITIVE,
+    )
+    static_shapes: bool = setting(
+        False,
+        "batches of a fixed set of shapes: per padded length L, max_tokens // L pairs (the "
+        "last batch of a length filled with empty pairs), both sides padded to L; compiled, "
+        "one graph per shape (data/batching.py's fixed_batches)",
     )
     workers: int = setting(
         1, "background processes building batches (0: in the training process)", NOT_NEGATIVE

@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
-from mtx.data.batching import bucket_length, collate, token_batches
-from mtx.tokens import BOS_ID, PAD_ID
+from mtx.data.batching import bucket_length, collate, fixed_batches, fixed_rows, token_batches
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def test_batches_respect_the_token_budget_and_cover_every_sentence_once():
@@ -74,3 +74,45 @@ def test_bounded_batches_keep_the_budget_and_the_host_counts():
     assert batch["tgt_tokens"] == len(batch["tgt_index"])
     unpadded = collate([[5, 3], [7, 3]], [[8, 3], [10, 9, 3]], pad_to=8)
     assert unpadded["src_padded"] is False and unpadded["tgt_tokens"] == 5
+
+
+def test_fixed_batches_take_one_shape_per_length_in_every_epoch():
+    """train.static_shapes: every pair once an epoch; each batch (rows(L), L) a side once
+    collated, within the budget; the set of shapes is the corpus's lengths, the same every
+    epoch, while the batches themselves change."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(1, 90, 3000)
+    tgt = np.clip(src + rng.integers(-5, 6, 3000), 1, 100)
+    lengths = set(np.asarray(bucket_length(np.maximum(src, tgt), 8)).tolist())
+    epochs = [fixed_batches(src, tgt, 1000, seed=3, epoch=e, pad_to=8) for e in range(3)]
+    for batches in epochs:
+        assert sorted(np.concatenate(batches).tolist()) == list(range(3000))
+        shapes = set()
+        for b in batches:
+            L = bucket_length(int(max(src[b].max(), tgt[b].max())), 8)
+            assert len(b) <= fixed_rows(L, 1000) and fixed_rows(L, 1000) * L <= 1000
+            pairs = [[5] * (int(n) - 1) + [EOS_ID] for n in src[b]]
+            targets = [[6] * (int(n) - 1) + [EOS_ID] for n in tgt[b]]
+            batch = collate(pairs, targets, 8, fixed_tokens=1000)
+            shape = (batch["src"].shape, batch["tgt_in"].shape, batch["tgt_index"].shape)
+            assert shape == (
+                (fixed_rows(L, 1000), L),
+                (fixed_rows(L, 1000), L),
+                (fixed_rows(L, 1000) * L,),
+            )
+            assert batch["tgt_tokens"] == int(tgt[b].sum()) and batch["src_padded"]
+            shapes.add(shape)
+        assert len(shapes) == len(lengths)
+    assert [len(e) for e in epochs[1:]] == [len(epochs[0])] * 2
+    assert any(not np.array_equal(a, b) for a, b in zip(epochs[0], epochs[1]))
+
+
+def test_fixed_collate_fills_with_empty_pairs_that_hold_no_target():
+    batch = collate([[7, 8, EOS_ID]], [[9, EOS_ID]], 1, fixed_tokens=12)
+    assert (
+        batch["src"].tolist()
+        == [[7, 8, EOS_ID], [EOS_ID, PAD_ID, PAD_ID]] + [[EOS_ID, PAD_ID, PAD_ID]] * 2
+    )
+    assert batch["tgt_in"][1:].tolist() == [[BOS_ID, PAD_ID, PAD_ID]] * 3
+    assert (batch["tgt_out"][1:] == PAD_ID).all()
+    assert batch["tgt_tokens"] == 2 and batch["src_tokens"] == 3

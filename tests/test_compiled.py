@@ -10,7 +10,7 @@ import torch
 from conftest import TINY_RUN
 
 from mtx.config import load_config
-from mtx.data.batching import BatchDataset, lengths, token_batches
+from mtx.data.batching import BatchDataset, collate, fixed_batches, lengths, token_batches
 from mtx.errors import MtxError
 from mtx.model.build import make_model
 from mtx.train import compiled
@@ -69,6 +69,49 @@ def test_the_compiled_step_agrees_with_eager_and_compiles_nothing_after_one_epoc
     assert step.is_compiled and len(first) > 50 and len(shapes) > 10
     assert compiled.stats()["compilations"] == after_one["compilations"]  # no recompiles
     assert after_one["compiled_graphs"] <= 8  # dynamic shapes: a few graphs for every shape
+
+
+def test_static_shapes_compile_each_shape_once_and_nothing_after_the_first_epoch(prepared):
+    """train.static_shapes: one compilation per shape (dynamic=False), none once an epoch has
+    shown them all; a batch's empty pairs change nothing: its loss is that of its real pairs
+    collated as usual, and the compiled step's that of the eager step."""
+    cfg, ds, model = setup(
+        prepared, "train.compile_backend=eager", "train.max_tokens=1024", "train.static_shapes=true"
+    )
+    t = cfg.train
+    eager = LossModel(copy.deepcopy(model), t.label_smoothing)
+    step = compiled.StepModule(
+        LossModel(model, t.label_smoothing), True, backend="eager", static=True
+    )
+    optimizer = make_optimizer(model, cfg)
+
+    def fixed_epoch(number):
+        order = fixed_batches(*lengths(ds), t.max_tokens, t.seed, number, t.pad_to)
+        return order, list(BatchDataset(ds, order, t.pad_to, t.max_tokens))
+
+    order, first = fixed_epoch(0)
+    with torch.no_grad():
+        for rows, batch in list(zip(order, first))[:5]:
+            pairs = ds.select_columns(["src_ids", "tgt_ids"])[rows.tolist()]
+            free = collate(pairs["src_ids"], pairs["tgt_ids"], t.pad_to)
+            expected = forward_loss(eager, free, FP32)
+            torch.testing.assert_close(forward_loss(eager, batch, FP32), expected)
+            torch.testing.assert_close(forward_loss(step.compiled, batch, FP32), expected)
+    before = compiled.stats()["compilations"]
+    shapes = set()
+    for n, batch in enumerate(first):
+        step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
+        shapes.add(tuple(batch["src"].shape))
+    after_one = compiled.stats()["compilations"]
+    assert len(shapes) > 8  # more than dynamo's default number of graphs per frame
+    assert after_one - before == len(shapes)
+    for number in (1, 2):
+        for n, batch in enumerate(fixed_epoch(number)[1]):
+            assert tuple(batch["src"].shape) in shapes
+            step.run(
+                lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer
+            )
+    assert step.is_compiled and compiled.stats()["compilations"] == after_one
 
 
 def test_a_step_that_fails_to_compile_runs_eagerly_with_one_warning(prepared):

@@ -82,6 +82,29 @@ def test_fp16_trains_with_a_loss_scale_and_resumes_exactly(tmp_path, prepared):
         torch.testing.assert_close(parts[name], whole[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [["train.precision=bf16-weights"], ["train.static_shapes=true"]],
+    ids=["bf16-weights", "static-shapes"],
+)
+def test_bf16_weights_and_static_shapes_train_and_resume_exactly(tmp_path, prepared, settings):
+    """Interrupted and resumed equals uninterrupted; bf16-weights' checkpoints hold the fp32
+    master weights."""
+    quiet = {"log": lambda *_: None}
+    both = [*settings, "train.valid_every=10", "train.warmup_steps=30"]
+    train(run_config(tmp_path / "whole", prepared, "train.max_steps=30", *both), **quiet)
+    first = losses(tmp_path / "whole")
+    assert all(math.isfinite(x) for x in first) and first[-1] < first[0]
+    train(run_config(tmp_path / "parts", prepared, "train.max_steps=10", *both), **quiet)
+    train(
+        run_config(tmp_path / "parts", prepared, "train.max_steps=30", *both), resume=True, **quiet
+    )
+    whole, parts = params(tmp_path / "whole"), params(tmp_path / "parts")
+    for name in whole:
+        assert whole[name].dtype == torch.float32, name
+        torch.testing.assert_close(parts[name], whole[name], rtol=0, atol=0, msg=name)
+
+
 def test_an_fp16_overflow_halves_the_loss_scale_and_skips_the_update():
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(), 20)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtx.tokens import BOS_ID, PAD_ID, bucket_length
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, bucket_length
 
 
 def token_batches(
@@ -55,6 +55,38 @@ def token_batches(
     return batches
 
 
+def fixed_batches(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int = 0,
+    pad_to: int = 1,
+) -> list[np.ndarray]:
+    """Batches of a fixed set of shapes (`train.static_shapes`): the pairs whose longer side
+    pads to length L (`bucket_length`) make batches of `fixed_rows(L, max_tokens)` pairs each,
+    the last of each length fewer (`collate` pads it with empty pairs), so that every batch
+    of every epoch is (rows(L), L) a side for one of the corpus's lengths L: after the first
+    epoch no new shape comes. Pairs are shuffled within a length and the batches ordered at
+    random by (seed, epoch)."""
+    src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
+    padded = np.asarray(bucket_length(np.maximum(src_lens, tgt_lens), pad_to))
+    rng = np.random.default_rng([seed, epoch])
+    order = np.lexsort((rng.random(len(padded)), padded))
+    batches = []
+    for length in np.unique(padded).tolist():
+        group = order[padded[order] == length]
+        rows = fixed_rows(length, max_tokens)
+        batches += [group[i : i + rows] for i in range(0, len(group), rows)]
+    perm = np.random.default_rng([seed, epoch, 1]).permutation(len(batches))
+    return [batches[j] for j in perm]
+
+
+def fixed_rows(length: int, max_tokens: int) -> int:
+    """The pairs of a static-shape batch whose sides pad to `length`."""
+    return max(1, max_tokens // length)
+
+
 def lengths(ds) -> tuple[np.ndarray, np.ndarray]:
     """Source and target lengths of a prepared split, read straight from its Arrow table."""
     return ds.data.column("src_len").to_numpy(), ds.data.column("tgt_len").to_numpy()
@@ -74,29 +106,46 @@ def pad(seqs: list[list[int]], prefix: int | None = None, length: int = 0) -> Te
 
 
 def collate(
-    src_ids: list[list[int]], tgt_ids: list[list[int]], pad_to: int = 1
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]],
+    pad_to: int = 1,
+    fixed_tokens: int = 0,
 ) -> dict[str, Tensor | int | bool]:
     """src (B, S); tgt_in = BOS + target without its EOS (B, T); tgt_out = target with EOS (B, T);
     tgt_index (N,): the flat positions in (B * T) of the N target tokens (not padding); S and T
     are the longest lengths rounded up by `bucket_length`.
+
+    With `fixed_tokens` (train.max_tokens, for `fixed_batches`), the batch has one of a fixed
+    set of shapes: both sides padded to the longer one's length L, `fixed_rows(L)` rows (empty
+    pairs added: a source of EOS alone, no target token), tgt_index every position and
+    src_padded True (the loss skips padding by its target), so that nothing of the batch's
+    shape depends on its contents but L.
 
     The bookkeeping that the training step needs on the host comes with the batch, counted
     here, so that the step never reads a device tensor back: src_tokens and tgt_tokens (real
     tokens) and src_padded (whether any source is padded: if none, attention needs no mask)."""
     S = bucket_length(max(len(s) for s in src_ids), pad_to)
     T = bucket_length(max(len(t) for t in tgt_ids), pad_to)
+    src_tokens, tgt_tokens = sum(len(s) for s in src_ids), sum(len(t) for t in tgt_ids)
+    real = len(src_ids)
+    if fixed_tokens:
+        S = T = max(S, T)
+        empty = fixed_rows(S, fixed_tokens) - real
+        src_ids, tgt_ids = src_ids + [[EOS_ID]] * empty, tgt_ids + [[]] * empty
     src, tgt_out = pad(src_ids, length=S), pad(tgt_ids, length=T)
     tgt_in = pad([t[:-1] for t in tgt_ids], prefix=BOS_ID, length=T)
-    tgt_index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
-    src_tokens = sum(len(s) for s in src_ids)
+    if fixed_tokens:
+        tgt_index = torch.arange(tgt_out.numel())
+    else:
+        tgt_index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
     return {
         "src": src,
         "tgt_in": tgt_in,
         "tgt_out": tgt_out,
         "tgt_index": tgt_index,
         "src_tokens": src_tokens,
-        "tgt_tokens": len(tgt_index),
-        "src_padded": src_tokens < src.numel(),
+        "tgt_tokens": tgt_tokens,
+        "src_padded": bool(fixed_tokens) or src_tokens < src.numel(),
     }
 
 
@@ -104,14 +153,17 @@ class BatchDataset(torch.utils.data.Dataset):
     """Item i is padded batch i of a memory-mapped prepared split (for a DataLoader with
     batch_size=None, so workers build batches in the background)."""
 
-    def __init__(self, ds, batches: list[np.ndarray], pad_to: int = 1) -> None:
+    def __init__(
+        self, ds, batches: list[np.ndarray], pad_to: int = 1, fixed_tokens: int = 0
+    ) -> None:
         self.ds = ds.select_columns(["src_ids", "tgt_ids"])
         self.batches = batches
         self.pad_to = pad_to
+        self.fixed_tokens = fixed_tokens  # see collate
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         rows = self.ds[self.batches[i].tolist()]
-        return collate(rows["src_ids"], rows["tgt_ids"], self.pad_to)
+        return collate(rows["src_ids"], rows["tgt_ids"], self.pad_to, self.fixed_tokens)

@@ -5,7 +5,10 @@
   measured it correct and faster, and `false` is the default meanwhile.
 - What is compiled is the step's LossModel (step.py), DDP-wrapped under torchrun, with
   dynamic shapes: one graph serves every batch shape, and the bounded lengths of
-  data/batching.py keep the kernels' plans reused. The loss is then written plainly (whole
+  data/batching.py keep the kernels' plans reused. With `train.static_shapes`, batches take
+  one of a fixed set of shapes (one per padded length) and the step is compiled for each
+  shape on its own (dynamic=False): kernels specialised to the shape, and with
+  `train.compile_mode: reduce-overhead` a CUDA graph per shape. The loss is then written plainly (whole
   logits), for the compiler to fuse with the output projection; eager steps use the chunked
   loss instead (loss.py).
 - A compile error, at the first step or at any later recompile, never ends a run: the
@@ -22,6 +25,8 @@ from collections.abc import Callable
 import torch
 
 MODES = ("auto", "true", "false")
+STATIC_SHAPES_LIMIT = 256  # graphs kept per frame with train.static_shapes (bucket_length
+# makes at most 56 lengths up to 256 tokens, one shape each)
 
 
 def wanted(setting: str, device: torch.device) -> bool:
@@ -61,6 +66,7 @@ class StepModule:
         warn: Callable[[str], None] = print,
         backend: str | Callable = "inductor",
         mode: str = "default",
+        static: bool = False,
     ) -> None:
         self.eager = module
         self.loss_model = getattr(module, "module", module)  # inside DDP
@@ -69,7 +75,11 @@ class StepModule:
         if enabled:
             self.loss_model.chunked = False  # whole logits: the compiler fuses the loss
             options = {"mode": mode} if backend == "inductor" else {}
-            self.compiled = torch.compile(module, dynamic=True, backend=backend, **options)
+            if static:  # one graph per shape, and every shape of the bounded set kept
+                for name in ("cache_size_limit", "accumulated_cache_size_limit"):
+                    limit = getattr(torch._dynamo.config, name)
+                    setattr(torch._dynamo.config, name, max(limit, STATIC_SHAPES_LIMIT))
+            self.compiled = torch.compile(module, dynamic=not static, backend=backend, **options)
         self.graphs = mode == "reduce-overhead" and backend == "inductor"
 
     @property

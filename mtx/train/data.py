@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from mtx.config import TrainConfig
-from mtx.data.batching import BatchDataset, lengths, token_batches
+from mtx.data.batching import BatchDataset, fixed_batches, lengths, token_batches
 from mtx.errors import MtxError
 from mtx.train.faults import ignore_stop_signals
 
@@ -24,7 +24,7 @@ def update_batches(
     target tokens of each update (all processes together)."""
     U, G = t.update_freq, world * t.update_freq
     src_lens, tgt_lens = lengths(ds)
-    order = token_batches(src_lens, tgt_lens, t.max_tokens, t.seed, epoch, t.pad_to)
+    order = epoch_batches(src_lens, tgt_lens, t, epoch)
     usable = len(order) - len(order) % G
     if usable == 0:
         raise MtxError(
@@ -39,10 +39,22 @@ def update_batches(
     return mine, update_tokens
 
 
+def epoch_batches(src_lens, tgt_lens, t: TrainConfig, epoch: int) -> list[np.ndarray]:
+    """Epoch `epoch`'s batches (row indices), of bounded or, with train.static_shapes, fixed
+    shapes (data/batching.py)."""
+    make = fixed_batches if t.static_shapes else token_batches
+    return make(src_lens, tgt_lens, t.max_tokens, t.seed, epoch, t.pad_to)
+
+
+def fixed_tokens(t: TrainConfig) -> int:
+    """What `collate` takes as fixed_tokens: train.max_tokens with static shapes, else 0."""
+    return t.max_tokens if t.static_shapes else 0
+
+
 def loader(ds, batches: list[np.ndarray], t: TrainConfig, device: torch.device):
     """The padded `batches` of `ds`, built by train.workers background processes."""
     return torch.utils.data.DataLoader(
-        BatchDataset(ds, batches, t.pad_to),
+        BatchDataset(ds, batches, t.pad_to, fixed_tokens(t)),
         batch_size=None,
         num_workers=t.workers,
         prefetch_factor=4 if t.workers else None,

@@ -29,21 +29,27 @@ from mtx.config import Config
 from mtx.tokens import PAD_ID
 from mtx.train import compiled
 from mtx.train.loss import label_smoothed_nll, output_loss
+from mtx.train.master import MasterWeights
 from mtx.train.schedule import rate
 
 
 @dataclass
 class Precision:
-    """How a step computes: autocast to `dtype` (None: plain fp32), and for fp16 the dynamic
-    loss scaler that keeps small gradients from underflowing."""
+    """How a step computes: autocast to `dtype` (None: plain fp32), for fp16 the dynamic loss
+    scaler that keeps small gradients from underflowing, and for bf16-weights the bf16
+    working copy of the model with its fp32 master (master.py)."""
 
     device: torch.device
     dtype: torch.dtype | None = None
     scaler: torch.amp.GradScaler | None = None
+    master: MasterWeights | None = None
 
     @classmethod
-    def choose(cls, device: torch.device, name: str) -> Precision:
-        """bf16 autocast on GPUs that support it for "auto", else what `name` says."""
+    def choose(
+        cls, device: torch.device, name: str, model: torch.nn.Module | None = None
+    ) -> Precision:
+        """bf16 autocast on GPUs that support it for "auto", else what `name` says
+        (bf16-weights: a working copy of `model`)."""
         if name == "auto":
             cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
             name = "bf16" if cuda_bf16 else "fp32"
@@ -51,10 +57,14 @@ class Precision:
             return cls(device, torch.bfloat16)
         if name == "fp16":
             return cls(device, torch.float16, torch.amp.GradScaler(device.type))
+        if name == "bf16-weights":
+            return cls(device, master=MasterWeights(model))
         return cls(device)
 
     @property
     def name(self) -> str:
+        if self.master is not None:
+            return "bf16-weights"
         return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
 
     def autocast(self):
@@ -148,6 +158,8 @@ def backward(loss_model, batches: list[dict], precision: Precision, factor: floa
     """The forward and backward passes of every batch, each loss scaled by `factor` (and by
     the fp16 loss scale); the summed losses and NLL, on the device."""
     scaler = precision.scaler
+    if precision.master is not None:
+        precision.master.clear_grads()  # of an update that ran out of memory
     loss_sum = nll_sum = torch.zeros((), device=precision.device)
     for i, b in enumerate(batches):
         # Gradients are averaged across processes once, on the update's last batch.
@@ -164,6 +176,8 @@ def apply_update(optimizer, precision: Precision, clip_norm: float, loss_sum, wo
     """Adam's step on the accumulated gradients, skipped on the device when the loss or the
     gradient is not finite; (the gradient norm before clipping, whether it was skipped)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    if precision.master is not None:
+        precision.master.take_grads()
     scaler = precision.scaler
     if scaler:
         scaler.unscale_(optimizer)  # records inf/NaN for the scaler's update() below
@@ -182,6 +196,8 @@ def apply_update(optimizer, precision: Precision, clip_norm: float, loss_sum, wo
     if scaler:
         scaler.update()  # halve the scale after an overflow, grow it after a long calm
     optimizer.zero_grad(set_to_none=True)
+    if precision.master is not None:
+        precision.master.give_weights()
     return norm, skipped
 
 
@@ -207,6 +223,12 @@ class Step:
     def scaler(self) -> torch.amp.GradScaler | None:
         return self.precision.scaler
 
+    def weights_loaded(self) -> None:
+        """After weights were loaded into `model` (a resume): bf16-weights' working copy
+        follows them."""
+        if self.precision.master is not None:
+            self.precision.master.give_weights()
+
 
 def build_step(
     cfg: Config,
@@ -220,7 +242,9 @@ def build_step(
     precision, the label-smoothed loss, DistributedDataParallel if `ddp` (in torchrun's
     process group of `world` processes), train.compile, and a fresh Adam."""
     t = cfg.train
-    module: torch.nn.Module = LossModel(model, t.label_smoothing)
+    precision = Precision.choose(device, t.precision, model)
+    work = model if precision.master is None else precision.master.work
+    module: torch.nn.Module = LossModel(work, t.label_smoothing)
     if ddp:
         module = torch.nn.parallel.DistributedDataParallel(
             module,
@@ -229,7 +253,7 @@ def build_step(
             gradient_as_bucket_view=True,
         )
     step_module = compiled.StepModule(
-        module, compiled.wanted(t.compile, device), warn, t.compile_backend, t.compile_mode
-    )
-    precision = Precision.choose(device, t.precision)
+        module, compiled.wanted(t.compile, device), warn, t.compile_backend, t.compile_mode,
+        t.static_shapes,
+    )  # fmt: skip
     return Step(cfg, model, precision, make_optimizer(model, cfg), step_module, world)

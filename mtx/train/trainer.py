@@ -83,6 +83,7 @@ class Trainer:
         parts = (self.model, self.step.optimizer, self.step.scaler, self.state)
         ckpt = restore(self.run_dir, self.dist, self.header, *parts, self.cfg.train.seed, self.log)
         if ckpt is not None:
+            self.step.weights_loaded()
             self.header = dataclasses.replace(self.header, init_from=ckpt.init_from)
 
     def run(self) -> dict[str, float]:
