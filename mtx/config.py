@@ -266,8 +266,8 @@ class TrainConfig:
     static_shapes: bool = setting(
         False,
         "batches of a fixed set of shapes: per padded length L, max_tokens // L pairs (the "
-        "last batch of a length filled with empty pairs), both sides padded to L; compiled, "
-        "one graph per shape (data/batching.py's fixed_batches)",
+        "last batch of a length filled with empty pairs), both sides padded to L; compiled "
+        "with compile_mode reduce-overhead, a CUDA graph per shape (train/compiled.py)",
     )
     workers: int = setting(
         1, "background processes building batches (0: in the training process)", NOT_NEGATIVE

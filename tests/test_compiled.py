@@ -71,9 +71,10 @@ def test_the_compiled_step_agrees_with_eager_and_compiles_nothing_after_one_epoc
     assert after_one["compiled_graphs"] <= 8  # dynamic shapes: a few graphs for every shape
 
 
-def test_static_shapes_compile_each_shape_once_and_nothing_after_the_first_epoch(prepared):
-    """train.static_shapes: one compilation per shape (dynamic=False), none once an epoch has
-    shown them all; a batch's empty pairs change nothing: its loss is that of its real pairs
+def test_static_shapes_compile_twice_and_nothing_after_the_first_epoch(prepared):
+    """train.static_shapes: the first shape compiled specialised, the second once more with
+    the changing sizes symbolic, then nothing more, however many shapes come (automatic
+    dynamic shapes); a batch's empty pairs change nothing: its loss is that of its real pairs
     collated as usual, and the compiled step's that of the eager step."""
     cfg, ds, model = setup(
         prepared, "train.compile_backend=eager", "train.max_tokens=1024", "train.static_shapes=true"
@@ -104,7 +105,7 @@ def test_static_shapes_compile_each_shape_once_and_nothing_after_the_first_epoch
         shapes.add(tuple(batch["src"].shape))
     after_one = compiled.stats()["compilations"]
     assert len(shapes) > 8  # more than dynamo's default number of graphs per frame
-    assert after_one - before == len(shapes)
+    assert after_one - before <= 2  # not one per shape
     for number in (1, 2):
         for n, batch in enumerate(fixed_epoch(number)[1]):
             assert tuple(batch["src"].shape) in shapes

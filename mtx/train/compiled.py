@@ -6,11 +6,14 @@
 - What is compiled is the step's LossModel (step.py), DDP-wrapped under torchrun, with
   dynamic shapes: one graph serves every batch shape, and the bounded lengths of
   data/batching.py keep the kernels' plans reused. With `train.static_shapes`, batches take
-  one of a fixed set of shapes (one per padded length) and the step is compiled for each
-  shape on its own (dynamic=False): kernels specialised to the shape, and with
-  `train.compile_mode: reduce-overhead` a CUDA graph per shape. The loss is then written plainly (whole
-  logits), for the compiler to fuse with the output projection; eager steps use the chunked
-  loss instead (loss.py).
+  one of a fixed set of shapes (one per padded length, the loss over every position: nothing
+  of a batch's shape depends on its contents) and torch.compile's automatic dynamic shapes
+  are used: the first shape compiles specialised, the second once more with the sizes that
+  changed left symbolic, and that graph serves every later shape. With
+  `train.compile_mode: reduce-overhead`, each shape then runs as a CUDA graph of its own,
+  recorded the first time the shape comes (a capture, not a compilation: milliseconds),
+  which free-shaped batches could not use (their number of target tokens, a size of the
+  loss, changes at almost every batch, and a graph is recorded per size).
 - A compile error, at the first step or at any later recompile, never ends a run: the
   step is run again in eager mode, one warning line says why, and the run stays eager.
 - `stats()` counts what was compiled (graphs, compilations, seconds) for metrics.jsonl and
@@ -25,8 +28,6 @@ from collections.abc import Callable
 import torch
 
 MODES = ("auto", "true", "false")
-STATIC_SHAPES_LIMIT = 256  # graphs kept per frame with train.static_shapes (bucket_length
-# makes at most 56 lengths up to 256 tokens, one shape each)
 
 
 def wanted(setting: str, device: torch.device) -> bool:
@@ -75,11 +76,9 @@ class StepModule:
         if enabled:
             self.loss_model.chunked = False  # whole logits: the compiler fuses the loss
             options = {"mode": mode} if backend == "inductor" else {}
-            if static:  # one graph per shape, and every shape of the bounded set kept
-                for name in ("cache_size_limit", "accumulated_cache_size_limit"):
-                    limit = getattr(torch._dynamo.config, name)
-                    setattr(torch._dynamo.config, name, max(limit, STATIC_SHAPES_LIMIT))
-            self.compiled = torch.compile(module, dynamic=not static, backend=backend, **options)
+            # static shapes: automatic dynamic shapes (None); else every size symbolic (True)
+            dynamic = None if static else True
+            self.compiled = torch.compile(module, dynamic=dynamic, backend=backend, **options)
         self.graphs = mode == "reduce-overhead" and backend == "inductor"
 
     @property
