@@ -1,16 +1,20 @@
-"""The training step (train/step.py) never makes the host wait for the device: counted with a
-TorchDispatchMode over 20 steady-state updates between two log lines."""
+"""The training step (train/step.py), and the trainer's loop around it, never make the host
+wait for the device between two log lines: counted with a TorchDispatchMode over 20
+steady-state updates of the step, and over a real run's loop."""
 
 import pytest
 import torch
-from conftest import TINY_RUN
+from conftest import TINY_RUN, run_config
+from helpers.common import last
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mtx.config import load_config
 from mtx.data.batching import collate
 from mtx.model.build import make_model
+from mtx.train import data as train_data
 from mtx.train.metrics import Window
 from mtx.train.step import LossModel, Precision, make_optimizer, train_step
+from mtx.train.trainer import Trainer, train
 
 # Operations that make the host wait: reading a value (.item(), .tolist(), bool(), int()), and
 # outputs whose shape depends on the data.
@@ -24,9 +28,12 @@ class HostWaits(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.waits: list[str] = []
+        self.paused = 0  # > 0: where waiting is allowed (a log line), nothing is recorded
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
+        if self.paused:
+            return func(*args, **(kwargs or {}))
         masks = name.startswith("aten::index") and any(
             isinstance(t, torch.Tensor) and t.dtype == torch.bool
             for a in args
@@ -88,3 +95,52 @@ def _one_process():
     from mtx.train.distributed import Dist
 
     return Dist()
+
+
+class Started:
+    """A loader whose iterator is made where `allowed` says."""
+
+    def __init__(self, loader, allowed) -> None:
+        self.loader, self.allowed = loader, allowed
+
+    def __iter__(self):
+        return self.allowed(iter)(self.loader)
+
+
+def test_the_training_loop_waits_for_the_device_only_to_log_and_validate(
+    tmp_path, prepared, monkeypatch
+):
+    """A real run's loop (background workers building batches, the window of losses, the
+    progress bar, the stop checks, epochs one after the other) over 60 updates, two epochs:
+    nothing waits but the log lines, validation and checkpoints."""
+    mode = HostWaits()
+
+    def allowed(function):
+        def run(*args, **kwargs):
+            mode.paused += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                mode.paused -= 1
+
+        return run
+
+    for cls, name in ((Trainer, "log_train"), (Trainer, "validate_and_save"), (Window, "flush")):
+        monkeypatch.setattr(cls, name, allowed(getattr(cls, name)))
+    # once a run, before the first update: the loader draws its workers' seed on the host
+    # (a CPU tensor's .item(), no device involved)
+    stream = train_data.stream
+    monkeypatch.setattr(train_data, "stream", lambda *a: Started(stream(*a), allowed))
+    loop = Trainer.loop
+
+    def watched(self, start):
+        with mode:
+            return loop(self, start)
+
+    monkeypatch.setattr(Trainer, "loop", watched)
+    cfg = run_config(tmp_path / "run", prepared, "train.max_steps=60", "train.log_every=10",
+                     "train.valid_every=30", "train.max_tokens=8192")  # fmt: skip
+    train(cfg, log=lambda *_: None)
+    assert last(tmp_path / "run").position.epoch >= 1  # the loop crossed an epoch
+    assert mode.waits == []
+    assert mode.paused == 0

@@ -4,6 +4,12 @@ An epoch's batches (data/batching.py, ordered by (seed, epoch)) are taken in gro
 world x train.update_freq, one group an update, process r taking the r-th update_freq of them;
 a last group too small for an update is left out. So N processes train exactly as one process
 with N times the update_freq, and a run resumes at any batch of any epoch.
+
+`stream` is one loader for the whole run: its workers go from one epoch to the next without
+stopping, where a loader per epoch started its workers again and drained its queue at every
+epoch's end (on Multi30k, an epoch of 130 updates, that cost a tenth of a second or more: one
+log window in ten ran about 15% slower, BENCHMARKS.md). Each batch says which update it ends
+and where the run then stands (`after`), so the trainer's position follows the data.
 """
 
 from __future__ import annotations
@@ -51,10 +57,40 @@ def fixed_tokens(t: TrainConfig) -> int:
     return t.max_tokens if t.static_shapes else 0
 
 
-def loader(ds, batches: list[np.ndarray], t: TrainConfig, device: torch.device):
-    """The padded `batches` of `ds`, built by train.workers background processes."""
+class Stream(torch.utils.data.IterableDataset):
+    """This process's padded batches from batch `batch` of epoch `epoch` on, epoch after epoch
+    without end, each with "update_tokens" (its update's target tokens, all processes
+    together) and "after" ((epoch, batch) once its update is done). With several workers,
+    worker w builds batches w, w + W, ... and the loader takes them in turn: the same order
+    as one worker's."""
+
+    def __init__(self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int) -> None:
+        self.ds, self.t, self.start = ds, t, (epoch, batch)
+        self.rank, self.world = rank, world
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, W = (info.id, info.num_workers) if info else (0, 1)
+        t, (epoch, first), i = self.t, self.start, 0
+        G = self.world * t.update_freq
+        while True:
+            mine, tokens = update_batches(self.ds, t, epoch, first, self.rank, self.world)
+            items = BatchDataset(self.ds, mine, t.pad_to, fixed_tokens(t))
+            for k in range(len(mine)):
+                if i % W == w:
+                    update = k // t.update_freq
+                    after = (epoch, first + (update + 1) * G)
+                    yield items[k] | {"update_tokens": tokens[update], "after": after}
+                i += 1
+            epoch, first = epoch + 1, 0
+
+
+def stream(ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device):
+    """`Stream`'s batches, built by train.workers background processes for the whole run.
+    Data too small for one update is refused here, in one line, before any worker starts."""
+    update_batches(ds, t, epoch, 0, rank, world)
     return torch.utils.data.DataLoader(
-        BatchDataset(ds, batches, t.pad_to, fixed_tokens(t)),
+        Stream(ds, t, epoch, batch, rank, world),
         batch_size=None,
         num_workers=t.workers,
         prefetch_factor=4 if t.workers else None,

@@ -160,19 +160,19 @@ class Trainer:
         result: dict[str, float] = {}
         finished = state.step >= t.max_steps or state.out_of_patience(t.patience)
         self.model.train()
-        while not finished:
-            batches, update_tokens = data.update_batches(
-                self.train_ds, t, state.epoch, state.batch, self.dist.rank, self.dist.world
+        if not finished:
+            rank, world = self.dist.rank, self.dist.world
+            batches = data.stream(
+                self.train_ds, t, state.epoch, state.batch, rank, world, self.device
             )
-            tokens = iter(update_tokens)
             pending: list = []
-            for batch in data.loader(self.train_ds, batches, t, self.device):
+            for batch in batches:
                 pending.append(batch)
                 if len(pending) < t.update_freq:
                     continue
-                stats = self.update(pending, next(tokens))
+                stats = self.update(pending, batch["update_tokens"])
                 pending = []
-                state.batch += self.dist.world * t.update_freq
+                state.epoch, state.batch = batch["after"]
                 if stats is None:  # out of memory: the batches were skipped
                     continue
                 state.step += 1
@@ -193,8 +193,6 @@ class Trainer:
                     return result
                 if finished:
                     break
-            else:
-                state.epoch, state.batch = state.epoch + 1, 0
         # A resumed finished run: validate if no best.pt was written (rank 0's disk decides).
         if self.dist.decide(lambda: not self.run_dir.best.is_file()):
             result = self.validate_and_save(last=True)
