@@ -17,7 +17,8 @@ timer; the fastest round counts, and the spread of the rounds is reported). Repo
 engine and beam: seconds, sentences/s, output tokens/s (EOS not counted, each engine's own
 outputs), sacreBLEU against --ref (by default the source file with the target language's
 suffix, where it exists) and the share of lines equal to mtx's output. Engines: mtx, mtx-int8 (`decode.dtype=int8`, CPU only), Hugging
-Face, CTranslate2 and CTranslate2 int8.
+Face, CTranslate2 and CTranslate2 int8; named in --engines, mtx-static and mtx-graphs (mtx with
+`decode.search` static and graphs, decode/static.py; graphs on CUDA only).
 
 Stopping: Hugging Face (early_stopping=True) ends a sentence's beam search when K hypotheses
 have ended, as mtx's default `k_finished` does; CTranslate2 ends it as soon as its best
@@ -47,6 +48,10 @@ from mtx.decode.translator import Translator
 from mtx.export import export
 
 ENGINES = ("mtx", "mtx-int8", "hf", "ct2", "ct2-int8")
+# mtx's other searches (decode.search), raced when --engines names them: mtx-static (fixed
+# rows over a preallocated cache) and mtx-graphs (the same, each step a CUDA graph)
+SEARCHES = {"mtx": "shrinking", "mtx-int8": "shrinking", "mtx-static": "static"}
+SEARCHES["mtx-graphs"] = "graphs"
 # --dtype: torch's dtype (mtx, Hugging Face) and CTranslate2's compute type (its int8 engine
 # keeps int8 weights and computes the rest in this type)
 DTYPES = {
@@ -54,7 +59,9 @@ DTYPES = {
     "bf16": (torch.bfloat16, "bfloat16", "int8_bfloat16"),
     "fp16": (torch.float16, "float16", "int8_float16"),
 }
-PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",)}  # what each mtx engine is raced with
+# what each mtx engine is raced with
+PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",), "mtx-static": ("mtx",)}
+PEERS["mtx-graphs"] = ("mtx", "ct2")
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -87,9 +94,10 @@ def runner(name: str, args, work: dict):
     plan, ids, pieces = work["plan"], work["ids"], work["pieces"]
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[args.dtype]
-    if name in ("mtx", "mtx-int8"):
+    if name in SEARCHES:
         dtype = "int8" if name == "mtx-int8" else args.dtype
         sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={args.stopping}"]
+        sets.append(f"decode.search={SEARCHES[name]}")
         tr = Translator.from_checkpoint(args.checkpoint, sets, device=args.device)
 
         def run_mtx(src, limit, beam):

@@ -101,12 +101,33 @@ def part_prepare(args, sizes: Sizes) -> dict:
     return {"seconds": timing.median, "vocab_size": manifest["vocab_size"]}
 
 
-def bench_args(sizes: Sizes, model: str, compile_: str, tokens: int, update_freq: int = 1):
+# The training variants raced for each model: their settings over the defaults (bf16 autocast,
+# eager). "graphs": static batch shapes, each a CUDA graph (train.static_shapes with
+# compile_mode reduce-overhead; on the CPU's smoke run, traced without graphs). The names
+# are what --variants and --train-variant take.
+VARIANTS = {
+    "eager": [],
+    "compiled": ["train.compile=true"],
+    "bf16-weights": ["train.precision=bf16-weights"],
+    "compiled+graphs": ["train.compile=true", "train.static_shapes=true", "GRAPHS"],
+    "bf16-weights+compiled+graphs": [
+        "train.precision=bf16-weights", "train.compile=true", "train.static_shapes=true", "GRAPHS",
+    ],
+}  # fmt: skip
+
+
+def variant(sizes: Sizes, name: str) -> list[str]:
+    """A variant's settings for this run (reduce-overhead on CUDA only)."""
+    graphs = [] if sizes.smoke else ["train.compile_mode=reduce-overhead"]
+    return [x for item in VARIANTS[name] for x in (graphs if item == "GRAPHS" else [item])]
+
+
+def bench_args(sizes: Sizes, model: str, variant_sets: list[str], tokens: int):
     lengths = sizes.prepared / "prepared" / "train"
     vocab = 400 if sizes.smoke else 37000
     items = [f"data.vocab_size={vocab}", f"train.max_tokens={tokens}"]
-    items += [f"train.update_freq={update_freq}", f"train.compile={compile_}"]
     items += [f"train.precision={sizes.precision}", *sizes.model[model], *sizes.compile_backend]
+    items += variant_sets  # after the precision: bf16 weights replace it
     if sizes.smoke:
         items += ["train.device=cpu", "train.threads=1", "data.max_len=100"]
     steps = sizes.bench_steps
@@ -118,29 +139,27 @@ def bench_args(sizes: Sizes, model: str, compile_: str, tokens: int, update_freq
 
 
 def part_bench(args, sizes: Sizes) -> dict:
+    """Every variant of --variants for base, then for big; each with its ratio to eager."""
     out = {}
-    runs = [
-        ("base eager", "base", "false", sizes.bench_tokens, 1),
-        ("base eager, 2 x 12.5k", "base", "false", sizes.bench_tokens // 2, 2),
-        ("base compiled", "base", "true", sizes.bench_tokens, 1),
-        ("big eager", "big", "false", sizes.bench_tokens, 1),
-        ("big compiled", "big", "true", sizes.bench_tokens, 1),
-    ]
-    if sizes.smoke:  # the same code paths, twice rather than five times
-        runs = runs[::2][:2]
-    for label, model, compile_, tokens, update_freq in runs:
-        try:
-            proc = mtx(*bench_args(sizes, model, compile_, tokens, update_freq),
-                       timeout=left(args, 240))  # fmt: skip
-            out[label] = json.loads(checked(proc).strip().splitlines()[-1])
-        except Exception as e:  # one failed configuration: say so, go on with the others
-            out[label] = {"error": str(e)[-1500:]}
-        write_json(args.work / "parts" / "bench.partial.json", out)  # kept if the part fails
+    models = ["base"] if sizes.smoke else ["base", "big"]  # smoke: one tiny model suffices
+    for model in models:
+        for name in args.variants.split(","):
+            label = f"{model} {name}"
+            try:
+                proc = mtx(*bench_args(sizes, model, variant(sizes, name), sizes.bench_tokens),
+                           timeout=left(args, 240))  # fmt: skip
+                out[label] = json.loads(checked(proc).strip().splitlines()[-1])
+                eager = out.get(f"{model} eager", {}).get("tokens_per_s")
+                out[label]["vs_eager"] = out[label]["tokens_per_s"] / eager if eager else None
+            except Exception as e:  # one failed configuration: say so, go on with the others
+                out[label] = {"error": str(e)[-1500:]}
+            write_json(args.work / "parts" / "bench.partial.json", out)  # kept if it fails
     return out
 
 
 def part_profile(args, sizes: Sizes) -> dict:
-    """torch.profiler over 5 updates of base on WMT-like lengths, eager and compiled."""
+    """torch.profiler over 5 updates of base on WMT-like lengths: eager, compiled, and with
+    bf16 weights (where autocast's casts go)."""
     import datasets
     import torch
 
@@ -151,18 +170,17 @@ def part_profile(args, sizes: Sizes) -> dict:
     cuda = torch.cuda.is_available() and not sizes.smoke
     src, tgt = lengths(datasets.load_from_disk(str(sizes.prepared / "prepared" / "train")))
     out = {}
-    for compile_ in ("false", "true"):
-        cli = bench_args(sizes, "base", compile_, sizes.bench_tokens)
+    for name in ("eager", "compiled", "bf16-weights"):
+        cli = bench_args(sizes, "base", variant(sizes, name), sizes.bench_tokens)
         cfg = load_config(ROOT / "configs/base.yaml", [cli[i + 1] for i, x in enumerate(cli)
                                                        if x == "--set"])  # fmt: skip
         real = joined_lengths(src, tgt, (2, 4), cfg.data.max_len + 1, 20_000, cfg.train.seed)
         batches = synthetic_batches(cfg, cfg.data.vocab_size, 5, 30, real)
-        label = f"base {'compiled' if compile_ == 'true' else 'eager'}"
-        out[label] = profiled(cfg, batches, compile_ == "true", cuda)
+        out[f"base {name}"] = profiled(cfg, batches, cuda)
     return out
 
 
-def profiled(cfg, batches: list[dict], compile_: bool, cuda: bool) -> dict:
+def profiled(cfg, batches: list[dict], cuda: bool) -> dict:
     """One update per batch under torch.profiler, after two warm-up passes (compiling and
     planning every shape): wall and kernel time per update, and the top 12 kernels (CPU
     operations without a GPU)."""
@@ -174,7 +192,6 @@ def profiled(cfg, batches: list[dict], compile_: bool, cuda: bool) -> dict:
 
     torch.manual_seed(1)
     device = torch.device("cuda" if cuda else "cpu")
-    cfg.train.compile = "true" if compile_ else "false"
     run = build_step(cfg, make_model(cfg.model, cfg.data.vocab_size).to(device), device)
 
     def step(b: dict, n: int) -> None:
@@ -211,8 +228,8 @@ def profiled(cfg, batches: list[dict], compile_: bool, cuda: bool) -> dict:
 
 def part_train(args, sizes: Sizes) -> dict:
     run = run_dir(args, sizes, "train")
-    items = [f"run_dir={run}", *sizes.data, *sizes.run, f"train.compile={args.train_compile}"]
-    items += [f"train.precision={sizes.precision}"]
+    items = [f"run_dir={run}", *sizes.data, *sizes.run, f"train.precision={sizes.precision}"]
+    items += variant(sizes, args.train_variant)
     if sizes.smoke:
         items += [f"train.max_steps={sizes.steps}", "train.valid_every=4", "train.log_every=2"]
         items += ["train.valid_bleu_lines=8", *sizes.compile_backend]
@@ -274,38 +291,62 @@ def source_batches(tr, ids: list[list[int]], size: int) -> list:
 
 
 def part_decode(args, sizes: Sizes) -> dict:
-    import torch
+    """Each search at each batch size, beam 4 and greedy; outputs compared with the same
+    search's at the smallest batch, and with the shrinking search's at the same batch."""
 
     from mtx.decode.translator import Translator
 
     device = "cpu" if sizes.smoke else "cuda"
     ckpt = RunDir(args.work / "train").best
-    tr = Translator.from_checkpoint(ckpt, [f"decode.dtype={sizes.precision}"], device=device)
+    sets = [f"decode.dtype={sizes.precision}"]
+    tr = Translator.from_checkpoint(ckpt, sets, device=device)
     ids = sorted((tr.encode(x) for x in decode_lines(args, sizes)), key=len)
-    sync = torch.cuda.synchronize if device == "cuda" else None
-    out, first = {}, {}
+    searches = ["shrinking", "static"] + ([] if sizes.smoke else ["graphs"])
+    out, first, shrinking = {}, {}, {}
     for beam in (4, 1):
-        tr.cfg.decode.beam = beam
-        for size in sizes.batches:
-            srcs = source_batches(tr, ids, size)
-            for src in srcs[:2] + srcs[-1:]:  # warm-up: the shortest and longest shapes
-                tr.search(src)
-            timing, hyps = timed(
-                lambda s=srcs: [h[0].tokens for src in s for h in tr.search(src)], 1, 0, sync
-            )
-            same = None
-            if beam in first:
-                same = sum(a == b for a, b in zip(hyps, first[beam])) / len(hyps)
-            else:
-                first[beam] = hyps
-            out[f"beam {beam}, batch {size}"] = {
-                "lines": len(hyps),
-                "seconds": timing.median,
-                "tgt_tokens_per_s": sum(len(h) for h in hyps) / timing.median,
-                "sentences_per_s": len(hyps) / timing.median,
-                "same_as_smallest_batch": same,
-            }
+        for search in searches:
+            searcher = tr.with_decode(beam=beam, search=search)
+            for size in sizes.batches:
+                hyps, timing = decode_timed(searcher, source_batches(tr, ids, size), device)
+                key = (beam, search)
+                same = None
+                if key in first:
+                    same = sum(a == b for a, b in zip(hyps, first[key])) / len(hyps)
+                else:
+                    first[key] = hyps
+                if search == "shrinking":
+                    shrinking[(beam, size)] = hyps
+                versus = shrinking.get((beam, size))
+                label = f"beam {beam}, batch {size}" + (
+                    "" if search == "shrinking" else f", {search}"
+                )
+                out[label] = {
+                    "lines": len(hyps),
+                    "seconds": timing.median,
+                    "tgt_tokens_per_s": sum(len(h) for h in hyps) / timing.median,
+                    "sentences_per_s": len(hyps) / timing.median,
+                    "same_as_smallest_batch": same,
+                    "same_as_shrinking": None if search == "shrinking" else
+                    sum(a == b for a, b in zip(hyps, versus)) / len(hyps),
+                }  # fmt: skip
+                write_json(args.work / "parts" / "decode.partial.json", out)
     return out
+
+
+def decode_timed(tr, srcs: list, device: str):
+    """Every batch's best hypothesis, timed after a warm-up: the shortest and longest shapes,
+    or with CUDA graphs every batch once (each shape's graph is then captured: steady state,
+    as in a server that has seen its shapes)."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    warm = srcs if tr.cfg.decode.search == "graphs" else srcs[:2] + srcs[-1:]
+    for src in warm:
+        tr.search(src)
+    timing, hyps = timed(
+        lambda s=srcs: [h[0].tokens for src in s for h in tr.search(src)], 1, 0, sync
+    )
+    return hyps, timing
 
 
 def short_run(args, sizes: Sizes, name: str, steps: int) -> tuple[Path, list[str]]:

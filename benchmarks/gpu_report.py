@@ -1,7 +1,7 @@
 """One command that turns a GPU's few minutes into mtx's GPU table.
 
     python -m benchmarks.gpu_report --data DIR --out OUT [--parts bench,profile,...]
-        [--minutes 3] [--train-compile false] [--smoke]
+        [--minutes 3] [--variants eager,compiled,...] [--train-variant eager] [--smoke]
 
 DIR holds Multi30k's plain-text files (train.en, train.de, val.*, test2016.*, test2017.*; a
 copy of ../shared/data/multi30k, which does not travel to a lent GPU machine). The parts, in
@@ -10,12 +10,15 @@ this order (gpu_parts.py):
 - prepare  `mtx prepare` of Multi30k (every other part reads it)
 - bench    `mtx bench train` of configs/base.yaml and configs/big.yaml, bf16, 25k-token updates on
            WMT-like lengths (Multi30k pairs joined 2 to 4 at random, up to 250 subwords;
-           random ids of a 37k vocabulary), eager and compiled; and base in 2 x 12.5k batches
+           random ids of a 37k vocabulary), in every training variant of --variants
+           (gpu_parts.VARIANTS: eager, compiled, bf16 weights, compiled with static shapes
+           and CUDA graphs, and all of them), each with its ratio to eager
 - train    `mtx train --config configs/multi30k.yaml` for --minutes, its logged tokens/s
            beside `mtx bench train` of the same config, validation's share of the time, test2016 BLEU
 - decode   the trained model on val + test2016 + test2017 (3,014 lines), bf16, beam 4 and
-           greedy, batches of 32, 128 and 512 sentences: target tokens/s, and how many
-           outputs equal those of batches of 32
+           greedy, batches of 32, 128 and 512 sentences, with each search (decode.search
+           shrinking, static, and graphs on CUDA): target tokens/s, and how many outputs
+           equal those of the same search at batches of 32, and those of the shrinking one
 - fp16     50 updates with fp16 autocast and the loss scaler
 - nccl     a one-process `torchrun` job (NCCL) that reaches its last checkpoint
 - oom      a real CUDA out-of-memory error in one step: skipped, and training goes on
@@ -57,7 +60,14 @@ def arguments(argv=None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, help="run directories and parts (default OUT/work)")
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset")
     ap.add_argument("--minutes", type=float, default=3.0, help="the train part's time bound")
-    ap.add_argument("--train-compile", default="false", help="train.compile of the train part")
+    ap.add_argument(
+        "--variants",
+        default=",".join(gpu_parts.VARIANTS),
+        help="the bench part's training variants, comma-separated (gpu_parts.VARIANTS)",
+    )
+    ap.add_argument(
+        "--train-variant", default="eager", help="the train part's variant (gpu_parts.VARIANTS)"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds")
     ap.add_argument("--budget", type=float, default=530, help="seconds for all parts")
     ap.add_argument("--part", help=argparse.SUPPRESS)  # runs one part in this process
@@ -117,6 +127,7 @@ def bench_rows(part: dict):
             yield f"bench {label}", "failed: " + r["error"][-200:].replace("\n", " ")
             continue
         mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""
+        mfu += f", {r['vs_eager']:.2f}x eager" if r.get("vs_eager") else ""
         compiling = (
             f", compile {r['compile_seconds']:.0f} s, {r['timed_compilations']} compilations "
             "while timed" if r["compile"] else ""
@@ -142,6 +153,8 @@ def decode_rows(part: dict):
     for label, r in entries(part):
         same = r["same_as_smallest_batch"]
         same = "" if same is None else f", {same:.1%} same as the smallest batch"
+        if r.get("same_as_shrinking") is not None:
+            same += f", {r['same_as_shrinking']:.1%} same as shrinking"
         yield (
             f"decode {label}",
             (

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import gpu_parts
 from benchmarks import gpu_report as report
 
 ROOT = Path(__file__).parent.parent
@@ -25,15 +26,21 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     assert list(parts) == ["prepare", "bench", "train", "decode", "fp16", "nccl", "oom", "profile"]
     failed = {name: part["error"][-500:] for name, part in parts.items() if "error" in part}
     assert failed == {}
-    bench = parts["bench"]
+    bench = {k: v for k, v in parts["bench"].items() if k != "part_seconds"}
+    assert list(bench) == [f"base {name}" for name in gpu_parts.VARIANTS]
     assert bench["base eager"]["tokens_per_s"] > 0 and not bench["base eager"]["compile"]
-    assert bench["base compiled"]["compile"] and bench["base compiled"]["timed_compilations"] == 0
+    for name, r in bench.items():
+        assert r["tokens_per_s"] > 0 and r["vs_eager"] > 0, name
+        assert r["compile"] == ("compiled" in name) and r.get("timed_compilations", 0) == 0
+    assert bench["base bf16-weights"]["precision"] == "bf16-weights"
     assert all(p["top"] for name, p in parts["profile"].items() if name != "part_seconds")
     train = parts["train"]
     assert train["steps"] == 8 and train["logged_tokens_per_s"] > 0 and 0 <= train["test"]["bleu"]
     decode = {k: v for k, v in parts["decode"].items() if k != "part_seconds"}
-    assert len(decode) == 4 and all(v["tgt_tokens_per_s"] > 0 for v in decode.values())
-    assert [v["same_as_smallest_batch"] for v in decode.values()] == [None, 1.0, None, 1.0]
+    assert len(decode) == 8 and all(v["tgt_tokens_per_s"] > 0 for v in decode.values())
+    assert [v["same_as_smallest_batch"] for v in decode.values()] == [None, 1.0] * 4
+    static = [v["same_as_shrinking"] for k, v in decode.items() if k.endswith("static")]
+    assert len(static) == 4 and all(same > 0.9 for same in static)  # near-ties may tip
     fp16 = parts["fp16"]
     assert fp16["steps"] == 8 and all(math.isfinite(x) for x in fp16["losses"])
     assert fp16["loss_scale"] > 0
@@ -42,7 +49,7 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     assert len(parts["oom"]["oom_records"]) == 1 and parts["oom"]["last_step"] == 8
     table = (tmp_path / "out" / "report.md").read_text()
     assert table == out.stdout[out.stdout.index("environment:") :]
-    assert table.count("\n| ") == 14 and "failed" not in table
+    assert table.count("\n| ") == 22 and "failed" not in table
 
 
 def test_each_part_leaves_the_later_parts_the_least_they_need():
