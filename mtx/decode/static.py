@@ -11,28 +11,31 @@ the host launches one by one. Here nothing changes shape during a search:
   each with K beams; a padding sentence is an empty source allowed one step;
 - the self-attention keys and values live in a cache allocated for L positions (the longest
   output the source's padded length allows) and written in place at the step's position
-  (model/transformer.py's StaticCache); every step attends over all L, the positions not yet
-  written masked; the encoder output's keys and values are computed once;
+  (model/transformer.py's StaticCache); a step attends over a window of it, the positions
+  not yet written masked; the encoder output's keys and values are computed once;
 - finished hypotheses are masked, not removed: a sentence that is done adds nothing more,
   and its rows go on computing what nobody reads;
 - the beam bookkeeping stays on the device: up to 2K finished hypotheses per sentence (K can
   end at the step that completes the K-th) in preallocated slots, with their log-probability
   and length; the host reads the done flags every `check_every` steps.
 
-On CUDA, with `graphs`, the step is captured once per (rows, source length, beam) as a CUDA
-graph and replayed: one launch a step (`Graphs`). On the CPU the same step runs as it is.
+A step reads the cache's first positions only, up to its position rounded up to a multiple of
+16 (StaticCache's window): attending over, and reordering, all L positions at every step cost
+the CPU most of its time. On CUDA, with `graphs`, the step is captured once per (rows, source
+length, beam, window) as a CUDA graph and replayed: one launch a step (`Graphs`). On the CPU
+the same step runs as it is.
 
 It finds what search.py's beam search finds with `stopping: k_finished` (and its greedy
 search): the same candidates, the same finished hypotheses in the same order, scored on the
-host by the same formula. The numbers differ only where attention sums over L positions, most
-of them masked, instead of the t written so far, which rounds differently: a near-tie between
+host by the same formula. The numbers differ only where attention sums over a window of
+positions, some of them masked, instead of the t written so far, which rounds differently: a near-tie between
 two hypotheses may then go the other way (tests/test_static.py counts them on test2016). With
 `full=False` the step attends over the written positions only, as the growing cache does,
 and the hypotheses are the same bit for bit (tested): the bookkeeping is exact.
 
 A sentence's output does not depend on the other sentences of its batch or on its rows
-bucket: L depends on its padded source length alone, and every row is computed alone (model/
-rows.py).
+bucket: L depends on its padded source length alone, the window on the step alone, and every
+row is computed alone (model/rows.py).
 """
 
 from __future__ import annotations
@@ -163,9 +166,9 @@ class StaticSearch:
         s.cache.position.zero_()
         self.model.fill_memory(s.cache, memory)
 
-    def step(self, s: State, t: int | None) -> None:
-        """Decode one position for every row; `t` the host's step number (None in a graph,
-        which needs the full cache)."""
+    def step(self, s: State, t: int) -> None:
+        """Decode position `t` for every row. A CUDA graph of it replays for every later
+        position of the same window (the cache's: what the step reads is the same)."""
         s.cache.start(t)
         out = self.model.decode(s.last, None, s.src_mask, s.cache)[:, -1].float()
         lprobs = torch.log_softmax(out, dim=-1)
@@ -255,32 +258,42 @@ def empty_sources(n: int, width: int, device: torch.device) -> Tensor:
 
 
 class Graphs:
-    """CUDA graphs of a search step, one per shape (rows, source length, beam, dtype), each
-    with the State it reads and writes: a later search of that shape copies its inputs into
-    the State and replays."""
+    """CUDA graphs of a search step, one per shape (rows, source length, beam, dtype) and
+    window of the cache, each with the State it reads and writes: a later search of that shape
+    copies its inputs into the State and replays. Their intermediate tensors share one memory pool (graphs replay
+    one at a time); each State stays allocated while its graph is kept."""
 
     def __init__(self) -> None:
         self.captured: dict[tuple, tuple[State, torch.cuda.CUDAGraph]] = {}
+        self.pool = None  # one memory pool for every graph: they never replay at once
 
     def state(self, key: tuple) -> State | None:
-        return self.captured[key][0] if key in self.captured else None
+        """The State of shape `key`, if a graph of it was captured."""
+        return next((v[0] for k, v in self.captured.items() if k[:-1] == key), None)
 
     def run(self, key: tuple, state: State, step, steps: int, check_every: int) -> None:
+        """`steps` steps of `state`'s search: for each window of the cache, the graph of that
+        (shape, window), captured the first time: a real step on a side stream, then the
+        capture (which runs nothing)."""
         t = 0
-        if key not in self.captured:  # a real first step on a side stream, then the capture
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step(state, None)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step(state, None)
-            self.captured[key] = (state, graph)
-            t = 1
-        graph = self.captured[key][1]
         while t < steps:
-            graph.replay()
+            window = (*key, state.cache.window(t))
+            if window in self.captured:
+                self.captured[window][1].replay()
+            else:
+                self.capture(window, state, step, t)
             t += 1
             if t % check_every == 0 and bool(state.done.all()):
                 break
+
+    def capture(self, key: tuple, state: State, step, t: int) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(state, t)  # the real step t
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):  # records a step, reading the position
+            step(state, t)  # on the device when replayed: any position of this window
+        self.captured[key] = (state, graph)

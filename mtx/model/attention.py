@@ -232,16 +232,15 @@ def static_keys(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Write one new position's keys and values k, v (N, H, 1, d_k) into a static cache, at
     cache["position"] (a () long tensor) of cache["k"] and cache["v"] (N, H, L, d_k), allocated
-    once for the whole search, and return what the query attends over: with cache["visible"]
-    ((L,) bool, True at positions written so far) all L positions, masked, so that every step
-    has the same shapes (what a CUDA graph replays); without, the first cache["length"] (a host
-    int: the same numbers as the growing cache, which attends over exactly those)."""
+    once for the whole search, and return what the query attends over: the first
+    cache["length"] positions (a host int: transformer.py's StaticCache says which), with
+    cache["visible"] ((L,) bool, True at the positions written so far) masking those not yet
+    written where the window goes beyond them."""
     cache["k"].index_copy_(2, cache["position"].view(1), k.to(cache["k"].dtype))
     cache["v"].index_copy_(2, cache["position"].view(1), v.to(cache["v"].dtype))
-    if "visible" in cache:
-        return cache["k"], cache["v"], cache["visible"].view(1, 1, 1, -1)
     n = cache["length"]
-    return cache["k"][:, :, :n], cache["v"][:, :, :n], None
+    mask = cache["visible"][:n].view(1, 1, 1, n) if "visible" in cache else None
+    return cache["k"][:, :, :n], cache["v"][:, :, :n], mask
 
 
 def attention(

@@ -191,19 +191,26 @@ class StaticCache(list):
     """A decoder cache whose tensors are allocated once for a whole search: per layer, the
     self-attention keys and values (rows, H, length, d_k), written in place at `position` (a
     () long tensor on the device: attention.py's static_keys), and the encoder output's keys
-    and values, computed at the first step. Every step then has the same shapes and touches
-    the same memory, so that a CUDA graph can replay it (decode/static.py).
+    and values, computed at the first step. A step's shapes then depend only on its window
+    (below), and it touches the same memory every time, so that a CUDA graph can replay it
+    (decode/static.py).
 
-    `full`: attend over all `length` positions, those not yet written masked (`visible`);
-    else over the first `position + 1` only (`advance` is told the host position), which
-    computes the same numbers as the growing cache of `new_cache`."""
+    A step at position t attends over, and reorders, the first `window(t)` positions: with
+    `full`, t + 1 rounded up to a multiple of WINDOW, those not yet written masked
+    (`visible`), so that a few shapes serve a whole search; without, exactly t + 1, which
+    computes the same numbers as the growing cache of `new_cache`. The positions beyond are
+    never read: copying the whole cache at every beam reordering cost the CPU most of its
+    time."""
+
+    WINDOW = 16
 
     def __init__(self, layers, rows, H, length, d_k, full, like: Tensor) -> None:
         kw = {"dtype": like.dtype, "device": like.device}
+        self.length, self.full = length, full
         self.position = torch.zeros((), dtype=torch.long, device=like.device)
         self.slots = torch.arange(length, device=like.device)
-        self.visible = self.slots == 0 if full else None
-        shared = {"position": self.position}
+        self.visible = self.slots == 0
+        shared = {"position": self.position, "length": 1}
         if full:
             shared["visible"] = self.visible
         super().__init__(
@@ -211,20 +218,27 @@ class StaticCache(list):
             for _ in range(layers)
         )
 
-    def start(self, position: int | None = None) -> None:
-        """Before a step: the host's position where the cache attends over a prefix."""
-        if self.visible is not None:
+    def window(self, position: int) -> int:
+        """How many positions a step at `position` reads (see above)."""
+        if not self.full:
+            return position + 1
+        return min(self.length, -(-(position + 1) // self.WINDOW) * self.WINDOW)
+
+    def start(self, position: int) -> None:
+        """Before the step at `position` (the host's count; the device's is `self.position`)."""
+        n = self.window(position)
+        if self.full:
             torch.le(self.slots, self.position, out=self.visible)
-        else:
-            for layer in self:
-                layer["length"] = position + 1
+        for layer in self:
+            layer["length"] = n
 
     def reorder(self, rows: Tensor) -> None:
-        """Keep rows `rows` of the self-attention keys and values (the beams that continue),
-        in place."""
+        """Keep rows `rows` of the self-attention keys and values written so far (the beams
+        that continue), in place."""
         for layer in self:
             for name in ("k", "v"):
-                layer[name].copy_(layer[name].index_select(0, rows))
+                part = layer[name][:, :, : layer["length"]]
+                part.copy_(part.index_select(0, rows))
 
     def advance(self) -> None:
         self.position.add_(1)
