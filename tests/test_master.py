@@ -70,3 +70,13 @@ def test_bf16_weights_follow_weights_loaded_into_the_master(prepared):
     step.weights_loaded()
     for m, w in zip(model.parameters(), step.precision.master.work.parameters()):
         assert torch.equal(w, m.to(torch.bfloat16))
+
+
+def test_the_working_model_is_what_the_step_computes_with(prepared):
+    """Validation (the trainer's) runs the model the step trains: bf16-weights' bf16 copy."""
+    for precision, dtype in (("fp32", torch.float32), ("bf16-weights", torch.bfloat16)):
+        cfg = load_config(None, [*TINY_RUN, f"train.precision={precision}"])
+        model = make_model(cfg.model, 200)
+        step = build_step(cfg, model, torch.device("cpu"))
+        assert next(step.working_model.parameters()).dtype == dtype
+        assert (step.working_model is model) == (precision == "fp32")

@@ -223,6 +223,11 @@ class Step:
     def scaler(self) -> torch.amp.GradScaler | None:
         return self.precision.scaler
 
+    @property
+    def working_model(self) -> torch.nn.Module:
+        """The model the step computes with: `model`, or bf16-weights' bf16 copy of it."""
+        return self.model if self.precision.master is None else self.precision.master.work
+
     def weights_loaded(self) -> None:
         """After weights were loaded into `model` (a resume): bf16-weights' working copy
         follows them."""

@@ -159,7 +159,7 @@ class Trainer:
         state, t = self.state, self.cfg.train
         result: dict[str, float] = {}
         finished = state.step >= t.max_steps or state.out_of_patience(t.patience)
-        self.model.train()
+        self.step.working_model.train()
         if not finished:
             rank, world = self.dist.rank, self.dist.world
             batches = data.stream(
@@ -275,12 +275,13 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         start = time.monotonic()
         precision = self.step.precision
-        result = validate(self.model, self.valid_ds, cfg, precision, self.dist)
+        model = self.step.working_model  # bf16-weights: the bf16 copy, as it trains
+        result = validate(model, self.valid_ds, cfg, precision, self.dist)
         number = self.state.step // t.valid_every  # validations so far, this one included
         if t.bleu_every and (last or number % t.bleu_every == 0):
             bleu_start = time.monotonic()
             args = (self.valid_ds, self.header.spm_model, cfg, precision, self.dist)
-            scores, hyps = valid_bleu(self.model, *args)
+            scores, hyps = valid_bleu(model, *args)
             result |= scores
             if self.dist.main:
                 atomic_write_text(self.run_dir.valid_hyp, "".join(h + "\n" for h in hyps))
