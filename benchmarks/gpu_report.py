@@ -237,6 +237,11 @@ def main(argv=None) -> None:
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         sys.exit(f"--parts: unknown {', '.join(unknown)}; parts: {', '.join(PARTS)}")
+    variants = [*args.variants.split(","), args.train_variant]
+    unknown = [v for v in variants if v not in gpu_parts.VARIANTS]
+    if unknown:
+        known = ", ".join(gpu_parts.VARIANTS)
+        sys.exit(f"--variants/--train-variant: unknown {', '.join(unknown)}; variants: {known}")
     deadline = time.time() + args.budget
     report = {"environment": environment(), "parts": {}}
     for i, name in enumerate(parts):

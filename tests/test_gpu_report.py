@@ -62,3 +62,19 @@ def test_each_part_leaves_the_later_parts_the_least_they_need():
     assert most == report.LIMITS["prepare"]  # its own limit when time is plenty
     most, least = report.limits(args, "oom", ["profile"], now + 40)
     assert most < least  # 40 s left, the profile needs 45: the oom part is skipped
+
+
+def test_an_unknown_variant_is_refused_in_one_line(tmp_path):
+    for flag in ("--variants", "--train-variant"):
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.gpu_report", "--smoke", "--out", str(tmp_path),
+             flag, "eager,fast" if flag == "--variants" else "fast"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode != 0
+        assert (
+            out.stderr.strip()
+            .splitlines()[-1]
+            .startswith("--variants/--train-variant: unknown fast; variants: eager, compiled")
+        )
+        assert not (tmp_path / "report.json").exists()
