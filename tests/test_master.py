@@ -2,12 +2,12 @@
 
 import copy
 
-import datasets
 import torch
 from conftest import TINY_RUN
 
+from benchmarks.precision import curve as precision_curve
+from benchmarks.precision import deviation
 from mtx.config import load_config
-from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.model.build import make_model
 from mtx.train.step import build_step
 
@@ -16,38 +16,22 @@ from mtx.train.step import build_step
 # updates of the toy corpus (the loss falls from 6.0 to 2.6 nats a token) the loss must stay
 # within 6% of fp32's at every update, and the last 50 updates' mean within 1.5%. Measured
 # on an AVX-512 CPU: at most 4.8% and 0.6% (bf16 autocast, today's GPU default: 3.3% and
-# 0.3%). A master that lost small updates to bf16, or a working copy left stale, falls far
-# behind.
+# 0.3%; `python -m benchmarks.precision`). A master that lost small updates to bf16, or a
+# working copy left stale, falls far behind.
 STEP_TOLERANCE, TAIL_TOLERANCE = 0.06, 0.015
 
 
-def curve(prepared, precision: str, updates: int = 200):
-    cfg = load_config(None, [*TINY_RUN, f"train.precision={precision}", "train.warmup_steps=50"])
-    ds = datasets.load_from_disk(str(prepared / "train"))
-    torch.manual_seed(0)
-    model = make_model(cfg.model, 200)
-    step = build_step(cfg, model, torch.device("cpu"))
-    data = []
-    epoch = 0
-    while len(data) < updates:
-        order = token_batches(*lengths(ds), cfg.train.max_tokens, cfg.train.seed, epoch, 8)
-        data += list(BatchDataset(ds, order, 8))
-        epoch += 1
-    losses = []
-    for n in range(updates):
-        out = step([data[n]], n + 1)
-        losses.append(out["loss"].item() / out["tgt_tokens"])
-    return losses, model, step
+def curve(prepared, precision: str):
+    return precision_curve(prepared, [*TINY_RUN, f"train.precision={precision}"])
 
 
 def test_bf16_weights_follow_the_fp32_loss_curve_over_200_updates(prepared):
     fp32, _, _ = curve(prepared, "fp32")
     bf16, model, step = curve(prepared, "bf16-weights")
     assert fp32[-1] < 0.6 * fp32[0]  # it learns: the comparison below means something
-    worst = max(abs(a - b) / a for a, b in zip(fp32, bf16))
-    assert worst < STEP_TOLERANCE, worst
-    tail = abs(sum(bf16[-50:]) - sum(fp32[-50:])) / sum(fp32[-50:])
-    assert tail < TAIL_TOLERANCE, tail
+    far = deviation(bf16, fp32)
+    assert far["worst_update"] < STEP_TOLERANCE, far
+    assert far["last_mean"] < TAIL_TOLERANCE, far
     assert bf16 != fp32  # the step did compute in bf16
     # the master is fp32 and what the working copy holds, rounded
     work = step.precision.master.work
