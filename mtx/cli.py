@@ -153,15 +153,19 @@ def read_lines(stream) -> Iterator[str]:
         yield raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
 
 
-def _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, **decode):
-    """A Translator; options given on the command line override the checkpoint's decode.*."""
+def _translator(
+    checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang=None, **decode
+):
+    """A Translator into `tgt_lang`; options given on the command line override the
+    checkpoint's decode.*."""
     from mtx.decode.translator import Translator
 
     overrides = list(set or [])
     options = dict(beam=beam, alpha=alpha, batch_tokens=batch_tokens, **decode)
     overrides += [f"decode.{key}={value}" for key, value in options.items() if value is not None]
     paths = _checkpoint_paths(checkpoint, config, set)
-    return run(Translator.from_checkpoints, paths, overrides, device)
+    translator = run(Translator.from_checkpoints, paths, overrides, device)
+    return run(translator.into, tgt_lang)
 
 
 def setting_help(key: str, default: str = "the checkpoint's") -> str:
@@ -177,6 +181,13 @@ BatchOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str | None, typer.Option(help=setting_help("decode.dtype"))]
+TgtLangOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The language to translate into: required when the model has several "
+        "(`mtx info` lists them)."
+    ),
+]
 STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 
 
@@ -219,6 +230,7 @@ def translate(
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
+    tgt_lang: TgtLangOpt = None,
     nbest: Annotated[
         int,
         typer.Option(
@@ -254,11 +266,12 @@ def translate(
     if attention_dir is not None and checkpoint and len(checkpoint) > 1:
         fail("--attention-dir shows one model's attention: give one --checkpoint")
     translator = _translator(
-        checkpoint, config, set, beam, alpha, batch_tokens, device, dtype=dtype,
+        checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype,
         stopping=stopping, sampling=True if sample else None, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed,
     )  # fmt: skip
     run(translator.check_nbest, nbest)
+    run(translator.check_language)
     if every_head and attention_dir is None:
         fail("--every-head needs --attention-dir")
     if attention_dir is not None:
@@ -329,44 +342,80 @@ def evaluate(
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
+    tgt_lang: TgtLangOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Score translations with sacreBLEU (BLEU, chrF), translating first if given a model."""
+    """Score translations with sacreBLEU (BLEU, chrF), translating first if given a model.
+    --split scores each of the split's sets (each direction of a multilingual model)."""
     from mtx.evaluate import score
 
     if hyp is not None:
         if ref is None:
             fail("--hyp needs --ref")
-        hyps, refs = run(_read_text, hyp), run(_read_text, ref)
+        results = {"": run(score, run(_read_text, hyp), run(_read_text, ref))}
     else:
         translator = _translator(
-            checkpoint, config, set, beam, alpha, batch_tokens, device, dtype=dtype
+            checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype
         )
         if split is not None:
-            sources, refs = run(_split_text, translator.cfg, split)
+            sets = run(_split_sets, translator.cfg, split)
         elif src is not None and ref is not None:
-            sources, refs = run(_read_text, src), run(_read_text, ref)
+            sets = [("", None, run(_read_text, src), run(_read_text, ref))]
         else:
             fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
-        hyps = translator.translate(sources)
+        results, all_hyps = {}, []
+        for name, lang, sources, refs in sets:
+            into = translator.into(lang) if lang and translator.tags else translator
+            hyps = run(into.translate, sources)
+            results[name] = run(score, hyps, refs)
+            all_hyps += hyps
         if output is not None:
-            run(atomic_write_text, output, "".join(h + "\n" for h in hyps))
-    result = run(score, hyps, refs)
+            run(atomic_write_text, output, "".join(h + "\n" for h in all_hyps))
+    _print_scores(results, json_out)
+
+
+def _print_scores(results: dict[str, dict], json_out: bool) -> None:
+    """One set's scores as sacreBLEU prints them; several, each under its name, and their
+    mean (in JSON: {"sets": {NAME: scores}, "bleu": mean, "chrf": mean})."""
+    if len(results) > 1:
+        mean = {
+            k: round(sum(r[k] for r in results.values()) / len(results), 2)
+            for k in ("bleu", "chrf")
+        }
     if json_out:
-        typer.echo(json.dumps(result))
-    else:
-        typer.echo(result["bleu_detail"])
-        typer.echo(f"chrF2 = {result['chrf']:.2f}")
-        typer.echo(f"signature: {result['signature']}")
+        one = next(iter(results.values()))
+        typer.echo(json.dumps(one if len(results) == 1 else {"sets": results} | mean))
+        return
+    for name, result in results.items():
+        indent = "  " if len(results) > 1 else ""
+        if len(results) > 1:
+            typer.echo(f"{name}:")
+        typer.echo(indent + result["bleu_detail"])
+        typer.echo(f"{indent}chrF2 = {result['chrf']:.2f}")
+        typer.echo(f"{indent}signature: {result['signature']}")
+    if len(results) > 1:
+        typer.echo(
+            f"mean over {len(results)} sets: BLEU {mean['bleu']:.2f}, chrF2 {mean['chrf']:.2f}"
+        )
 
 
-def _split_text(cfg, split: str) -> tuple[list[str], list[str]]:
-    from mtx.data.prepare import load_prepared
+def _split_sets(cfg, split: str) -> list[tuple[str, str | None, list[str], list[str]]]:
+    """(name, target language, sources, references) of each set of a prepared split."""
+    from mtx.data.prepare import load_manifest, load_prepared
 
     if split not in ("train", "valid", "test"):
         raise MtxError(f"--split must be train, valid or test, got {split!r}")
-    ds = load_prepared(cfg, split).select_columns(["src", "tgt"])
-    return ds["src"], ds["tgt"]
+    manifest = load_manifest(cfg)
+    if split not in manifest["splits"]:
+        raise MtxError(f"the prepared data has no {split} split (data.corpora names no {split})")
+    ds = load_prepared(cfg, split)
+    sets = manifest["splits"][split].get("sets") or [{"name": split, "tgt_lang": None}]
+    group = ds["group"] if len(sets) > 1 else [0] * len(ds)
+    out = []
+    for k, s in enumerate(sets):
+        part = ds.select([i for i, g in enumerate(group) if g == k]) if len(sets) > 1 else ds
+        out.append((s["name"], s["tgt_lang"], part["src"], part["tgt"]))
+    return out
 
 
 @app.command()
@@ -388,6 +437,8 @@ def info(
         f"parameters: {facts['parameters']:,} ({facts['parameters'] / 1e6:.1f}M), "
         f"vocabulary {facts['vocab_size']:,}"
     )
+    tags = f" (the source starts with {' or '.join(facts['tags'])})" if facts["tags"] else ""
+    typer.echo(f"directions: {', '.join(facts['directions'])}{tags}")
     typer.echo(
         f"training FLOPs per token (src = tgt = {length} tokens): "
         f"{facts['flops_per_token'] / 1e6:.1f}M"
@@ -405,6 +456,9 @@ def info(
             f"data: {split} {data['source']} ({data['kept']:,} pairs, "
             f"sha256 {data.get('pairs_sha256', '?')[:12]})"
         )
+        sets = data.get("sets") or []
+        for s in sets if len(sets) > 1 else ():
+            typer.echo(f"  {s['name']} ({s['src_lang']}-{s['tgt_lang']}): {s['kept']:,} pairs")
 
 
 @app.command()

@@ -86,6 +86,27 @@ SPLIT_DOC = (
 )
 
 
+VALID_DOC = (
+    "validation sets, each SPEC or NAME=SPEC (SPEC as train); several are each reported by "
+    "name, and train.best_valid picks what best.pt and patience follow"
+)
+
+
+@dataclass
+class CorpusConfig:
+    """One entry of data.corpora: a direction's parallel data (mtx/corpora.py)."""
+
+    src_lang: str = setting("", "source language code; local files are PREFIX.{src_lang}")
+    tgt_lang: str = setting("", "target language code; local files are PREFIX.{tgt_lang}")
+    train: str = setting("", f"the training split: {SPLIT_DOC}")
+    valid: list[str] = setting([], VALID_DOC)
+    test: str = setting("", "the test split (as train; empty: none)")
+    name: str = setting("", "what its scores are reported as (default: SRC-TGT)")
+    weight: float = setting(
+        1.0, "factor on its share of the training batches (after data.temperature)", POSITIVE
+    )
+
+
 @dataclass
 class DataConfig:
     """What `mtx prepare` reads and how it encodes it."""
@@ -93,8 +114,22 @@ class DataConfig:
     src_lang: str = setting("en", "source language code; local files are PREFIX.{src_lang}")
     tgt_lang: str = setting("de", "target language code; local files are PREFIX.{tgt_lang}")
     train: str = setting("toy:train", f"the training split: {SPLIT_DOC}")
-    valid: str = setting("toy:valid", "the validation split (as data.train)")
+    valid: list[str] = setting(["toy:valid"], VALID_DOC)
     test: str = setting("toy:test", "the test split (as data.train)")
+    corpora: list[CorpusConfig] = setting(
+        [],
+        "several directions or corpora in one model, each {src_lang, tgt_lang, train, valid, "
+        "test, name, weight} (the keys below); replaces data.src_lang, tgt_lang, train, valid "
+        "and test. With more than one target language the source starts with a tag >>xx<< "
+        "naming the target language (docs/data.md)",
+    )
+    temperature: float = setting(
+        1.0,
+        "data.corpora: corpus i makes a share of each epoch's pairs proportional to "
+        "weight_i x n_i ** (1 / temperature) (1: as many as it has; 5: small corpora "
+        "upsampled, as multilingual models are trained); also balances the SentencePiece sample",
+        AT_LEAST_1,
+    )
     vocab_size: int = setting(
         8000, "joint SentencePiece BPE vocabulary size (a soft limit)", POSITIVE
     )
@@ -119,8 +154,9 @@ class DataConfig:
     workers: int = setting(0, "processes that encode the data (0: one per CPU core)", NOT_NEGATIVE)
 
     def check(self) -> None:
-        if self.src_lang == self.tgt_lang:
-            raise MtxError("data.src_lang and data.tgt_lang must differ")
+        from mtx.corpora import corpora
+
+        corpora(self)  # every rule about the corpora and their sets, in one line each
 
 
 @dataclass
@@ -223,6 +259,11 @@ class TrainConfig:
     )
     patience: int = setting(
         0, "stop after this many validations without a better best_metric (0: off)", NOT_NEGATIVE
+    )
+    best_valid: str = setting(
+        "",
+        "with several validation sets: the one whose best_metric best.pt and patience follow "
+        "(empty: the mean over the sets)",
     )
     tensorboard: bool = setting(
         False, "also write every metric to RUN/tensorboard (pip install tensorboard)"
@@ -406,6 +447,22 @@ class Config:
             if hasattr(settings, "check"):
                 settings.check()
         m, t, d = self.model, self.train, self.data
+        if t.best_valid:
+            from mtx.corpora import valid_sets
+
+            names = [v.name for v in valid_sets(d)]
+            if t.best_valid not in names:
+                raise MtxError(
+                    f"train.best_valid {t.best_valid!r} is not a validation set; they are "
+                    f"{', '.join(names)}"
+                )
+        single = ("data.src_lang", "data.tgt_lang", "data.train", "data.valid", "data.test")
+        mixed = [k for k in single if k in (self.given or ())]
+        if d.corpora and mixed:
+            raise MtxError(
+                f"{mixed[0]} is given with data.corpora, which replaces it: name each "
+                "corpus's languages and splits in its data.corpora entry"
+            )
         if t.max_tokens < d.max_len + 1:
             raise MtxError(
                 f"train.max_tokens ({t.max_tokens}) must hold one pair of data.max_len "
@@ -463,10 +520,13 @@ def check_fields(settings: Any, prefix: str) -> None:
         choices = _choices(tp)
         if choices is not None and value not in choices:
             raise MtxError(f"{key} must be {_words(choices)}, got {value!r}")
-        item_choices = _choices(typing.get_args(tp)[0]) if typing.get_origin(tp) is list else None
+        item_type = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        item_choices = _choices(item_type) if item_type is not None else None
         for item in value if item_choices else ():
             if item not in item_choices:
                 raise MtxError(f"{key}: {item!r} is not one of {', '.join(item_choices)}")
+        for i, item in enumerate(value if dataclasses.is_dataclass(item_type) else ()):
+            check_fields(item, f"{key}[{i}].")
         valid = f.metadata["range"]
         if valid is not None and value not in valid:
             raise MtxError(f"{key} must be {valid.describe(tp is int)}, got {value}")
@@ -480,6 +540,17 @@ def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
     """Check `value` against the field type `tp`; `raw` is the --set text, if any."""
     if _choices(tp) is not None:
         tp = str  # the choice itself is checked with the ranges (check_fields)
+    item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+    if dataclasses.is_dataclass(item):  # a list of mappings, each checked as a section
+        if not isinstance(value, list):
+            raise MtxError(f"config key {key} must be a list of mappings, got {value!r}")
+        items = []
+        for i, entry in enumerate(value):
+            if not isinstance(entry, dict):
+                raise MtxError(f"config key {key}[{i}] must be a mapping, got {entry!r}")
+            items.append(item())
+            _apply(items[-1], entry, f"{key}[{i}].")
+        return items
     if typing.get_origin(tp) is list:  # a YAML list, or "a,b" on the command line
         if isinstance(value, str):
             value = [x.strip() for x in value.split(",") if x.strip()]
@@ -515,6 +586,13 @@ def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
 
 
 def _unknown(key: str) -> MtxError:
+    if "[" in key:  # a key inside a list entry: data.corpora[0].trian
+        head, _, name = key.rpartition(".")
+        keys = [f"{head}.{k}" for k, _, _ in declared(CorpusConfig)]
+        close = difflib.get_close_matches(key, keys, n=1)
+        return MtxError(
+            f"unknown config key {key}" + (f" (did you mean {close[0]}?)" if close else "")
+        )
     close = difflib.get_close_matches(key, all_keys(), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return MtxError(f"unknown config key {key}{hint}")
@@ -639,7 +717,10 @@ def _type_word(tp: Any) -> str:
     if _choices(tp) is not None:
         return "choice"
     if typing.get_origin(tp) is list:
-        return "list of choices" if _choices(typing.get_args(tp)[0]) else "list"
+        item = typing.get_args(tp)[0]
+        if dataclasses.is_dataclass(item):
+            return "list of mappings"
+        return "list of choices" if _choices(item) else "list"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -690,4 +771,18 @@ def markdown() -> str:
         lines.append(
             f"| `{key}` | {_type_word(tp)} | `{_yaml(default)}` | {_allowed(tp, f)} | {text} |"
         )
+        if key == "data.corpora":
+            lines += _entry_rows("data.corpora[i].", CorpusConfig)
     return "\n".join(lines) + "\n"
+
+
+def _entry_rows(prefix: str, cls: type) -> list[str]:
+    """The table rows of a list entry's keys (data.corpora[i].train, ...)."""
+    rows = []
+    for key, tp, f in declared(cls, prefix):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        text = f.metadata["doc"].replace("|", "\\|")
+        rows.append(
+            f"| `{key}` | {_type_word(tp)} | `{_yaml(default)}` | {_allowed(tp, f)} | {text} |"
+        )
+    return rows

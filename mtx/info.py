@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from mtx import corpora
 from mtx.checkpoint import Checkpoint
 from mtx.config import Config, ModelConfig, load_config
 from mtx.model.build import make_model
@@ -41,9 +42,15 @@ def describe(
         with torch.device("meta"):
             params = count_parameters(make_model(cfg.model, vocab_size))
     m = cfg.model
+    cs = corpora.corpora(cfg.data)
     return {
         "source": target,
         "architecture": architecture(m),
+        "directions": [c.direction for c in cs],
+        "target_languages": corpora.target_languages(cfg.data),
+        "tags": [corpora.tag_piece(lang) for lang in corpora.target_languages(cfg.data)]
+        if corpora.tags(cfg.data)
+        else [],
         "parameters": params,
         "vocab_size": vocab_size,
         "step": step,

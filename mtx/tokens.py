@@ -11,10 +11,11 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SOURCE_BUCKET = 8
 
 
-def encode_line(sp, line: str, max_positions: int) -> list[int]:
-    """A source line's ids: its SentencePiece pieces (whitespace normalised), cut to what the
-    model takes, and EOS."""
-    return sp.encode(" ".join(line.split()))[: max_positions - 1] + [EOS_ID]
+def encode_line(sp, line: str, max_positions: int, prefix: list[int] | None = None) -> list[int]:
+    """A source line's ids: `prefix` (a target-language tag), its SentencePiece pieces
+    (whitespace normalised), cut to what the model takes, and EOS."""
+    prefix = prefix or []
+    return prefix + sp.encode(" ".join(line.split()))[: max_positions - 1 - len(prefix)] + [EOS_ID]
 
 
 def padded_length(length: int, limit: int = 1 << 30) -> int:

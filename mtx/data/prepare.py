@@ -36,7 +36,7 @@ import datasets
 import numpy as np
 import sentencepiece as spm
 
-from mtx import __version__
+from mtx import __version__, corpora
 from mtx.checkpoint import PreparedFiles, RunDir
 from mtx.config import Config, DataConfig
 from mtx.data import sources, vocab
@@ -55,6 +55,7 @@ ENCODED = datasets.Features(
         "tgt_ids": datasets.Sequence(datasets.Value("int32")),
         "src_len": datasets.Value("int32"),
         "tgt_len": datasets.Value("int32"),
+        "group": datasets.Value("int32"),
     }
 )
 
@@ -70,17 +71,18 @@ class Encoder:
     encoding each batch in `threads` threads. It pickles as the model file's path: each
     worker process loads the SentencePiece model once, itself."""
 
-    def __init__(self, spm_path: Path, threads: int = 1) -> None:
+    def __init__(self, spm_path: Path, threads: int = 1, group: int = 0, tag: int = 0) -> None:
         self.path, self.threads, self.sp = str(spm_path), threads, None
+        self.group, self.prefix = group, [tag] if tag else []
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "threads": self.threads, "sp": None}
+        return self.__dict__ | {"sp": None}
 
     def __call__(self, batch: dict[str, list]) -> dict[str, list]:
         if self.sp is None:
             self.sp = spm.SentencePieceProcessor(model_file=self.path)
         encode = functools.partial(self.sp.encode, num_threads=self.threads)
-        src_ids = [ids + [EOS_ID] for ids in encode(batch["src"])]
+        src_ids = [self.prefix + ids + [EOS_ID] for ids in encode(batch["src"])]
         tgt_ids = [ids + [EOS_ID] for ids in encode(batch["tgt"])]
         return {
             "src": batch["src"],
@@ -89,11 +91,13 @@ class Encoder:
             "tgt_ids": tgt_ids,
             "src_len": [len(x) for x in src_ids],
             "tgt_len": [len(x) for x in tgt_ids],
+            "group": [self.group] * len(src_ids),
         }
 
 
 def keep_by_length(ds: datasets.Dataset, max_len: int, max_ratio: float) -> tuple:
-    """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason)."""
+    """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason). A source
+    tag counts as one of the source's subwords."""
     counts: Counter[str] = Counter()
     kept = array.array("q")  # 8 bytes a pair: millions of pairs stay small
     lens = ds.select_columns(["src_len", "tgt_len"])
@@ -174,9 +178,11 @@ def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
     cache = out.cache
     given = read_spm_model(d.spm_model) if d.spm_model else None  # refused before any work
     seconds: Counter[str] = Counter()  # per stage, logged at the end
-    texts, counts = {}, {}
-    for split, hub_split in SPLITS.items():
-        texts[split], counts[split] = _read_and_clean(d, split, hub_split, cache, seconds, log)
+    groups = split_groups(d)
+    texts = {
+        split: [_read_and_clean(g, split, d.dedup, cache, seconds, log) for g in groups[split]]
+        for split in groups
+    }
 
     start = time.perf_counter()
     model_proto, spm_source = given or _train_spm(d, texts["train"], log)
@@ -190,81 +196,165 @@ def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
         ),
         encoding="utf-8",
     )
+    tag_of = corpora.tag_ids(sp) if corpora.tags(d) else {}
+    missing = sorted({g.tgt_lang for g in groups["train"]} - set(tag_of)) if tag_of else []
+    if corpora.tags(d) and (missing or len(tag_of) < len(corpora.tags(d))):
+        raise MtxError(
+            f"data.spm_model {d.spm_model}: has no tag for target language(s) "
+            f"{', '.join(missing) or '?'}; a multilingual run needs a model with a >>xx<< "
+            "piece per target language"
+        )
     seconds["sentencepiece"] += time.perf_counter() - start
 
     manifest = {
         "mtx_version": __version__,
-        "src_lang": d.src_lang,
-        "tgt_lang": d.tgt_lang,
+        "src_lang": d.src_lang if not d.corpora else None,
+        "tgt_lang": d.tgt_lang if not d.corpora else None,
         "vocab_size": sp.get_piece_size(),
         "spm_sha256": hashlib.sha256(model_proto).hexdigest(),
         "spm_source": spm_source,
+        "tags": tag_of,
         "splits": {},
     }
-    for split in SPLITS:  # popped: each split's memory map is let go once it is written
-        entry = _encode_and_write(d, split, texts.pop(split), counts[split], out, seconds, log)
+    for split in groups:  # popped: each split's memory map is let go once it is written
+        parts = texts.pop(split)
+        if not parts:
+            continue  # no test set
+        entry = _encode_and_write(d, split, groups[split], parts, tag_of, out, seconds, log)
         manifest["splits"][split] = entry
     shutil.rmtree(cache, ignore_errors=True)
     log("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     return manifest
 
 
+def split_groups(d: DataConfig) -> dict[str, list[corpora.EvalSet]]:
+    """Each split's parts, in order: the training data of every corpus (named by corpus),
+    every validation set, every test set (prepared/SPLIT holds them one after the other, the
+    `group` column numbering them)."""
+    cs = corpora.corpora(d)
+    return {
+        "train": [corpora.EvalSet(c.name, c.train, c.src_lang, c.tgt_lang, c.key) for c in cs],
+        "valid": [v for c in cs for v in c.valid],
+        "test": [c.test for c in cs if c.test is not None],
+    }
+
+
 def _read_and_clean(
-    d: DataConfig, split: str, hub_split: str, cache: Path, seconds: Counter, log
+    g: corpora.EvalSet, split: str, dedup: bool, cache: Path, seconds: Counter, log
 ) -> tuple:
-    """(the split's cleaned pairs, counts of the pairs read and dropped by reason)."""
-    spec = getattr(d, split)
-    log(f"{split}: loading {sources.describe(spec, d.src_lang, d.tgt_lang)}")
+    """(the part's cleaned pairs, counts of the pairs read and dropped by reason)."""
+    label = split if g.single and split != "valid" else f"{split} {g.name}"
+    log(f"{label}: loading {sources.describe(g.spec, g.src_lang, g.tgt_lang)}")
     start = time.perf_counter()
-    raw = sources.load_split(spec, d.src_lang, d.tgt_lang, hub_split, cache)
+    raw = sources.load_split(g.spec, g.src_lang, g.tgt_lang, SPLITS[split], cache)
     seconds["read"] += time.perf_counter() - start
     start = time.perf_counter()
-    cleaner = TextCleaner(drop_empty=split != "test", dedup=d.dedup and split == "train")
+    cleaner = TextCleaner(drop_empty=split != "test", dedup=dedup and split == "train")
+    key = f"{split}-{g.name}"
     text = raw.map(
         cleaner,
         batched=True,
-        new_fingerprint=f"clean-{split}",
-        cache_file_name=str(cache / f"clean-{split}.arrow"),
+        new_fingerprint=f"clean-{key}",
+        cache_file_name=str(cache / f"clean-{key}.arrow"),
     )
     # the map's own reading and writing counts as cleaning; deduplication on its own
     seconds["clean"] += time.perf_counter() - start - cleaner.dedup_seconds
     seconds["dedup"] += cleaner.dedup_seconds
     if split != "test" and len(text) == 0:
-        raise MtxError(f"data.{split} ({spec}) has no usable pairs after cleaning")
+        raise MtxError(f"{_key(split, g)} ({g.spec}) has no usable pairs after cleaning")
     return text, cleaner.counts
 
 
-def _train_spm(d: DataConfig, train: datasets.Dataset, log) -> tuple[bytes, dict]:
-    """(a joint SentencePiece BPE model trained on the training pairs, where it came from)."""
+def _key(split: str, g: corpora.EvalSet) -> str:
+    """How an error names the config key of a part: data.train, data.corpora[1].valid."""
+    return f"{g.key}{split}"
+
+
+def _train_spm(d: DataConfig, train: list, log) -> tuple[bytes, dict]:
+    """(a joint SentencePiece BPE model trained on the training pairs, where it came from).
+    With several corpora, on a sample of data.spm_sample pairs (0: as many as there are)
+    balanced by data.temperature, and one reserved piece per target language."""
+    tags = corpora.tags(d)
     log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
-    proto = vocab.train_bpe(
-        _training_sentences(train), d.vocab_size, d.spm_sample, d.character_coverage
-    )
+    if len(train) == 1:
+        sentences, sample = _training_sentences(train[0][0]), d.spm_sample
+    else:
+        sentences, sample = _balanced_sentences(d, [text for text, _ in train]), 0
+    proto = vocab.train_bpe(sentences, d.vocab_size, sample, d.character_coverage, tags)
     return proto, {"kind": "trained"}
+
+
+def _balanced_sentences(d: DataConfig, texts: list[datasets.Dataset]) -> Iterator[str]:
+    """Both sides of round(p_i x M) pairs of corpus i (M: every corpus's pairs together, at
+    most data.spm_sample), with p_i as batches are sampled (corpora.shares)."""
+    sizes = [len(t) for t in texts]
+    total = min(d.spm_sample or sum(sizes), sum(sizes))
+    weights = [c.weight for c in corpora.corpora(d)]
+    for i, (text, share) in enumerate(zip(texts, corpora.shares(sizes, weights, d.temperature))):
+        want = int(round(share * total))
+        rng = np.random.default_rng([0, i])
+        rows = np.concatenate([rng.permutation(len(text)) for _ in range(-(-want // len(text)))])
+        for start in range(0, want, 10_000):
+            batch = text[rows[start : min(start + 10_000, want)]]
+            yield from batch["src"]
+            yield from batch["tgt"]
 
 
 def _encode_and_write(
     d: DataConfig,
     split: str,
-    text: datasets.Dataset,
-    counts: Counter,
+    groups: list[corpora.EvalSet],
+    parts: list[tuple],
+    tag_of: dict[str, int],
     out: PreparedFiles,
     seconds,
     log,
 ) -> dict:
-    """Encode a split in data.workers processes, drop what is too long, write it to out/split;
-    returns its entry of the manifest."""
+    """Encode a split's parts, drop what is too long, write them to out/split one after the
+    other; returns the split's entry of the manifest."""
+    encoded_parts, sets = [], []
+    for k, (g, (text, counts)) in enumerate(zip(groups, parts)):
+        tag = tag_of.get(g.tgt_lang, 0)
+        encoded, entry = _encode_part(d, split, k, g, text, counts, tag, out, seconds, log)
+        encoded_parts.append(encoded)
+        sets.append(entry)
+    start = time.perf_counter()
+    whole = (
+        encoded_parts[0]
+        if len(encoded_parts) == 1
+        else datasets.concatenate_datasets(encoded_parts)
+    )
+    whole.save_to_disk(str(out.split(split)))
+    total: Counter[str] = Counter()
+    for s in sets:
+        total.update(s["dropped"])
+    entry = {
+        "source": "; ".join(s["source"] for s in sets),
+        "files": {k: v for s in sets for k, v in s["files"].items()},
+        "read": sum(s["read"] for s in sets),
+        "kept": len(whole),
+        "dropped": dict(total),
+        "pairs_sha256": pairs_sha256(whole),
+        "sets": sets,
+    }
+    seconds["write"] += time.perf_counter() - start
+    return entry
+
+
+def _encode_part(d, split, k, g, text, counts, tag, out, seconds, log) -> tuple:
+    """Part k of a split encoded in data.workers processes (its source starting with `tag`
+    if not 0), its pairs too long dropped; returns it and its entry of the manifest."""
     start = time.perf_counter()
     workers = worker_count(d.workers, len(text))
     # SentencePiece encodes a batch in threads: the cores are shared among the workers
     encoded = text.map(
-        Encoder(out.spm_model, threads=max(1, cores() // workers)),
+        Encoder(out.spm_model, max(1, cores() // workers), k, tag),
         batched=True,
         features=ENCODED,
         num_proc=workers if workers > 1 else None,
-        new_fingerprint=f"encode-{split}",
-        cache_file_name=str(out.cache / f"encode-{split}.arrow"),
-        desc=f"encoding {split}",
+        new_fingerprint=f"encode-{split}-{k}",
+        cache_file_name=str(out.cache / f"encode-{split}-{k}.arrow"),
+        desc=f"encoding {split}" + ("" if g.single else f" {g.name}"),
     )
     dropped = dict(counts)
     if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
@@ -272,25 +362,25 @@ def _encode_and_write(
         dropped |= too_long
     seconds["encode"] += time.perf_counter() - start
     if split == "train" and len(encoded) == 0:
-        raise MtxError(f"data.train ({d.train}) is empty after cleaning (max_len {d.max_len})")
-    start = time.perf_counter()
-    encoded.save_to_disk(str(out.split(split)))
+        raise MtxError(f"{_key(split, g)} ({g.spec}) is empty after cleaning (max_len {d.max_len})")
     read = dropped.pop("read", 0)
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()))
+    label = split if g.single and split != "valid" else f"{split} {g.name}"
+    log(
+        f"{label}: kept {len(encoded)} of {read} pairs"
+        + (f" (dropped: {reasons})" if dropped else "")
+    )
     entry = {
-        "source": getattr(d, split),
-        "files": sources.file_hashes(getattr(d, split), d.src_lang, d.tgt_lang),
+        "name": g.name,
+        "src_lang": g.src_lang,
+        "tgt_lang": g.tgt_lang,
+        "source": g.spec,
+        "files": sources.file_hashes(g.spec, g.src_lang, g.tgt_lang),
         "read": read,
         "kept": len(encoded),
         "dropped": dropped,
-        "pairs_sha256": pairs_sha256(encoded),
     }
-    seconds["write"] += time.perf_counter() - start
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()))
-    log(
-        f"{split}: kept {len(encoded)} of {read} pairs"
-        + (f" (dropped: {reasons})" if dropped else "")
-    )
-    return entry
+    return encoded, entry
 
 
 def pairs_sha256(ds: datasets.Dataset) -> str:

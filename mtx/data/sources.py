@@ -3,7 +3,7 @@
 A split is named by a spec string:
 - `PREFIX`                    local UTF-8 files PREFIX.{src_lang} and PREFIX.{tgt_lang}, line-aligned
 - `hf:NAME[:CONFIG[:SPLIT]]`  a hub dataset through `datasets.load_dataset`, e.g. `hf:wmt/wmt14:de-en`
-- `toy:SPLIT`                 the embedded synthetic corpus (mtx/data/toy.py)
+- `toy:SPLIT`                 the embedded synthetic corpus (mtx/data/toy.py), en-de or de-en
 
 Every loader returns a `datasets.Dataset` with string columns `src` and `tgt`, stored as Arrow
 on disk, so corpora larger than memory stream through. Local files are read in binary and
@@ -83,9 +83,9 @@ def _local_pairs(src: Path, tgt: Path) -> Iterator[dict[str, str]]:
         yield {"src": s, "tgt": t}
 
 
-def _toy_pairs(split: str) -> Iterator[dict[str, str]]:
+def _toy_pairs(split: str, swap: bool) -> Iterator[dict[str, str]]:
     for s, t in toy.split_pairs(split):
-        yield {"src": s, "tgt": t}
+        yield {"src": t, "tgt": s} if swap else {"src": s, "tgt": t}
 
 
 def parse_hub_spec(spec: str, default_split: str) -> tuple[str, str | None, str]:
@@ -157,7 +157,11 @@ def load_split(
         split = spec[len("toy:") :]
         if split not in toy.SPLITS:
             raise MtxError(f"toy corpus split must be one of {', '.join(toy.SPLITS)}, got {spec!r}")
-        gen, kwargs = _toy_pairs, {"split": split}
+        if {src_lang, tgt_lang} != {"en", "de"}:
+            raise MtxError(
+                f"the toy corpus ({spec}) is en-de, either way round; got {src_lang}-{tgt_lang}"
+            )
+        gen, kwargs = _toy_pairs, {"split": split, "swap": src_lang == "de"}
     else:
         src, tgt = local_files(spec, src_lang, tgt_lang)
         n_src, n_tgt = count_lines(src), count_lines(tgt)

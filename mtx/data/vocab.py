@@ -14,9 +14,15 @@ from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
 def train_bpe(
-    sentences: Iterator[str], vocab_size: int, sample: int, character_coverage: float
+    sentences: Iterator[str],
+    vocab_size: int,
+    sample: int,
+    character_coverage: float,
+    reserved: list[str] | None = None,
 ) -> bytes:
-    """Train a BPE model on `sentences` (source and target text mixed); returns the model proto."""
+    """Train a BPE model on `sentences` (source and target text mixed); returns the model
+    proto. `reserved` pieces (target-language tags) get the ids after the fixed four, and
+    are never split or merged with text."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=sentences,
@@ -32,6 +38,7 @@ def train_bpe(
         bos_id=BOS_ID,
         eos_id=EOS_ID,
         max_sentence_length=1 << 16,
+        user_defined_symbols=reserved or [],
         num_threads=2,
         minloglevel=2,
     )

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.data.batching import pad
@@ -92,6 +93,38 @@ class Translator:
                 f"the SentencePiece model has {self.sp.get_piece_size()} pieces but the model's "
                 f"vocabulary has {model.vocab_size}: they do not belong together"
             )
+        self.tags = corpora.tag_ids(self.sp)  # {language: its >>xx<< tag's id}; {}: one
+        self.tgt_lang: str | None = None  # into; None: the model's one target language
+
+    @property
+    def languages(self) -> list[str]:
+        """The languages the model translates into (from its tags, or its config's one)."""
+        if self.tags:
+            return sorted(self.tags)
+        return corpora.target_languages(self.cfg.data)
+
+    def into(self, lang: str | None) -> Translator:
+        """This translator, translating into `lang` (None: as it is). A multilingual model's
+        source then starts with the language's tag (mtx/corpora.py); a model with one target
+        language takes only that one."""
+        if lang is None:
+            return self
+        if lang not in self.languages:
+            raise MtxError(
+                f"target language {lang!r} is not one this model translates into "
+                f"({', '.join(self.languages)})"
+            )
+        other = copy.copy(self)
+        other.tgt_lang = lang
+        return other
+
+    def check_language(self) -> None:
+        """Refuse to translate with a multilingual model before a target language is chosen."""
+        if self.tags and self.tgt_lang is None:
+            raise MtxError(
+                f"this model translates into {', '.join(self.languages)}: name the target "
+                "language (--tgt-lang, or tgt_lang in a request)"
+            )
 
     @classmethod
     def from_checkpoint(
@@ -130,7 +163,9 @@ class Translator:
         return other
 
     def encode(self, line: str) -> list[int]:
-        return encode_line(self.sp, line, self.model.cfg.max_positions)
+        self.check_language()
+        prefix = [self.tags[self.tgt_lang]] if self.tags else None
+        return encode_line(self.sp, line, self.model.cfg.max_positions, prefix)
 
     def check_nbest(self, nbest: int) -> None:
         d = self.cfg.decode
@@ -195,6 +230,7 @@ class Translator:
         """The hypotheses of each line, in input order; `first_line` numbers the first line
         (for sampling seeds when `lines` is one chunk of a longer input)."""
         self.check_nbest(nbest)
+        self.check_language()
         ids = [self.encode(line) for line in lines]
         out: list[list[Hypothesis]] = [[] for _ in lines]
         lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
@@ -251,6 +287,7 @@ class Translator:
     ) -> Iterator[list[Hypothesis]]:
         """`translate_ids` over an endless iterable, chunk by chunk (see `chunks`)."""
         self.check_nbest(nbest)
+        self.check_language()
         first = 0
         for chunk in chunks(lines, chunk_lines, idle):
             yield from self.translate_ids(chunk, nbest, first)

@@ -5,7 +5,9 @@
 
 The directory is written beside its final name and renamed when complete, so an export that
 fails leaves nothing. It also gets `mtx.json`: the checkpoint's config, data manifest, step
-and mtx version, so an exported model still says what it is.
+and mtx version, so an exported model still says what it is, and a multilingual model's
+target-language tags (mtx/corpora.py): `>>de<< text` to MarianTokenizer, the piece `>>de<<`
+first in CTranslate2's source tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from mtx import __version__
+from mtx import __version__, corpora
 from mtx.checkpoint import Checkpoint
 from mtx.errors import MtxError
 from mtx.files import sha256_file
@@ -69,6 +71,13 @@ def export(
             "averaged_from": _sources(ckpt),
             "config": ckpt.config,
             "manifest": ckpt.manifest,
+            # a multilingual model: the source starts with the target language's tag, as
+            # MarianTokenizer reads ">>de<< text" and CTranslate2 takes the piece ">>de<<"
+            "target_language_tags": [
+                corpora.tag_piece(lang) for lang in corpora.target_languages(cfg.data)
+            ]
+            if corpora.tags(cfg.data)
+            else [],
         }
         (tmp / "mtx.json").write_text(json.dumps(about, indent=2) + "\n")
         tmp.rename(output)

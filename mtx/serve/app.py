@@ -1,6 +1,7 @@
 """The HTTP side of `mtx serve`: a FastAPI app over the batcher, and the uvicorn server running it.
 
-    POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false}
+    POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false,
+                       "tgt_lang": "de" (needed when the model translates into several)}
     GET  /health      the process is alive
     GET  /ready       the model is loaded and every worker has come for work (503 before
                       that, and while stopping)
@@ -53,6 +54,7 @@ class TranslateRequest(BaseModel):
     beam: int | None = None  # beam size, 1 = greedy (default: the checkpoint's decode.beam)
     nbest: int = 1  # also return this many best translations of each text, with scores
     attention: bool = False  # also return the encoder-decoder attention (one checkpoint only)
+    tgt_lang: str | None = None  # the language to translate into (a multilingual model: needed)
 
 
 class TranslateResponse(BaseModel):
@@ -182,7 +184,10 @@ class Service:
             raise invalid(f"nbest must be in 1..{beam} (the beam)")
         if req.attention and not self.engine.single_model:
             raise invalid("attention needs one --checkpoint and the mtx engine")
-        return Choices(beam, req.nbest, req.attention)
+        why = self.engine.check_language(req.tgt_lang)
+        if why:
+            raise invalid(why)
+        return Choices(beam, req.nbest, req.attention, req.tgt_lang)
 
     async def translate(self, request: Request) -> dict:
         req = await self.read_request(request)

@@ -42,10 +42,12 @@ class MtxEngine:
     def set_threads(self, n: int) -> None:
         torch.set_num_threads(n)
 
-    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
+    def translate(
+        self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None
+    ) -> list[Result]:
         if beam not in self._by_beam:
             self._by_beam[beam] = self.translator.with_decode(beam=beam)
-        tr = self._by_beam[beam]
+        tr = self._by_beam[beam].into(tgt_lang)
         out = []
         for text, hyps in zip(texts, tr.translate_ids(texts, nbest)):
             out.append(
@@ -53,16 +55,16 @@ class MtxEngine:
                     texts=[tr.detokenize(h.tokens) for h in hyps],
                     scores=[float(h.score) for h in hyps],
                     ids=list(hyps[0].tokens),
-                    tokens_in=self.length(text),
+                    tokens_in=len(tr.encode(text)),
                 )
             )
         return out
 
-    def attention(self, text: str, ids: list[int]) -> dict:
+    def attention(self, text: str, ids: list[int], tgt_lang: str | None = None) -> dict:
         """The encoder-decoder attention of the translation `ids` of `text`, averaged over
         decoder layers and heads: {"source": pieces, "output": pieces, "weights": rows}, one
         row per output subword (EOS last), one column per source subword (EOS last)."""
-        record = self.translator.cross_attention(text, ids)
+        record = self.translator.into(tgt_lang).cross_attention(text, ids)
         mean = record["weights"].mean(dim=(0, 1))
         return {"source": record["source"], "output": record["output"], "weights": mean.tolist()}
 
@@ -103,10 +105,14 @@ class CT2Engine:
             )
             self.threads = n
 
-    def translate(self, texts: list[str], beam: int, nbest: int) -> list[Result]:
+    def translate(
+        self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None
+    ) -> list[Result]:
         sp, d = self.translator.sp, self.cfg.decode
         limit = self.translator.model.cfg.max_positions - 1
-        pieces = [sp.encode(" ".join(t.split()), out_type=str)[: limit - 1] for t in texts]
+        # a multilingual model's tag is a piece like any other (mtx/corpora.py)
+        tr = self.translator.into(tgt_lang)
+        pieces = [[sp.id_to_piece(i) for i in tr.encode(t)[:-1]] for t in texts]
         longest = max(len(p) for p in pieces) + 1
         results = self.model.translate_batch(
             pieces,
@@ -125,7 +131,7 @@ class CT2Engine:
             out.append(Result(hyps, [float(s) for s in r.scores], ids, len(p) + 1))
         return out
 
-    def attention(self, text: str, ids: list[int]) -> dict:
+    def attention(self, text: str, ids: list[int], tgt_lang: str | None = None) -> dict:
         raise MtxError("the attention comes with --engine mtx only")
 
 
@@ -167,8 +173,8 @@ def describe_engine(
 
 def decode_batch(engine: MtxEngine | CT2Engine, texts: list[str], choices: Choices) -> list[Result]:
     """One batch: the translations, and their attention if the request asks for it."""
-    results = engine.translate(texts, choices.beam, choices.nbest)
+    results = engine.translate(texts, choices.beam, choices.nbest, choices.tgt_lang)
     if choices.attention:
         for text, result in zip(texts, results):
-            result.attention = engine.attention(text, result.ids)
+            result.attention = engine.attention(text, result.ids, choices.tgt_lang)
     return results

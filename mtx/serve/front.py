@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.errors import MtxError
@@ -30,6 +31,7 @@ class Choices:
     beam: int
     nbest: int
     attention: bool = False  # also the attention of each translation (for the page)
+    tgt_lang: str | None = None  # the language to translate into (None: the model's one)
 
 
 @dataclass
@@ -61,10 +63,24 @@ class Front:
         self.name, self.cfg, self.single_model = about.engine, about.cfg, about.single_model
         self.max_positions = about.max_positions
         self.sp = vocab.load(about.spm_proto)
+        self.tags = corpora.tag_ids(self.sp)
+        self.languages = sorted(self.tags) or corpora.target_languages(about.cfg.data)
 
     def length(self, text: str) -> int:
-        """Source subwords of `text`, EOS included: what the token budget counts."""
-        return len(encode_line(self.sp, text, self.max_positions))
+        """Source subwords of `text`, EOS (and a tag) included: what the token budget counts."""
+        prefix = [next(iter(self.tags.values()))] if self.tags else None
+        return len(encode_line(self.sp, text, self.max_positions, prefix))
+
+    def check_language(self, lang: str | None) -> str:
+        """Why a request's tgt_lang cannot be served ("" if it can)."""
+        if lang is None and self.tags:
+            return f"tgt_lang: this model translates into {', '.join(self.languages)}; name one"
+        if lang is not None and lang not in self.languages:
+            return (
+                f"tgt_lang: {lang!r} is not a language this model translates into "
+                f"({', '.join(self.languages)})"
+            )
+        return ""
 
 
 def check_engine(name: str, checkpoints: int, device: str) -> None:

@@ -53,6 +53,9 @@ def serve(
             "attention": engine.single_model,
             "workers": workers,
             "checkpoints": about.checkpoints,
+            "directions": about.checkpoints[0]["directions"],
+            "target_languages": engine.languages,
+            "tgt_lang_required": bool(engine.tags),
             "decode": vars(engine.cfg.decode),
             "serve": vars(s),
         }

@@ -10,27 +10,53 @@ stopping, where a loader per epoch started its workers again and drained its que
 epoch's end (on Multi30k, an epoch of 130 updates, that cost a tenth of a second or more: one
 log window in ten ran about 15% slower, BENCHMARKS.md). Each batch says which update it ends
 and where the run then stands (`after`), so the trainer's position follows the data.
+
+With several corpora (`Mix`), an epoch is the rows mtx/corpora.py draws for it, by
+(seed, epoch) alone, batched as one corpus's rows are.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from mtx.config import TrainConfig
+from mtx import corpora
+from mtx.config import DataConfig, TrainConfig
 from mtx.data.batching import BatchDataset, fixed_batches, lengths, token_batches
 from mtx.errors import MtxError
 from mtx.train.faults import ignore_stop_signals
 
 
+@dataclass(frozen=True)
+class Mix:
+    """Several corpora in the training data: each row's corpus (the prepared `group`
+    column) and each corpus's share of an epoch (mtx/corpora.py)."""
+
+    corpus: np.ndarray
+    shares: np.ndarray
+
+    @classmethod
+    def of(cls, ds, d: DataConfig) -> Mix | None:
+        """The mix of a prepared training split, or None for one corpus (every row, once,
+        each epoch)."""
+        cs = corpora.corpora(d)
+        if len(cs) == 1:
+            return None
+        corpus = np.asarray(ds["group"], dtype=np.int64)
+        sizes = np.bincount(corpus, minlength=len(cs))
+        return cls(corpus, corpora.shares(sizes, [c.weight for c in cs], d.temperature))
+
+
 def update_batches(
-    ds, t: TrainConfig, epoch: int, first: int, rank: int, world: int
+    ds, t: TrainConfig, epoch: int, first: int, rank: int, world: int, mix: Mix | None = None
 ) -> tuple[list[np.ndarray], list[int]]:
     """This process's batches (row indices) of epoch `epoch` from batch `first` on, and the
     target tokens of each update (all processes together)."""
     U, G = t.update_freq, world * t.update_freq
     src_lens, tgt_lens = lengths(ds)
-    order = epoch_batches(src_lens, tgt_lens, t, epoch)
+    order = epoch_batches(src_lens, tgt_lens, t, epoch, mix)
     usable = len(order) - len(order) % G
     if usable == 0:
         raise MtxError(
@@ -45,11 +71,17 @@ def update_batches(
     return mine, update_tokens
 
 
-def epoch_batches(src_lens, tgt_lens, t: TrainConfig, epoch: int) -> list[np.ndarray]:
+def epoch_batches(
+    src_lens, tgt_lens, t: TrainConfig, epoch: int, mix: Mix | None = None
+) -> list[np.ndarray]:
     """Epoch `epoch`'s batches (row indices), of bounded or, with train.static_shapes, fixed
-    shapes (data/batching.py)."""
+    shapes (data/batching.py), over the rows the corpora's mix draws for the epoch."""
     make = fixed_batches if t.static_shapes else token_batches
-    return make(src_lens, tgt_lens, t.max_tokens, t.seed, epoch, t.pad_to)
+    if mix is None:
+        return make(src_lens, tgt_lens, t.max_tokens, t.seed, epoch, t.pad_to)
+    rows = corpora.epoch_rows(mix.corpus, mix.shares, t.seed, epoch)
+    batches = make(src_lens[rows], tgt_lens[rows], t.max_tokens, t.seed, epoch, t.pad_to)
+    return [rows[b] for b in batches]
 
 
 def fixed_tokens(t: TrainConfig) -> int:
@@ -64,8 +96,10 @@ class Stream(torch.utils.data.IterableDataset):
     worker w builds batches w, w + W, ... and the loader takes them in turn: the same order
     as one worker's."""
 
-    def __init__(self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int) -> None:
-        self.ds, self.t, self.start = ds, t, (epoch, batch)
+    def __init__(
+        self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, mix=None
+    ) -> None:
+        self.ds, self.t, self.start, self.mix = ds, t, (epoch, batch), mix
         self.rank, self.world = rank, world
 
     def __iter__(self):
@@ -74,7 +108,7 @@ class Stream(torch.utils.data.IterableDataset):
         t, (epoch, first), i = self.t, self.start, 0
         G = self.world * t.update_freq
         while True:
-            mine, tokens = update_batches(self.ds, t, epoch, first, self.rank, self.world)
+            mine, tokens = update_batches(self.ds, t, epoch, first, self.rank, self.world, self.mix)
             items = BatchDataset(self.ds, mine, t.pad_to, fixed_tokens(t))
             for k in range(len(mine)):
                 if i % W == w:
@@ -85,12 +119,12 @@ class Stream(torch.utils.data.IterableDataset):
             epoch, first = epoch + 1, 0
 
 
-def stream(ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device):
+def stream(ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device, mix=None):
     """`Stream`'s batches, built by train.workers background processes for the whole run.
     Data too small for one update is refused here, in one line, before any worker starts."""
-    update_batches(ds, t, epoch, 0, rank, world)
+    update_batches(ds, t, epoch, 0, rank, world, mix)
     return torch.utils.data.DataLoader(
-        Stream(ds, t, epoch, batch, rank, world),
+        Stream(ds, t, epoch, batch, rank, world, mix),
         batch_size=None,
         num_workers=t.workers,
         prefetch_factor=4 if t.workers else None,

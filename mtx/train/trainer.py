@@ -33,7 +33,7 @@ from mtx.train.metrics import MetricsLog, Window, summary_writer
 from mtx.train.resume import prepare_run_dir, restore, save_checkpoints
 from mtx.train.state import TrainState
 from mtx.train.step import build_step
-from mtx.train.validate import valid_bleu, validate
+from mtx.train.validate import combine, valid_bleu, valid_sets, validate
 
 
 def quiet(*_) -> None:
@@ -51,8 +51,10 @@ class Trainer:
         self.progress: tqdm | None = None
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
-        self.train_ds, self.valid_ds = load_prepared(cfg, "train"), load_prepared(cfg, "valid")
         spm_proto, manifest = load_spm_proto(cfg), load_manifest(cfg)
+        self.train_ds = load_prepared(cfg, "train")
+        self.valid_sets = valid_sets(load_prepared(cfg, "valid"), manifest)
+        self.mix = data.Mix.of(self.train_ds, cfg.data)
         dist.check_same_data(fingerprint(manifest, spm_proto))
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         self.model = make_model(cfg.model, manifest["vocab_size"]).to(self.device)
@@ -163,7 +165,7 @@ class Trainer:
         if not finished:
             rank, world = self.dist.rank, self.dist.world
             batches = data.stream(
-                self.train_ds, t, state.epoch, state.batch, rank, world, self.device
+                self.train_ds, t, state.epoch, state.batch, rank, world, self.device, self.mix
             )
             pending: list = []
             for batch in batches:
@@ -276,16 +278,23 @@ class Trainer:
         start = time.monotonic()
         precision = self.step.precision
         model = self.step.working_model  # bf16-weights: the bf16 copy, as it trains
-        result = validate(model, self.valid_ds, cfg, precision, self.dist)
         number = self.state.step // t.valid_every  # validations so far, this one included
-        if t.bleu_every and (last or number % t.bleu_every == 0):
-            bleu_start = time.monotonic()
-            args = (self.valid_ds, self.header.spm_model, cfg, precision, self.dist)
-            scores, hyps = valid_bleu(model, *args)
-            result |= scores
-            if self.dist.main:
-                atomic_write_text(self.run_dir.valid_hyp, "".join(h + "\n" for h in hyps))
-            result["bleu_seconds"] = time.monotonic() - bleu_start
+        bleu = t.bleu_every and (last or number % t.bleu_every == 0)
+        per_set, all_hyps, bleu_seconds = {}, [], 0.0
+        for v in self.valid_sets:
+            per_set[v.name] = validate(model, v.ds, cfg, precision, self.dist)
+            if bleu:
+                bleu_start = time.monotonic()
+                args = (v.ds, self.header.spm_model, cfg, precision, self.dist, v.tgt_lang)
+                scores, hyps = valid_bleu(model, *args)
+                per_set[v.name] |= scores
+                all_hyps += hyps
+                bleu_seconds += time.monotonic() - bleu_start
+        result = combine(per_set, t.best_valid)
+        if bleu:
+            if self.dist.main:  # the sets' translations one after the other, as prepared
+                atomic_write_text(self.run_dir.valid_hyp, "".join(h + "\n" for h in all_hyps))
+            result["bleu_seconds"] = bleu_seconds
         result["valid_seconds"] = time.monotonic() - start
         is_best = self.state.observe(result, t.best_metric)
         self.save(is_best)
@@ -295,12 +304,21 @@ class Trainer:
 
 
 def validation_line(step: int, result: dict[str, float], is_best: bool) -> str:
+    """The progress line of a validation; with several sets, each set's loss and BLEU after
+    the figures best.pt follows."""
     bleu = ""
     if "valid_bleu" in result:
         bleu = f", BLEU {result['valid_bleu']:.2f}, chrF {result['valid_chrf']:.2f}"
+    names = [k.split("/", 1)[1] for k in result if k.startswith("valid_loss/")]
+    sets = ""
+    for name in names:
+        score = result.get(f"valid_bleu/{name}")
+        sets += f"; {name} loss {result[f'valid_loss/{name}']:.3f}" + (
+            f" BLEU {score:.2f}" if score is not None else ""
+        )
     return (
         f"step {step}: valid loss {result['valid_loss']:.3f}, "
-        f"ppl {result['valid_ppl']:.2f}{bleu}" + (" (best)" if is_best else "")
+        f"ppl {result['valid_ppl']:.2f}{bleu}" + (" (best)" if is_best else "") + sets
     )
 
 

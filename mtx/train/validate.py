@@ -1,11 +1,20 @@
-"""Validation: the label-smoothed loss, NLL and perplexity of the validation split, and its
-BLEU and chrF: the split translated with the run's decode.* settings (decode/translator.py)
-and scored by sacreBLEU against the raw references (evaluate.py)."""
+"""Validation: the label-smoothed loss, NLL and perplexity of each validation set, and its
+BLEU and chrF: the set translated with the run's decode.* settings (decode/translator.py)
+into its target language and scored by sacreBLEU against the raw references (evaluate.py).
+
+With several sets (directions of a multilingual model, or a fine-tuning run's new and old
+data), each set's figures are reported as valid_loss/NAME, valid_bleu/NAME, ...; valid_loss,
+valid_bleu, ... are then their mean, or one set's figures when train.best_valid names it:
+what best.pt and train.patience follow.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import datasets
+import numpy as np
 import torch
 
 from mtx.config import Config
@@ -40,13 +49,62 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
     }
 
 
+@dataclass
+class ValidSet:
+    """A validation set: its name, target language and prepared pairs."""
+
+    name: str
+    tgt_lang: str
+    ds: datasets.Dataset
+
+
+def valid_sets(ds: datasets.Dataset, manifest: dict) -> list[ValidSet]:
+    """The prepared validation split's sets (rows numbered by the `group` column), in the
+    order the manifest lists them."""
+    sets = manifest["splits"]["valid"].get("sets")
+    if not sets:  # prepared by an mtx without named sets: one set
+        return [ValidSet("valid", manifest.get("tgt_lang") or "", ds)]
+    if len(sets) == 1:
+        return [ValidSet(sets[0]["name"], sets[0]["tgt_lang"], ds)]
+    group = np.asarray(ds["group"])
+    return [
+        ValidSet(s["name"], s["tgt_lang"], ds.select(np.flatnonzero(group == k)))
+        for k, s in enumerate(sets)
+    ]
+
+
+def combine(per_set: dict[str, dict[str, float]], best_valid: str) -> dict[str, float]:
+    """One validation's record: with one set, its figures; with several, each set's as
+    KEY/NAME and, as KEY, their mean or `best_valid`'s set's (the names are checked in
+    Config.validate and the trainer)."""
+    if len(per_set) == 1:
+        return dict(next(iter(per_set.values())))
+    out: dict[str, float] = {}
+    for name, result in per_set.items():
+        out |= {f"{k}/{name}": v for k, v in result.items()}
+    if best_valid:
+        return out | per_set[best_valid]
+    for key in next(iter(per_set.values())):
+        values = [r[key] for r in per_set.values() if key in r]
+        out[key] = sum(values) / len(values)
+    if "valid_nll" in out:
+        out["valid_ppl"] = math.exp(min(out["valid_nll"], 100.0))
+    return out
+
+
 def translate_shared(
-    model, sources: list[str], spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
+    model,
+    sources: list[str],
+    spm_proto: bytes,
+    cfg: Config,
+    precision: Precision,
+    dist: Dist,
+    tgt_lang: str | None = None,
 ) -> list[str]:
     """The detokenized translations of `sources` with the model being trained, on every
     process. Process r translates lines r, r + world, ...: a sentence's translation does not
     depend on the others in its batch, so the result is the same as one process's."""
-    translator = Translator(model, cfg, spm_proto, as_is=True)
+    translator = Translator(model, cfg, spm_proto, as_is=True).into(tgt_lang)
     model.eval()
     model.pack("fp32")  # copies of the current weights, dropped below
     try:
@@ -62,13 +120,19 @@ def translate_shared(
 
 
 def valid_bleu(
-    model, valid_ds, spm_proto: bytes, cfg: Config, precision: Precision, dist: Dist
+    model,
+    valid_ds,
+    spm_proto: bytes,
+    cfg: Config,
+    precision: Precision,
+    dist: Dist,
+    tgt_lang: str | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """sacreBLEU's BLEU and chrF of the first train.valid_bleu_lines (0: all) validation
     lines, translated by every process together and scored by rank 0 (the scores are sent
     to every process), and the translations."""
     lines = valid_ds.select(range(min(cfg.train.valid_bleu_lines or len(valid_ds), len(valid_ds))))
-    hyps = translate_shared(model, lines["src"], spm_proto, cfg, precision, dist)
+    hyps = translate_shared(model, lines["src"], spm_proto, cfg, precision, dist, tgt_lang)
 
     def scored() -> dict[str, float]:
         result = score(hyps, lines["tgt"])
