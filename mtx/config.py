@@ -152,6 +152,13 @@ class DataConfig:
         "one) instead of training one: to fine-tune on new data (vocab_size is then unused)",
     )
     workers: int = setting(0, "processes that encode the data (0: one per CPU core)", NOT_NEGATIVE)
+    sampling: float = setting(
+        0.0,
+        "BPE-dropout on the fly: each epoch, training pairs are segmented anew, each merge "
+        "dropped with this probability (0: off; 0.1 as Provilkov et al.); never in validation "
+        "or translation (data/sampling.py)",
+        FRACTION,
+    )
 
     def check(self) -> None:
         from mtx.corpora import corpora
@@ -456,6 +463,11 @@ class Config:
                     f"train.best_valid {t.best_valid!r} is not a validation set; they are "
                     f"{', '.join(names)}"
                 )
+        if d.sampling and t.static_shapes:
+            raise MtxError(
+                "data.sampling makes lengths change every epoch; train.static_shapes needs "
+                "the prepared lengths: use one or the other"
+            )
         single = ("data.src_lang", "data.tgt_lang", "data.train", "data.valid", "data.test")
         mixed = [k for k in single if k in (self.given or ())]
         if d.corpora and mixed:

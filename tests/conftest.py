@@ -69,6 +69,22 @@ def prepared(tmp_path_factory):
     return run / "prepared"
 
 
+# Both directions of the toy corpus in one model: a multilingual run (mtx/corpora.py)
+BOTH_WAYS = (
+    "data.corpora=["
+    "{src_lang: en, tgt_lang: de, train: 'toy:train', valid: ['toy:valid'], test: 'toy:test'},"
+    "{src_lang: de, tgt_lang: en, train: 'toy:train', valid: ['toy:valid'], test: 'toy:test'}]"
+)
+
+
+@pytest.fixture(scope="session")
+def prepared_both_ways(tmp_path_factory):
+    """The toy corpus in both directions prepared once for TINY_RUN (BOTH_WAYS)."""
+    run = tmp_path_factory.mktemp("prep-both")
+    prepare(load_config(None, [f"run_dir={run}", *TINY_RUN, BOTH_WAYS]), log=lambda *_: None)
+    return run / "prepared"
+
+
 def run_config(run, prepared, *extra):
     """The TINY_RUN config of a run directory that shares the prepared data."""
     run.mkdir(parents=True, exist_ok=True)

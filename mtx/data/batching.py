@@ -154,16 +154,29 @@ class BatchDataset(torch.utils.data.Dataset):
     batch_size=None, so workers build batches in the background)."""
 
     def __init__(
-        self, ds, batches: list[np.ndarray], pad_to: int = 1, fixed_tokens: int = 0
+        self,
+        ds,
+        batches: list[np.ndarray],
+        pad_to: int = 1,
+        fixed_tokens: int = 0,
+        resegment=None,
     ) -> None:
-        self.ds = ds.select_columns(["src_ids", "tgt_ids"])
+        """`resegment`: a data/sampling.py `Resegment` for the epoch, to train on sampled
+        segmentations of the text instead of the prepared ids."""
+        columns = ["src_ids", "tgt_ids"] + (["src", "tgt"] if resegment else [])
+        self.ds = ds.select_columns(columns)
         self.batches = batches
         self.pad_to = pad_to
         self.fixed_tokens = fixed_tokens  # see collate
+        self.resegment = resegment
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
-        rows = self.ds[self.batches[i].tolist()]
-        return collate(rows["src_ids"], rows["tgt_ids"], self.pad_to, self.fixed_tokens)
+        rows = self.batches[i].tolist()
+        batch = self.ds[rows]
+        src_ids, tgt_ids = batch["src_ids"], batch["tgt_ids"]
+        if self.resegment is not None:
+            src_ids, tgt_ids = self.resegment(rows, batch)
+        return collate(src_ids, tgt_ids, self.pad_to, self.fixed_tokens)

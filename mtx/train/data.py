@@ -12,7 +12,8 @@ log window in ten ran about 15% slower, BENCHMARKS.md). Each batch says which up
 and where the run then stands (`after`), so the trainer's position follows the data.
 
 With several corpora (`Mix`), an epoch is the rows mtx/corpora.py draws for it, by
-(seed, epoch) alone, batched as one corpus's rows are.
+(seed, epoch) alone, batched as one corpus's rows are. With data.sampling, the workers
+segment each pair anew (data/sampling.py), by (seed, epoch, row) alone.
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ class Stream(torch.utils.data.IterableDataset):
     as one worker's."""
 
     def __init__(
-        self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, mix=None
-    ) -> None:
+        self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, mix=None,
+        resegment=None,
+    ) -> None:  # fmt: skip
         self.ds, self.t, self.start, self.mix = ds, t, (epoch, batch), mix
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.resegment = rank, world, resegment
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -109,7 +111,8 @@ class Stream(torch.utils.data.IterableDataset):
         G = self.world * t.update_freq
         while True:
             mine, tokens = update_batches(self.ds, t, epoch, first, self.rank, self.world, self.mix)
-            items = BatchDataset(self.ds, mine, t.pad_to, fixed_tokens(t))
+            sampled = self.resegment.for_epoch(epoch) if self.resegment else None
+            items = BatchDataset(self.ds, mine, t.pad_to, fixed_tokens(t), sampled)
             for k in range(len(mine)):
                 if i % W == w:
                     update = k // t.update_freq
@@ -119,12 +122,15 @@ class Stream(torch.utils.data.IterableDataset):
             epoch, first = epoch + 1, 0
 
 
-def stream(ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device, mix=None):
+def stream(
+    ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device, mix=None,
+    resegment=None,
+):  # fmt: skip
     """`Stream`'s batches, built by train.workers background processes for the whole run.
     Data too small for one update is refused here, in one line, before any worker starts."""
     update_batches(ds, t, epoch, 0, rank, world, mix)
     return torch.utils.data.DataLoader(
-        Stream(ds, t, epoch, batch, rank, world, mix),
+        Stream(ds, t, epoch, batch, rank, world, mix, resegment),
         batch_size=None,
         num_workers=t.workers,
         prefetch_factor=4 if t.workers else None,
