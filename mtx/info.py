@@ -46,7 +46,7 @@ def describe(
     return {
         "source": target,
         "architecture": architecture(m),
-        "directions": [c.direction for c in cs],
+        "directions": list(dict.fromkeys(c.direction for c in cs)),
         "target_languages": corpora.target_languages(cfg.data),
         "tags": [corpora.tag_piece(lang) for lang in corpora.target_languages(cfg.data)]
         if corpora.tags(cfg.data)

@@ -1,0 +1,116 @@
+"""Subword regularisation (data.sampling, BPE-dropout on the fly): how fast one core segments,
+how much longer the segmentations are, and what it does for a low-resource model.
+
+    python -m benchmarks.sampling rate [--alpha 0.1] [--pairs 29000] [--json]
+    python -m benchmarks.sampling bleu [--pairs 10000] [--seeds 1 2 3] [--max-steps 3000]
+                                       [--set KEY=VALUE ...] [--work DIR] [--json]
+
+`rate`: Multi30k en-de's training pairs prepared (SentencePiece BPE 8000), then segmented
+as a loader worker does for an epoch (data/sampling.py's Resegment, one process, one
+thread), against the prepared segmentation: pairs per second per core, and the sampled
+tokens per prepared token.
+
+`bleu`: the first --pairs pairs of Multi30k de->en, a small model (benchmarks/multilingual.py's
+settings) trained until the validation loss has not improved for 3 validations (at most
+--max-steps updates), with data.sampling 0 and 0.1, each seed; test2016 BLEU of best.pt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import datasets
+
+from benchmarks.harness import mtx, result, timed
+from benchmarks.multilingual import M30K, SMALL
+from mtx.data.sampling import Resegment
+
+
+def prepare_multi30k(run: Path, pairs: int, src: str, tgt: str) -> Path:
+    """The first `pairs` Multi30k training pairs, src->tgt, prepared into run/prepared."""
+    data = run / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for lang in (src, tgt):
+        lines = (M30K / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
+        (data / f"train.{lang}").write_text("".join(lines[:pairs]), encoding="utf-8")
+    sets = [f"run_dir={run}", f"data.src_lang={src}", f"data.tgt_lang={tgt}",
+            f"data.train={data}/train", f"data.valid={M30K}/val", f"data.test={M30K}/test2016"]  # fmt: skip
+    mtx("prepare", *(x for s in [*SMALL, *sets] for x in ("--set", s)))
+    return run / "prepared"
+
+
+def rate(work: Path, alpha: float, pairs: int) -> dict:
+    prepared = prepare_multi30k(work / "rate", pairs, "en", "de")
+    ds = datasets.load_from_disk(str(prepared / "train"))
+    batch, rows = ds[:], list(range(len(ds)))
+    r = Resegment((prepared / "spm.model").read_bytes(), alpha, 1, False, 128).for_epoch(0)
+    timing, (src, tgt) = timed(lambda: r(rows, batch), repeats=3, warmup=1)
+    sampled = sum(map(len, src)) + sum(map(len, tgt))
+    prepared_tokens = sum(batch["src_len"]) + sum(batch["tgt_len"])
+    return {
+        "pairs": len(ds),
+        "pairs_per_s_per_core": len(ds) / timing.median,
+        "spread": timing.spread,
+        "tokens_per_prepared_token": sampled / prepared_tokens,
+    }
+
+
+def bleu_run(work: Path, prepared: Path, alpha: float, seed: int, args) -> dict:
+    run = work / f"a{alpha}-s{seed}"
+    run.mkdir(parents=True, exist_ok=True)
+    if not (run / "prepared").exists():
+        (run / "prepared").symlink_to(prepared)
+    sets = [*SMALL, f"run_dir={run}", "data.src_lang=de", "data.tgt_lang=en",
+            f"data.sampling={alpha}", f"train.seed={seed}", f"train.max_steps={args.max_steps}",
+            "train.valid_every=200", "train.patience=3", "train.workers=1", *args.set]  # fmt: skip
+    mtx("train", *(x for s in sets for x in ("--set", s)), "--overwrite")
+    out = mtx("evaluate", "--checkpoint", run / "checkpoints" / "best.pt", "--src",
+              f"{M30K}/test2016.de", "--ref", f"{M30K}/test2016.en", "--json")  # fmt: skip
+    info = json.loads(mtx("info", run / "checkpoints" / "best.pt", "--json").stdout)
+    return {"alpha": alpha, "seed": seed, "bleu": json.loads(out.stdout)["bleu"],
+            "best_step": info["step"]}  # fmt: skip
+
+
+def bleu(work: Path, args) -> dict:
+    prepared = prepare_multi30k(work / "low", args.pairs, "de", "en")
+    runs = [bleu_run(work, prepared, a, s, args) for s in args.seeds for a in (0.0, 0.1)]
+    out = {"runs": runs}
+    for alpha in (0.0, 0.1):
+        scores = [r["bleu"] for r in runs if r["alpha"] == alpha]
+        out[f"alpha {alpha}"] = {
+            "mean": statistics.mean(scores),
+            "range": [min(scores), max(scores)],
+        }
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.sampling", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("what", choices=["rate", "bleu"])
+    ap.add_argument("--alpha", type=float, default=0.1)
+    ap.add_argument("--pairs", type=int, help="training pairs (rate: 29000; bleu: 10000)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--max-steps", type=int, default=3000)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = (args.work or Path(tmp)).resolve()
+        if args.what == "rate":
+            figures = rate(work, args.alpha, args.pairs or 29000)
+        else:
+            args.pairs = args.pairs or 10000
+            figures = bleu(work, args)
+    out = result(f"sampling {args.what}", figures, **{k: str(v) for k, v in vars(args).items()})
+    print(json.dumps(out) if args.json else json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()

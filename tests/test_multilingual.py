@@ -1,0 +1,192 @@
+"""One model for both directions of the toy corpus (configs/toy-both-ways.yaml), trained
+through the CLI: the target-language tag survives every path, from `mtx translate` and
+`mtx evaluate` to the server, n-best lists, ensembles and both exports."""
+
+import json
+
+import ctranslate2
+import pytest
+from conftest import ROOT
+from helpers.common import invoke, mtx, write_pair
+from transformers import MarianMTModel, MarianTokenizer
+
+from benchmarks.server import Server
+from mtx.data import toy
+from mtx.decode.translator import Translator
+from mtx.errors import MtxError
+from mtx.evaluate import score
+from mtx.export import export
+from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
+
+PAIRS = toy.split_pairs("test")[:40]
+ENGLISH, GERMAN = [en for en, _ in PAIRS], [de for _, de in PAIRS]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """configs/toy-both-ways.yaml, smaller, for 240 updates (about a minute on 2 CPU cores),
+    greedy, with test sets of PAIRS' 40 lines each way."""
+    run = tmp_path_factory.mktemp("both-ways")
+    write_pair(run / "test", ENGLISH, GERMAN)
+    corpora = [
+        {"src_lang": src, "tgt_lang": tgt, "train": "toy:train", "valid": ["toy:valid"],
+         "test": str(run / "test")} for src, tgt in (("en", "de"), ("de", "en"))
+    ]  # fmt: skip
+    values = {"run_dir": run, "model.d_model": 64, "model.d_ff": 256, "train.max_steps": 240,
+              "train.valid_every": 240, "train.valid_bleu_lines": 20, "train.max_tokens": 1024,
+              "decode.beam": 1, "data.corpora": json.dumps(corpora)}  # fmt: skip
+    sets = [x for key, value in values.items() for x in ("--set", f"{key}={value}")]
+    for command in ("prepare", "train"):
+        mtx(command, "--config", ROOT / "configs/toy-both-ways.yaml", *sets)
+    return run
+
+
+@pytest.fixture(scope="module")
+def best(run):
+    return run / "checkpoints" / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def greedy(best):
+    return Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
+
+
+def test_translate_needs_a_target_language_and_the_tag_decides_it(best, greedy):
+    src = "\n".join(ENGLISH) + "\n"
+    missing = invoke("translate", "--checkpoint", best, input=src)
+    assert missing.exit_code == 2
+    assert "this model translates into de, en: name the target language" in missing.output
+    unknown = invoke("translate", "--checkpoint", best, "--tgt-lang", "fr", input=src)
+    assert unknown.exit_code == 2 and "'fr' is not one this model translates into (de, en)" in (
+        unknown.output
+    )
+    into_de = mtx("translate", "--checkpoint", best, "--tgt-lang", "de", input=src).output
+    into_de = into_de.splitlines()
+    assert into_de == Translator.from_checkpoint(best, device="cpu").into("de").translate(ENGLISH)
+    # the tag decides the language: German output is far closer to the German references
+    assert score(into_de, GERMAN)["chrf"] > score(into_de, ENGLISH)["chrf"] + 20
+    de_src = "\n".join(GERMAN) + "\n"
+    into_en = mtx("translate", "--checkpoint", best, "--tgt-lang", "en", input=de_src).output
+    assert (
+        score(into_en.splitlines(), ENGLISH)["chrf"]
+        > score(into_en.splitlines(), GERMAN)["chrf"] + 20
+    )
+    nbest = mtx("translate", "--checkpoint", best, "--tgt-lang", "en", "--nbest", "2",
+                "--beam", "2", input=GERMAN[0] + "\n").output.splitlines()  # fmt: skip
+    assert len(nbest) == 2 and all(line.startswith("0 ||| ") for line in nbest)
+    with pytest.raises(MtxError, match="name the target language"):
+        greedy.translate(ENGLISH[:1])
+
+
+def test_evaluate_scores_each_direction(best, run):
+    out = json.loads(mtx("evaluate", "--checkpoint", best, "--split", "test", "--json").output)
+    assert sorted(out["sets"]) == ["de-en", "en-de"]
+    assert out["bleu"] == round(
+        (out["sets"]["en-de"]["bleu"] + out["sets"]["de-en"]["bleu"]) / 2, 2
+    )
+    assert all(s["lines"] == 40 for s in out["sets"].values())
+    assert out["sets"]["de-en"]["bleu"] > 10 and out["sets"]["en-de"]["bleu"] > 10
+    text = mtx("evaluate", "--checkpoint", best, "--split", "test").output
+    assert "en-de:" in text and "de-en:" in text and "mean over 2 sets" in text
+    (run / "de.txt").write_text("\n".join(GERMAN) + "\n")
+    (run / "en.txt").write_text("\n".join(ENGLISH) + "\n")
+    files = ["--src", run / "de.txt", "--ref", run / "en.txt", "--json"]
+    one = json.loads(mtx("evaluate", "--checkpoint", best, *files, "--tgt-lang", "en").output)
+    tr = Translator.from_checkpoint(best, device="cpu").into("en")
+    assert one["bleu"] == score(tr.translate(GERMAN), ENGLISH)["bleu"]
+
+
+def test_info_lists_the_directions(best):
+    facts = json.loads(mtx("info", best, "--json").output)
+    assert facts["directions"] == ["en-de", "de-en"] and facts["tags"] == [">>de<<", ">>en<<"]
+    assert (
+        "directions: en-de, de-en (the source starts with >>de<< or >>en<<)"
+        in mtx("info", best).output
+    )
+
+
+def test_an_ensemble_takes_the_tag_too(best, run):
+    last = run / "checkpoints" / "last.pt"
+    pair = Translator.from_checkpoints([best, last], device="cpu").into("en")
+    alone = Translator.from_checkpoint(best, device="cpu").into("en")
+    twice = Translator.from_checkpoints([best, best], device="cpu").into("en")
+    assert twice.translate(GERMAN[:10]) == alone.translate(GERMAN[:10])
+    assert (
+        score(pair.translate(GERMAN), ENGLISH)["chrf"]
+        > score(pair.translate(GERMAN), GERMAN)["chrf"]
+    )
+
+
+def test_the_server_takes_tgt_lang_and_lists_the_directions(best):
+    with Server(best, "decode.beam=1") as s:
+        info = s.get("/info")[2]
+        assert info["directions"] == ["en-de", "de-en"]
+        assert info["target_languages"] == ["de", "en"] and info["tgt_lang_required"]
+        status, answer = s.translate(ENGLISH[:3])
+        assert status == 422 and "this model translates into de, en" in answer["error"]
+        status, answer = s.translate(ENGLISH[:3], tgt_lang="fr")
+        assert status == 422 and "'fr'" in answer["error"]
+        tr = Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
+        for lang, texts in (("de", ENGLISH), ("en", GERMAN)):
+            status, answer = s.translate(texts, tgt_lang=lang)
+            assert status == 200 and answer["translations"] == tr.into(lang).translate(texts)
+        assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def exports(best, tmp_path_factory):
+    root = tmp_path_factory.mktemp("exports")
+    export(best, "hf", root / "hf")
+    export(best, "ctranslate2", root / "ct2")
+    return root
+
+
+def limit(translator, text: str) -> int:
+    """mtx's longest output for `text` (EOS included): source tokens (the tag too) + 50."""
+    return len(translator.encode(text)) - 1 + 50
+
+
+def test_the_hf_export_keeps_marians_language_tags(exports, greedy):
+    about = json.loads((exports / "hf" / "mtx.json").read_text())
+    assert about["target_language_tags"] == [">>de<<", ">>en<<"]
+    tokenizer = MarianTokenizer.from_pretrained(exports / "hf")
+    assert sorted(tokenizer.supported_language_codes) == [">>de<<", ">>en<<"]
+    for line in ENGLISH:
+        assert tokenizer(">>de<< " + line).input_ids == greedy.into("de").encode(line)
+    hf = MarianMTModel.from_pretrained(exports / "hf").eval()
+    for lang, texts in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
+        into = greedy.into(lang)
+        theirs = []
+        for text in texts:
+            batch = tokenizer([f">>{lang}<< {text}"], return_tensors="pt")
+            out = hf.generate(**batch, num_beams=1, max_new_tokens=limit(into, text))
+            theirs += tokenizer.batch_decode(out, skip_special_tokens=True)
+        assert theirs == into.translate(texts)
+
+
+def test_the_ctranslate2_export_translates_with_the_tag_as_a_prefix(exports, greedy):
+    ct2 = ctranslate2.Translator(str(exports / "ct2"), device="cpu")
+    sp = greedy.sp
+    suppress = [[sp.id_to_piece(i)] for i in (PAD_ID, UNK_ID, BOS_ID)]
+    for lang, texts in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
+        into = greedy.into(lang)
+        theirs = []
+        for text in texts:
+            pieces = [f">>{lang}<<", *sp.encode(text, out_type=str)]
+            (result,) = ct2.translate_batch(
+                [pieces],
+                beam_size=1,
+                max_decoding_length=limit(into, text) - 1,
+                suppress_sequences=suppress,
+            )  # fmt: skip (CTranslate2 does not count the EOS)
+            theirs.append(" ".join(sp.decode(result.hypotheses[0]).split()))
+        assert theirs == into.translate(texts)
+
+
+def test_a_model_of_one_target_language_takes_that_one_only(toy_run):
+    best = toy_run / "checkpoints" / "best.pt"
+    tr = Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
+    assert tr.languages == ["de"] and tr.tags == {}
+    assert tr.into("de").translate(ENGLISH[:5]) == tr.translate(ENGLISH[:5])
+    out = invoke("translate", "--checkpoint", best, "--tgt-lang", "en", input="a dog\n")
+    assert out.exit_code == 2 and "'en' is not one this model translates into (de)" in out.output
