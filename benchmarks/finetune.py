@@ -58,10 +58,12 @@ def corpora(data: Path, without_old: bool) -> list[dict]:
     return entries
 
 
-def fine_tune(work: Path, general: Path, directory: str, change: list[str]) -> dict:
+def fine_tune(
+    work: Path, general: Path, directory: str, change: list[str], more: list[str]
+) -> dict:
     run = work / directory
     sets = [f"run_dir={run}", f"data.corpora={json.dumps(corpora(work / 'data', 'old' in change))}"]
-    sets += [c for c in change if c != "old"]
+    sets += [c for c in change if c != "old"] + more
     args = ["--config", CONFIG, *(x for s in sets for x in ("--set", s))]
     mtx("prepare", *args, "--set", f"data.spm_model={general}")
     mtx("train", *args, "--init-from", general, "--overwrite")
@@ -72,11 +74,11 @@ def fine_tune(work: Path, general: Path, directory: str, change: list[str]) -> d
                             for r in valid]}  # fmt: skip
 
 
-def scores(ckpt: Path, data: Path) -> dict:
+def scores(ckpt: Path, data: Path, more: list[str]) -> dict:
     out = {}
     for name, prefix in (("new", data / "ft_test"), ("old", M30K / "test2016")):
         answer = mtx("evaluate", "--checkpoint", ckpt, "--src", f"{prefix}.en",
-                     "--ref", f"{prefix}.de", "--json")  # fmt: skip
+                     "--ref", f"{prefix}.de", "--json", *(x for s in more for x in ("--set", s)))  # fmt: skip
         figures = json.loads(answer.stdout)
         out[name] = {"bleu": figures["bleu"], "chrf": figures["chrf"]}
     return out
@@ -88,7 +90,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--general", type=Path, help="the en->de model to fine-tune")
     ap.add_argument("--updates", type=int, default=500, help="the general model's, if trained")
-    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for the general run")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run")
     ap.add_argument("--work", type=Path)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -99,10 +101,10 @@ def main(argv=None) -> None:
         if general is None:
             train_run(work / "general", [corpus("en", "de")], args.updates, 1, args.set)
             general = work / "general" / "checkpoints" / "last.pt"
-        rows = {"general": {"scores": scores(general, work / "data")}}
+        rows = {"general": {"scores": scores(general, work / "data", args.set)}}
         for directory, name, change in RUNS:
-            row = fine_tune(work, general, directory, change)
-            row["scores"] = scores(row.pop("checkpoint"), work / "data")
+            row = fine_tune(work, general, directory, change, args.set)
+            row["scores"] = scores(row.pop("checkpoint"), work / "data", args.set)
             rows[name] = row
     out = result("finetune", {"runs": rows}, general=str(general), updates=args.updates,
                  sets=SMALL + args.set)  # fmt: skip

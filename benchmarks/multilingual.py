@@ -18,6 +18,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from benchmarks.harness import ROOT, mtx, result, timed
 
 M30K = ROOT.parent / "shared" / "data" / "multi30k"
@@ -39,8 +41,10 @@ def corpus(src: str, tgt: str) -> dict:
 
 def train_run(run: Path, corpora: list[dict], updates: int, seed: int, sets: list[str]) -> float:
     """Prepare and train one run; its training seconds."""
-    args = ["--set", f"run_dir={run}"]
-    args += ["--set", f"data.corpora={json.dumps(corpora)}"]
+    run.mkdir(parents=True, exist_ok=True)
+    config = run.parent / f"{run.name}.yaml"
+    config.write_text(yaml.safe_dump({"run_dir": str(run), "data": {"corpora": corpora}}))
+    args = ["--config", config]
     for item in [*SMALL, f"train.max_steps={updates}", f"train.valid_every={updates}",
                  f"train.seed={seed}", *sets]:  # fmt: skip
         args += ["--set", item]

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import datasets
+import yaml
 
 from benchmarks.harness import mtx, result, timed
 from benchmarks.multilingual import M30K, SMALL
@@ -37,9 +38,11 @@ def prepare_multi30k(run: Path, pairs: int, src: str, tgt: str) -> Path:
     for lang in (src, tgt):
         lines = (M30K / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
         (data / f"train.{lang}").write_text("".join(lines[:pairs]), encoding="utf-8")
-    sets = [f"run_dir={run}", f"data.src_lang={src}", f"data.tgt_lang={tgt}",
-            f"data.train={data}/train", f"data.valid={M30K}/val", f"data.test={M30K}/test2016"]  # fmt: skip
-    mtx("prepare", *(x for s in [*SMALL, *sets] for x in ("--set", s)))
+    config = run / "run.yaml"
+    config.write_text(yaml.safe_dump({"run_dir": str(run), "data": {
+        "src_lang": src, "tgt_lang": tgt, "train": f"{data}/train", "valid": [f"{M30K}/val"],
+        "test": f"{M30K}/test2016"}}))  # fmt: skip
+    mtx("prepare", "--config", config, *(x for s in SMALL for x in ("--set", s)))
     return run / "prepared"
 
 
@@ -56,6 +59,7 @@ def rate(work: Path, alpha: float, pairs: int) -> dict:
         "pairs_per_s_per_core": len(ds) / timing.median,
         "spread": timing.spread,
         "tokens_per_prepared_token": sampled / prepared_tokens,
+        "prepared_tokens_per_pair": prepared_tokens / len(ds),
     }
 
 
@@ -64,10 +68,11 @@ def bleu_run(work: Path, prepared: Path, alpha: float, seed: int, args) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     if not (run / "prepared").exists():
         (run / "prepared").symlink_to(prepared)
-    sets = [*SMALL, f"run_dir={run}", "data.src_lang=de", "data.tgt_lang=en",
-            f"data.sampling={alpha}", f"train.seed={seed}", f"train.max_steps={args.max_steps}",
-            "train.valid_every=200", "train.patience=3", "train.workers=1", *args.set]  # fmt: skip
-    mtx("train", *(x for s in sets for x in ("--set", s)), "--overwrite")
+    sets = [*SMALL, f"run_dir={run}", f"data.sampling={alpha}", f"train.seed={seed}",
+            f"train.max_steps={args.max_steps}", "train.valid_every=200", "train.patience=3",
+            "train.workers=1", *args.set]  # fmt: skip
+    config = prepared.parent / "run.yaml"
+    mtx("train", "--config", config, *(x for s in sets for x in ("--set", s)), "--overwrite")
     out = mtx("evaluate", "--checkpoint", run / "checkpoints" / "best.pt", "--src",
               f"{M30K}/test2016.de", "--ref", f"{M30K}/test2016.en", "--json")  # fmt: skip
     info = json.loads(mtx("info", run / "checkpoints" / "best.pt", "--json").stdout)

@@ -15,7 +15,7 @@ from mtx.data.prepare import load_prepared
 from mtx.data.sampling import Resegment, pair_seed
 from mtx.model.build import make_model
 from mtx.tokens import EOS_ID
-from mtx.train.data import Mix, stream
+from mtx.train.data import Mix, sampled, stream
 from mtx.train.distributed import Dist
 from mtx.train.step import Precision
 from mtx.train.trainer import train
@@ -102,3 +102,21 @@ def test_a_run_with_sampling_resumes_exactly_and_validates_on_prepared_ids(tmp_p
     off = load_config(None, [f"run_dir={tmp_path / 'parts'}", *TINY_RUN, *settings[1:]])
     on = validate(model, valid, cfg, precision, dist)
     assert on == validate(model, valid, off, precision, dist)
+
+
+def test_sampled_batches_hold_about_max_tokens(prepared_both_ways):
+    """Sampled segmentations are longer: batches are formed with a budget shrunk by how much
+    longer they are on the run's data, so that they hold about train.max_tokens."""
+    cfg = load_config(None, [*TINY_RUN, BOTH_WAYS, "data.sampling=0.1", "train.max_tokens=2048"])
+    ds = datasets.load_from_disk(str(prepared_both_ways / "train"))
+    proto = (prepared_both_ways / "spm.model").read_bytes()
+    r, batching = sampled(cfg, proto, {"tags": {"de": 4, "en": 5}}, ds)
+    assert 1.05 < r.tgt_ratio < 2 and batching.max_tokens < 2048
+    assert batching.max_tokens == sampled(cfg, proto, {"tags": {"de": 4}}, ds)[1].max_tokens
+    loader = stream(ds, batching, 0, 0, 0, 1, torch.device("cpu"), Mix.of(ds, cfg.data), r)
+    batches = list(itertools.islice(loader, 60))
+    fuller = [max(b["src"].numel(), b["tgt_out"].numel()) for b in batches]
+    assert 0.8 * 2048 < sum(fuller) / len(fuller) < 1.1 * 2048  # padded tokens, fuller side
+    real = sum(b["tgt_tokens"] for b in batches)
+    normaliser = sum(b["update_tokens"] for b in batches)  # update_freq 1: one batch each
+    assert abs(normaliser - real) / real < 0.05

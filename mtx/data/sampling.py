@@ -7,17 +7,25 @@ the pair is encoded. So it is the same on every process, after a resume and for 
 of loader workers, and two epochs segment a pair differently. Validation, test and
 translation read the prepared (deterministic) segmentation and never sample.
 
-Batches are formed from the prepared lengths, so a batch of sampled segmentations holds
-somewhat more tokens than train.max_tokens (BENCHMARKS.md measures how many), and an update's
-loss is divided by its target tokens as prepared: a count every process knows without
-exchanging one. A sampled side longer than data.max_len keeps its prepared segmentation.
+Sampled segmentations are longer than the prepared ones (at alpha 0.1 on Multi30k, by about
+a third: BENCHMARKS.md), and batches are formed from the prepared lengths. So `growth`
+measures, once at the start and the same on every process, how much sampling grows batches
+of the run's own data (the first 2,000 pairs, epoch 0): the trainer forms batches with
+train.max_tokens divided by the padded growth, so that a sampled batch's padded size is
+about train.max_tokens, and divides an update's loss by its prepared target tokens times
+the target tokens' growth (a count every process knows without exchanging one; within a few
+percent of the sampled count). A sampled side longer than data.max_len keeps its prepared
+segmentation.
 """
 
 from __future__ import annotations
 
+import copy
+
 import sentencepiece as spm
 
 from mtx.data import vocab
+from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.tokens import EOS_ID
 
 MASK = (1 << 32) - 1
@@ -42,14 +50,32 @@ class Resegment:
         self.proto, self.alpha, self.seed = spm_proto, alpha, seed
         self.tagged, self.max_len = tagged, max_len
         self.epoch, self.sp = 0, None
+        self.tgt_ratio = 1.0  # target tokens sampled per prepared token, once measured (growth)
 
     def __getstate__(self) -> dict:
         return self.__dict__ | {"sp": None}
 
     def for_epoch(self, epoch: int) -> Resegment:
-        other = Resegment(self.proto, self.alpha, self.seed, self.tagged, self.max_len)
-        other.epoch, other.sp = epoch, self.sp
+        other = copy.copy(self)
+        other.epoch = epoch
         return other
+
+    def growth(self, ds, max_tokens: int, pad_to: int, n: int = 2000) -> tuple[float, float]:
+        """How much sampling grows batches, over the first `n` pairs of `ds` in epoch 0 made
+        into batches of `max_tokens`: (padded tokens of the fuller side, sampled per
+        prepared; target tokens sampled per prepared)."""
+        ds = ds.select(range(min(n, len(ds))))
+        src_lens, tgt_lens = lengths(ds)
+        batches = token_batches(src_lens, tgt_lens, max_tokens, 0, 0, pad_to)
+        prepared = BatchDataset(ds, batches, pad_to)
+        grown = BatchDataset(ds, batches, pad_to, resegment=self.for_epoch(0))
+        before, after = [0, 0, 0], [0, 0, 0]
+        for i in range(len(batches)):
+            for total, b in ((before, prepared[i]), (after, grown[i])):
+                total[0] += b["src"].numel()
+                total[1] += b["tgt_out"].numel()
+                total[2] += b["tgt_tokens"]
+        return max(after[0] / before[0], after[1] / before[1]), after[2] / before[2]
 
     def encode(self, text: str, row: int, side: int) -> list[int]:
         """One side of pair `row` sampled (side 0: source, 1: target)."""

@@ -18,14 +18,16 @@ segment each pair anew (data/sampling.py), by (seed, epoch, row) alone.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from mtx import corpora
-from mtx.config import DataConfig, TrainConfig
+from mtx.config import Config, DataConfig, TrainConfig
 from mtx.data.batching import BatchDataset, fixed_batches, lengths, token_batches
+from mtx.data.sampling import Resegment
 from mtx.errors import MtxError
 from mtx.train.faults import ignore_stop_signals
 
@@ -48,6 +50,16 @@ class Mix:
         corpus = np.asarray(ds["group"], dtype=np.int64)
         sizes = np.bincount(corpus, minlength=len(cs))
         return cls(corpus, corpora.shares(sizes, [c.weight for c in cs], d.temperature))
+
+
+def sampled(cfg: Config, spm_proto: bytes, manifest: dict, ds) -> tuple[Resegment, TrainConfig]:
+    """data.sampling's segmenter, and the batching settings it needs: train.max_tokens divided
+    by how much longer sampled segmentations are on this data (data/sampling.py)."""
+    d, t = cfg.data, cfg.train
+    resegment = Resegment(spm_proto, d.sampling, t.seed, bool(manifest.get("tags")), d.max_len)
+    padded, resegment.tgt_ratio = resegment.growth(ds, t.max_tokens, t.pad_to)
+    budget = max(int(t.max_tokens / max(padded, 1.0)), d.max_len + 1)
+    return resegment, dataclasses.replace(t, max_tokens=budget)
 
 
 def update_batches(
@@ -104,6 +116,13 @@ class Stream(torch.utils.data.IterableDataset):
         self.ds, self.t, self.start, self.mix = ds, t, (epoch, batch), mix
         self.rank, self.world, self.resegment = rank, world, resegment
 
+    def tokens(self, prepared: int) -> int:
+        """An update's target tokens: as prepared, or with data.sampling as many times the
+        sampled ratio (see `sampled`)."""
+        if self.resegment is None:
+            return prepared
+        return max(1, round(prepared * self.resegment.tgt_ratio))
+
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         w, W = (info.id, info.num_workers) if info else (0, 1)
@@ -117,7 +136,7 @@ class Stream(torch.utils.data.IterableDataset):
                 if i % W == w:
                     update = k // t.update_freq
                     after = (epoch, first + (update + 1) * G)
-                    yield items[k] | {"update_tokens": tokens[update], "after": after}
+                    yield items[k] | {"update_tokens": self.tokens(tokens[update]), "after": after}
                 i += 1
             epoch, first = epoch + 1, 0
 

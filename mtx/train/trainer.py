@@ -22,7 +22,6 @@ from tqdm import tqdm
 from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import Config
 from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto
-from mtx.data.sampling import Resegment
 from mtx.device import pick_device
 from mtx.files import atomic_write_text
 from mtx.model.build import make_model
@@ -56,11 +55,9 @@ class Trainer:
         self.train_ds = load_prepared(cfg, "train")
         self.valid_sets = valid_sets(load_prepared(cfg, "valid"), manifest)
         self.mix = data.Mix.of(self.train_ds, cfg.data)
-        self.resegment = None
+        self.resegment, self.batching = None, cfg.train
         if cfg.data.sampling:  # BPE-dropout on the fly (data/sampling.py)
-            tagged = bool(manifest.get("tags"))
-            args = (cfg.data.sampling, cfg.train.seed, tagged, cfg.data.max_len)
-            self.resegment = Resegment(spm_proto, *args)
+            self.resegment, self.batching = data.sampled(cfg, spm_proto, manifest, self.train_ds)
         dist.check_same_data(fingerprint(manifest, spm_proto))
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         self.model = make_model(cfg.model, manifest["vocab_size"]).to(self.device)
@@ -171,8 +168,8 @@ class Trainer:
         if not finished:
             rank, world = self.dist.rank, self.dist.world
             batches = data.stream(
-                self.train_ds, t, state.epoch, state.batch, rank, world, self.device, self.mix,
-                self.resegment,
+                self.train_ds, self.batching, state.epoch, state.batch, rank, world,
+                self.device, self.mix, self.resegment,
             )  # fmt: skip
             pending: list = []
             for batch in batches:
