@@ -154,9 +154,9 @@ class DataConfig:
     workers: int = setting(0, "processes that encode the data (0: one per CPU core)", NOT_NEGATIVE)
     sampling: float = setting(
         0.0,
-        "BPE-dropout on the fly: each epoch, training pairs are segmented anew, each merge "
-        "dropped with this probability (0: off; 0.1 as Provilkov et al.); never in validation "
-        "or translation (data/sampling.py)",
+        "BPE-dropout on the fly: each epoch, training pairs are segmented anew, each possible "
+        "merge left out with this probability (0: off; 0.1 as Provilkov et al.), by (seed, "
+        "epoch, pair) alone; never in validation or translation (data/sampling.py)",
         FRACTION,
     )
 
@@ -468,8 +468,13 @@ class Config:
                 "data.sampling makes lengths change every epoch; train.static_shapes needs "
                 "the prepared lengths: use one or the other"
             )
-        single = ("data.src_lang", "data.tgt_lang", "data.train", "data.valid", "data.test")
-        mixed = [k for k in single if k in (self.given or ())]
+        # given, and not at its default (a config that mtx wrote out holds every key)
+        single = ("src_lang", "tgt_lang", "train", "valid", "test")
+        mixed = [
+            f"data.{k}"
+            for k in single
+            if f"data.{k}" in (self.given or ()) and getattr(d, k) != getattr(DataConfig(), k)
+        ]
         if d.corpora and mixed:
             raise MtxError(
                 f"{mixed[0]} is given with data.corpora, which replaces it: name each "

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
-from conftest import TINY_RUN, run_config
+from conftest import BOTH_WAYS, TINY_RUN, run_config
 from helpers.common import assert_same_parameters, last, records
 from torch.nn.parallel import DistributedDataParallel
 
@@ -121,6 +121,33 @@ def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepar
         assert all(0 < r["padding"] < 1 for r in records(two, "train"))
         assert "2 process(es), gloo" in err
         assert_rank1_wrote_nothing(root)
+
+
+@pytest.mark.slow
+def test_several_corpora_with_sampling_train_on_two_machines_as_on_one(
+    tmp_path, prepared_both_ways
+):
+    """Both directions mixed by temperature, each pair segmented anew each epoch: every
+    process draws the same rows and the same segmentations by (seed, epoch, row) alone."""
+    settings = [BOTH_WAYS, "data.temperature=2", "data.sampling=0.1", *SAME]
+    one = tmp_path / "one"
+    threads = torch.get_num_threads()
+    try:
+        cfg = run_config(one, prepared_both_ways, "train.max_steps=8", "train.update_freq=2",
+                         *settings)  # fmt: skip
+        train(cfg, log=lambda *_: None)
+    finally:
+        torch.set_num_threads(threads)
+    root = tmp_path / "two"
+    job_config(root, prepared_both_ways, "train.max_steps=8", *settings)
+    code, err = finish(torchrun(root))
+    assert code == 0, err[-3000:]
+    assert_same_parameters(
+        one / "checkpoints" / "last.pt", run_dir(root) / "checkpoints" / "last.pt"
+    )
+    assert [r["valid_loss/de-en"] for r in records(one, "valid")] == pytest.approx(
+        [r["valid_loss/de-en"] for r in records(run_dir(root), "valid")], abs=1e-6
+    )
 
 
 @pytest.mark.slow

@@ -3,16 +3,19 @@
 one epoch to the next, never in validation."""
 
 import itertools
+import json
+import subprocess
+import sys
 
 import datasets
 import torch
-from conftest import BOTH_WAYS, TINY_RUN, run_config
+from conftest import BOTH_WAYS, MULTI30K, TINY_RUN, run_config
 from helpers.common import last, records
 
 from mtx.config import load_config
 from mtx.data import vocab
 from mtx.data.prepare import load_prepared
-from mtx.data.sampling import Resegment, pair_seed
+from mtx.data.sampling import Merges, Resegment, pair_seed
 from mtx.model.build import make_model
 from mtx.tokens import EOS_ID
 from mtx.train.data import Mix, sampled, stream
@@ -42,11 +45,12 @@ def test_a_pair_is_segmented_by_seed_epoch_and_row_alone(prepared):
     assert changed > 20  # another epoch, other segmentations
     assert resegment(prepared, seed=2).for_epoch(0)(rows, batch) != e0
     sp = vocab.load((prepared / "spm.model").read_bytes())
-    for ids, text, prepared_ids in zip(e0[0], batch["src"], batch["src_ids"]):
+    for ids, text in zip(e0[0] + e0[1], batch["src"] + batch["tgt"]):
         assert ids[-1] == EOS_ID and sp.decode(ids[:-1]) == text  # the same text
-        assert len(ids) >= len(prepared_ids)  # dropout only splits
     differ = sum(a != b for a, b in zip(e0[0], batch["src_ids"]))
     assert differ > 20
+    grown = sum(map(len, e0[0] + e0[1])) / sum(map(len, batch["src_ids"] + batch["tgt_ids"]))
+    assert 1.02 < grown < 1.5  # dropped merges: more, shorter pieces
     assert resegment(prepared, alpha=0.0).for_epoch(0)(rows, batch)[0] == batch["src_ids"]
     assert len({pair_seed(1, e, i) for e in range(3) for i in range(1000)}) == 3000
 
@@ -120,3 +124,32 @@ def test_sampled_batches_hold_about_max_tokens(prepared_both_ways):
     real = sum(b["tgt_tokens"] for b in batches)
     normaliser = sum(b["update_tokens"] for b in batches)  # update_freq 1: one batch each
     assert abs(normaliser - real) / real < 0.05
+
+
+def test_without_dropout_the_merges_segment_as_sentencepiece_does(multi30k_run):
+    """Merges.sample at alpha 0 is SentencePiece's own BPE segmentation: every line of
+    Multi30k's test2016, both languages, with the model of a real corpus."""
+    proto = (multi30k_run / "prepared" / "spm.model").read_bytes()
+    merges, sp = Merges(proto), vocab.load(proto)
+    for lang in ("en", "de"):
+        for line in (MULTI30K / f"test2016.{lang}").read_text(encoding="utf-8").splitlines():
+            ids = sp.encode(line)
+            assert merges.sample(ids, 0.0, 0) == ids, line
+            assert sp.decode(merges.sample(ids, 0.3, 1)) == sp.decode(ids)
+
+
+def test_another_process_samples_the_same_segmentations(prepared):
+    """A function of (seed, epoch, row) alone, not of the process: what a loader worker of
+    another process (or machine, or a resumed run) draws is what this one draws."""
+    code = (
+        "import sys, json, datasets; from pathlib import Path; "
+        "from mtx.data.sampling import Resegment; p = Path(sys.argv[1]); "
+        "ds = datasets.load_from_disk(str(p / 'train')).select(range(300)); "
+        "r = Resegment((p / 'spm.model').read_bytes(), 0.1, 1, False, 250).for_epoch(3); "
+        "print(json.dumps(r(list(range(300)), ds[:])))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(prepared)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    ds = datasets.load_from_disk(str(prepared / "train")).select(range(300))
+    here = resegment(prepared).for_epoch(3)(list(range(300)), ds[:])
+    assert json.loads(out) == [list(here[0]), list(here[1])]

@@ -162,9 +162,8 @@ class BatchDataset(torch.utils.data.Dataset):
         resegment=None,
     ) -> None:
         """`resegment`: a data/sampling.py `Resegment` for the epoch, to train on sampled
-        segmentations of the text instead of the prepared ids."""
-        columns = ["src_ids", "tgt_ids"] + (["src", "tgt"] if resegment else [])
-        self.ds = ds.select_columns(columns)
+        segmentations instead of the prepared ones."""
+        self.ds = ds.select_columns(["src_ids", "tgt_ids"])
         self.batches = batches
         self.pad_to = pad_to
         self.fixed_tokens = fixed_tokens  # see collate
