@@ -3,6 +3,7 @@
     pip install playwright            # the Python driver; the browser is Debian's
     apt-get install chromium
     python -m benchmarks.page --checkpoint CKPT --text "A man rides a bike." --shot page.png
+    python -m benchmarks.page --checkpoint MULTILINGUAL --tgt-lang de ...   (chooses it on the page)
 
 Starts a server on 127.0.0.1, opens the page in headless Chromium, types the text into the box,
 presses Translate, waits for the translation, reads it and the attention heatmap from the page,
@@ -26,11 +27,13 @@ def main() -> None:
     ap.add_argument("--text", default="A man in a blue shirt is riding a bike.")
     ap.add_argument("--shot", type=Path, default=Path("page.png"))
     ap.add_argument("--browser", default=shutil.which("chromium") or "chromium")
+    ap.add_argument("--tgt-lang", help="a multilingual model: the language chosen on the page")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
     with Server(args.checkpoint) as server, sync_playwright() as p:
-        expected = server.translate(args.text)[1]["translations"][0]
+        into = {"tgt_lang": args.tgt_lang} if args.tgt_lang else {}
+        expected = server.translate(args.text, **into)[1]["translations"][0]
         browser = p.chromium.launch(executable_path=args.browser, headless=True)
         page = browser.new_page(viewport={"width": 1000, "height": 900})
         errors: list[str] = []
@@ -39,6 +42,8 @@ def main() -> None:
         page.goto(f"http://127.0.0.1:{server.port}/")
         page.wait_for_function("document.getElementById('about').textContent.length > 0")
         page.fill("#source", args.text)
+        if args.tgt_lang:
+            page.select_option("#lang", args.tgt_lang)
         page.click("#go")
         page.wait_for_selector("body[data-done='1']", timeout=60_000)
         shown = page.inner_text("#translation")

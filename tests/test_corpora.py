@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import BOTH_WAYS, TINY_RUN, run_config
 from helpers.common import last, records
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtx import corpora
 from mtx.config import load_config
@@ -140,12 +141,13 @@ def test_validation_reports_each_set_and_best_follows_their_mean_or_one():
     assert combine({"a": per_set["a"]}, "") == per_set["a"]  # one set: as before
 
 
+WHOLE = ["train.max_steps=30", "train.tensorboard=true"]
+
+
 def test_a_run_of_both_directions_resumes_exactly_and_validates_each(prepared_both_ways, tmp_path):
     settings = [BOTH_WAYS, "data.temperature=3", "train.valid_every=10", "train.bleu_every=1"]
     settings += ["train.valid_bleu_lines=8", "decode.max_len_b=6", "train.update_freq=2"]
-    train(
-        run_config(tmp_path / "whole", prepared_both_ways, "train.max_steps=30", *settings), **QUIET
-    )
+    train(run_config(tmp_path / "whole", prepared_both_ways, *WHOLE, *settings), **QUIET)
     train(
         run_config(tmp_path / "parts", prepared_both_ways, "train.max_steps=13", *settings), **QUIET
     )
@@ -162,6 +164,10 @@ def test_a_run_of_both_directions_resumes_exactly_and_validates_each(prepared_bo
             assert r[key] == pytest.approx(sum(both) / 2)
     hyps = (tmp_path / "whole" / "valid.hyp").read_text().splitlines()
     assert len(hyps) == 16  # 8 lines of each set
+    events = EventAccumulator(str(tmp_path / "whole" / "tensorboard" / "valid"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "bleu", "loss/en-de", "loss/de-en", "bleu/en-de", "bleu/de-en"} <= tags
 
 
 def test_prepared_data_of_one_corpus_is_what_it_was(prepared):

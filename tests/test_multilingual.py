@@ -16,6 +16,7 @@ from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.evaluate import score
 from mtx.export import export
+from mtx.serve.engine import make_engine
 from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
 
 PAIRS = toy.split_pairs("test")[:40]
@@ -130,7 +131,16 @@ def test_the_server_takes_tgt_lang_and_lists_the_directions(best):
         for lang, texts in (("de", ENGLISH), ("en", GERMAN)):
             status, answer = s.translate(texts, tgt_lang=lang)
             assert status == 200 and answer["translations"] == tr.into(lang).translate(texts)
+        page = s.get("/")[2]
+        assert 'id="lang"' in page and "tgt_lang" in page  # the page lets one choose
         assert s.stop() == 0
+
+
+def test_the_ctranslate2_engine_takes_tgt_lang(best, greedy):
+    engine = make_engine("ctranslate2", [best], ["decode.beam=1"], "cpu", None)
+    for lang, texts in (("de", ENGLISH[:10]), ("en", GERMAN[:10])):
+        results = engine.translate(texts, 1, 1, lang)
+        assert [r.texts[0] for r in results] == greedy.into(lang).translate(texts)
 
 
 @pytest.fixture(scope="module")
