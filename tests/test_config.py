@@ -6,6 +6,7 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from mtx import corpora
 from mtx.config import Config, all_keys, load_config
 from mtx.errors import MtxError
 
@@ -106,8 +107,12 @@ def test_bad_yaml_names_the_file(tmp_path):
 
 
 def test_shipped_configs_load():
-    for name in ("toy", "multi30k", "base", "big"):
+    names = sorted(p.stem for p in (Path(__file__).parents[1] / "configs").glob("*.yaml"))
+    assert {"toy", "toy-both-ways", "multi30k", "finetune", "base", "big"} <= set(names)
+    for name in names:
         load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
+    finetune = load_config(Path(__file__).parents[1] / "configs" / "finetune.yaml")
+    assert [v.name for v in corpora.valid_sets(finetune.data)] == ["new", "old"]
 
 
 def test_best_by_bleu_needs_bleu_and_the_demo_is_bounded_by_steps_not_the_clock():
