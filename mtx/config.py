@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
+from mtx import corpora
 from mtx.errors import MtxError
 from mtx.tokens import bucket_length
 
@@ -161,9 +162,7 @@ class DataConfig:
     )
 
     def check(self) -> None:
-        from mtx.corpora import corpora
-
-        corpora(self)  # every rule about the corpora and their sets, in one line each
+        corpora.corpora(self)  # every rule about the corpora and their sets, in one line each
 
 
 @dataclass
@@ -455,9 +454,7 @@ class Config:
                 settings.check()
         m, t, d = self.model, self.train, self.data
         if t.best_valid:
-            from mtx.corpora import valid_sets
-
-            names = [v.name for v in valid_sets(d)]
+            names = [v.name for v in corpora.valid_sets(d)]
             if t.best_valid not in names:
                 raise MtxError(
                     f"train.best_valid {t.best_valid!r} is not a validation set; they are "

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import BOTH_WAYS, TINY_RUN, run_config
-from helpers.common import last, records
+from helpers.common import last, records, write_pair
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mtx import corpora
 from mtx.config import load_config
 from mtx.data import vocab
+from mtx.data.prepare import prepare
 from mtx.errors import MtxError
 from mtx.train.data import Mix, update_batches
 from mtx.train.trainer import train
@@ -179,3 +180,24 @@ def test_prepared_data_of_one_corpus_is_what_it_was(prepared):
     assert set(train_ds["group"]) == {0}
     cfg = load_config(None, TINY_RUN)
     assert Mix.of(train_ds, cfg.data) is None
+
+
+def test_a_multilingual_models_vocabulary_tags_the_data_it_encodes(prepared_both_ways, tmp_path):
+    """Fine-tuning a multilingual model on one direction: the data, encoded with its
+    SentencePiece model, is tagged as the model will be asked to translate; a target language
+    it has no tag for is refused in one line."""
+    spm_model = f"data.spm_model={prepared_both_ways / 'spm.model'}"
+    one_way = [f"run_dir={tmp_path / 'ft'}", *TINY_RUN, spm_model, "data.src_lang=de",
+               "data.tgt_lang=en"]  # fmt: skip
+    prepare(load_config(None, one_way), log=lambda *_: None)
+    train_ds = datasets.load_from_disk(str(tmp_path / "ft" / "prepared" / "train"))
+    assert {ids[0] for ids in train_ds.select(range(100))["src_ids"]} == {5}  # >>en<<
+    pairs = [("ein hund", "un chien"), ("eine katze", "un chat")] * 5
+    for split in ("train", "valid", "test"):
+        write_pair(tmp_path / split, *zip(*pairs), langs=("de", "fr"))
+    toy_fr = [*one_way[:-1], "data.tgt_lang=fr", f"run_dir={tmp_path / 'fr'}"]
+    toy_fr += [f"data.{split}={tmp_path / split}" for split in ("train", "valid", "test")]
+    with pytest.raises(
+        MtxError, match="no tag >>xx<< for target language.s. fr; the model's tags are for de, en"
+    ):
+        prepare(load_config(None, toy_fr), log=lambda *_: None)

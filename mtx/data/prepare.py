@@ -196,13 +196,15 @@ def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
         ),
         encoding="utf-8",
     )
-    tag_of = corpora.tag_ids(sp) if corpora.tags(d) else {}
-    missing = sorted({g.tgt_lang for g in groups["train"]} - set(tag_of)) if tag_of else []
-    if corpora.tags(d) and (missing or len(tag_of) < len(corpora.tags(d))):
+    # a model with tags (trained here for several target languages, or a multilingual
+    # model's, to fine-tune it) tags every source, as its translator will
+    tag_of = corpora.tag_ids(sp)
+    targets = {c.tgt_lang for c in corpora.corpora(d)}
+    missing = sorted(targets - set(tag_of))
+    if (tag_of or len(targets) > 1) and missing:
         raise MtxError(
-            f"data.spm_model {d.spm_model}: has no tag for target language(s) "
-            f"{', '.join(missing) or '?'}; a multilingual run needs a model with a >>xx<< "
-            "piece per target language"
+            f"data.spm_model {d.spm_model}: no tag >>xx<< for target language(s) "
+            f"{', '.join(missing)}; the model's tags are for {', '.join(sorted(tag_of)) or 'none'}"
         )
     seconds["sentencepiece"] += time.perf_counter() - start
 

@@ -54,7 +54,7 @@ class ValidSet:
     """A validation set: its name, target language and prepared pairs."""
 
     name: str
-    tgt_lang: str
+    tgt_lang: str | None  # None: the model's one target language
     ds: datasets.Dataset
 
 
@@ -63,7 +63,7 @@ def valid_sets(ds: datasets.Dataset, manifest: dict) -> list[ValidSet]:
     order the manifest lists them."""
     sets = manifest["splits"]["valid"].get("sets")
     if not sets:  # prepared by an mtx without named sets: one set
-        return [ValidSet("valid", manifest.get("tgt_lang") or "", ds)]
+        return [ValidSet("valid", manifest.get("tgt_lang") or None, ds)]
     if len(sets) == 1:
         return [ValidSet(sets[0]["name"], sets[0]["tgt_lang"], ds)]
     group = np.asarray(ds["group"])
