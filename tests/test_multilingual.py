@@ -164,6 +164,7 @@ def test_the_hf_export_keeps_marians_language_tags(exports, greedy):
     for line in ENGLISH:
         assert tokenizer(">>de<< " + line).input_ids == greedy.into("de").encode(line)
     hf = MarianMTModel.from_pretrained(exports / "hf").eval()
+    assert hf.generation_config.num_beams == 1  # a greedy model's export (beam 1) saves too
     for lang, texts in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
         into = greedy.into(lang)
         theirs = []

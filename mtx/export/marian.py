@@ -157,6 +157,10 @@ def export_hf(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) -> N
 
     hf = to_marian(model, cfg)
     d = cfg.decode
+    # early_stopping as mtx: stop once `num_beams` hypotheses have ended; Marian's score is
+    # log P / length ** length_penalty where mtx divides by ((5 + length) / 6) ** alpha: the
+    # same ranking only at alpha 0. Only with a beam: transformers refuses them for greedy.
+    beam = {"early_stopping": True, "length_penalty": d.alpha} if d.beam > 1 else {}
     hf.generation_config = GenerationConfig(
         decoder_start_token_id=BOS_ID,
         bos_token_id=BOS_ID,
@@ -164,12 +168,9 @@ def export_hf(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) -> N
         pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID,
         num_beams=d.beam,
-        early_stopping=True,  # as mtx: stop once `num_beams` hypotheses have ended
         max_length=cfg.model.max_positions,
-        # mtx never outputs these; Marian's score is log P / length ** length_penalty where
-        # mtx divides by ((5 + length) / 6) ** alpha: the same ranking only at alpha 0.
-        bad_words_ids=[[PAD_ID], [UNK_ID], [BOS_ID]],
-        length_penalty=d.alpha,
+        bad_words_ids=[[PAD_ID], [UNK_ID], [BOS_ID]],  # mtx never outputs these
+        **beam,
     )
     hf.save_pretrained(out)
     sp = vocab.load(spm_proto)
