@@ -244,6 +244,8 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
     assert [rows[e]["dtype"] for e in ("mtx", "hf")] == ["float32"] * 2
 
 
+# slow: a second full race (20 s); the race itself runs in make test
+@pytest.mark.slow
 def test_the_decoding_race_runs_every_engine_in_the_dtype_asked(toy_run, toy_test, tmp_path):
     src = tmp_path / "src.en"
     src.write_text("".join(line + "\n" for line in toy_test[:16]), encoding="utf-8")

@@ -8,12 +8,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks import gpu_parts
 from benchmarks import gpu_report as report
 
 ROOT = Path(__file__).parent.parent
 
 
+# slow: every part and variant on the CPU (80 s); run it (make test-all) before a GPU session
+@pytest.mark.slow
 def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_report", "--smoke", "--out",
