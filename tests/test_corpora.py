@@ -201,3 +201,9 @@ def test_a_multilingual_models_vocabulary_tags_the_data_it_encodes(prepared_both
         MtxError, match="no tag >>xx<< for target language.s. fr; the model's tags are for de, en"
     ):
         prepare(load_config(None, toy_fr), log=lambda *_: None)
+
+
+def test_best_valid_naming_a_set_the_data_was_not_prepared_with_is_refused(prepared, tmp_path):
+    cfg = run_config(tmp_path / "r", prepared, "data.valid=[a=x, b=y]", "train.best_valid=b")
+    with pytest.raises(MtxError, match="the prepared data's validation sets are en-de; run"):
+        train(cfg, **QUIET)

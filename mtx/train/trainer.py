@@ -23,6 +23,7 @@ from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import Config
 from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto
 from mtx.device import pick_device
+from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
@@ -54,6 +55,12 @@ class Trainer:
         spm_proto, manifest = load_spm_proto(cfg), load_manifest(cfg)
         self.train_ds = load_prepared(cfg, "train")
         self.valid_sets = valid_sets(load_prepared(cfg, "valid"), manifest)
+        names = [v.name for v in self.valid_sets]
+        if cfg.train.best_valid and cfg.train.best_valid not in names:
+            raise MtxError(
+                f"train.best_valid {cfg.train.best_valid!r}: the prepared data's validation "
+                f"sets are {', '.join(names)}; run `mtx prepare` with this config"
+            )
         self.mix = data.Mix.of(self.train_ds, cfg.data)
         self.resegment, self.batching = None, cfg.train
         if cfg.data.sampling:  # BPE-dropout on the fly (data/sampling.py)
