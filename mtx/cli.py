@@ -365,7 +365,7 @@ def evaluate(
             fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
         results, all_hyps = {}, []
         for name, lang, sources, refs in sets:
-            into = translator.into(lang) if lang and translator.tags else translator
+            into = run(translator.into, lang) if lang and translator.tags else translator
             hyps = run(into.translate, sources)
             results[name] = run(score, hyps, refs)
             all_hyps += hyps
