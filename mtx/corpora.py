@@ -31,7 +31,8 @@ import numpy as np
 
 from mtx.errors import MtxError
 
-NAME = re.compile(r"[A-Za-z0-9_.-]+")
+NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a corpus's or a set's name
+LANG = re.compile(r"[A-Za-z0-9_-]+")  # a language code: what a tag >>xx<< may hold
 TAG = re.compile(r">>([A-Za-z0-9_-]+)<<")
 
 
@@ -89,7 +90,7 @@ def corpora(d) -> list[Corpus]:
             if not getattr(e, field):
                 raise MtxError(f"{key}{field} is empty")
         for field in ("src_lang", "tgt_lang"):
-            if not NAME.fullmatch(getattr(e, field)):
+            if not LANG.fullmatch(getattr(e, field)):
                 raise MtxError(
                     f"{key}{field} {getattr(e, field)!r}: a language code is letters, digits, "
                     "'-' and '_'"
