@@ -12,7 +12,8 @@ tokens per prepared token.
 
 `bleu`: the first --pairs pairs of Multi30k de->en, a small model (benchmarks/multilingual.py's
 settings) trained until the validation loss has not improved for 3 validations (at most
---max-steps updates), with data.sampling 0 and 0.1, each seed; test2016 BLEU of best.pt.
+--max-steps updates), with data.sampling 0 and 0.1, each seed; test2016 BLEU of best.pt, the
+updates run and the mean padding of the logged training windows.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import yaml
 from benchmarks.harness import mtx, result, timed
 from benchmarks.multilingual import M30K, SMALL
 from mtx.data.sampling import Resegment
+from mtx.train.metrics import read_metrics
 
 
 def prepare_multi30k(run: Path, pairs: int, src: str, tgt: str) -> Path:
@@ -76,8 +78,10 @@ def bleu_run(work: Path, prepared: Path, alpha: float, seed: int, args) -> dict:
     out = mtx("evaluate", "--checkpoint", run / "checkpoints" / "best.pt", "--src",
               f"{M30K}/test2016.de", "--ref", f"{M30K}/test2016.en", "--json")  # fmt: skip
     info = json.loads(mtx("info", run / "checkpoints" / "best.pt", "--json").stdout)
+    logged = read_metrics(run / "metrics.jsonl", "train")
     return {"alpha": alpha, "seed": seed, "bleu": json.loads(out.stdout)["bleu"],
-            "best_step": info["step"]}  # fmt: skip
+            "best_step": info["step"], "updates": logged[-1]["step"],
+            "padding": sum(r["padding"] for r in logged) / len(logged)}  # fmt: skip
 
 
 def bleu(work: Path, args) -> dict:

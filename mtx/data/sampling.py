@@ -112,8 +112,10 @@ class Resegment:
         return self.__dict__ | {"merges": None}
 
     def for_epoch(self, epoch: int) -> Resegment:
-        other = copy.copy(self)
-        other.epoch = epoch
+        if self.merges is None:  # loaded once per process, shared by every epoch's copy
+            self.merges = Merges(self.proto)
+        other = copy.copy(self)  # which, through __getstate__, leaves merges out
+        other.epoch, other.merges = epoch, self.merges
         return other
 
     def growth(self, ds, max_tokens: int, pad_to: int, n: int = 2000) -> tuple[float, float]:
@@ -135,8 +137,6 @@ class Resegment:
 
     def __call__(self, rows: list[int], batch: dict[str, list]) -> tuple[list, list]:
         """The batch's (src_ids, tgt_ids): each side sampled, with EOS (and the source's tag)."""
-        if self.merges is None:
-            self.merges = Merges(self.proto)
         sample, a = self.merges.sample, self.alpha
         src_out, tgt_out = [], []
         for k, row in enumerate(rows):
