@@ -401,21 +401,11 @@ def _print_scores(results: dict[str, dict], json_out: bool) -> None:
 
 def _split_sets(cfg, split: str) -> list[tuple[str, str | None, list[str], list[str]]]:
     """(name, target language, sources, references) of each set of a prepared split."""
-    from mtx.data.prepare import load_manifest, load_prepared
+    from mtx.data.prepare import load_sets
 
     if split not in ("train", "valid", "test"):
         raise MtxError(f"--split must be train, valid or test, got {split!r}")
-    manifest = load_manifest(cfg)
-    if split not in manifest["splits"]:
-        raise MtxError(f"the prepared data has no {split} split (data.corpora names no {split})")
-    ds = load_prepared(cfg, split)
-    sets = manifest["splits"][split].get("sets") or [{"name": split, "tgt_lang": None}]
-    group = ds["group"] if len(sets) > 1 else [0] * len(ds)
-    out = []
-    for k, s in enumerate(sets):
-        part = ds.select([i for i, g in enumerate(group) if g == k]) if len(sets) > 1 else ds
-        out.append((s["name"], s["tgt_lang"], part["src"], part["tgt"]))
-    return out
+    return [(s.name, s.tgt_lang, s.ds["src"], s.ds["tgt"]) for s in load_sets(cfg, split)]
 
 
 @app.command()

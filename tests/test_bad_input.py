@@ -2,7 +2,9 @@
 no traceback (unless --debug) and nothing half-written. And input that looks bad but is fine."""
 
 import io
+import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -266,3 +268,18 @@ def test_nothing_written_is_world_writable_even_with_umask_0(tmp_path, prepared)
     assert any(p.name == "last.pt" for p in written) and any(p.name == "toy.de" for p in written)
     writable = [p for p in written if os.stat(p).st_mode & stat.S_IWOTH]
     assert not writable
+
+
+def test_evaluating_a_split_the_prepared_data_lacks_names_it(tiny_checkpoint, tmp_path):
+    """Prepared data without a test split (no corpus names one): --split test says so."""
+    prepared = tmp_path / "run" / "prepared"
+    shutil.copytree(tiny_checkpoint.parent.parent / "prepared", prepared)
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    del manifest["splits"]["test"]
+    (prepared / "manifest.json").write_text(json.dumps(manifest))
+    shutil.rmtree(prepared / "test")
+    args = ["evaluate", "--checkpoint", tiny_checkpoint, "--set", f"run_dir={tmp_path / 'run'}"]
+    assert_one_line_error(invoke(*args, "--split", "test"), "has no test split")
+    scored = invoke(*args, "--split", "valid", "--beam", 1, "--json")
+    assert scored.exit_code == 0, scored.output
+    assert 0 <= json.loads(scored.stdout)["bleu"] <= 100

@@ -30,6 +30,7 @@ import time
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -412,6 +413,35 @@ def load_prepared(cfg: Config, split: str) -> datasets.Dataset:
     if not data.manifest.is_file() or not data.split(split).is_dir():
         raise _missing(cfg)
     return datasets.load_from_disk(str(data.split(split)))
+
+
+@dataclass(frozen=True)
+class PreparedSet:
+    """A named set of a prepared split (a direction's validation or test set): its name,
+    target language (None: the model's one) and pairs."""
+
+    name: str
+    tgt_lang: str | None
+    ds: datasets.Dataset
+
+
+def load_sets(cfg: Config, split: str) -> list[PreparedSet]:
+    """The named sets of a prepared split (its rows numbered by the `group` column), in the
+    order the manifest lists them."""
+    manifest = load_manifest(cfg)
+    if split not in manifest["splits"]:
+        raise MtxError(f"the prepared data has no {split} split (data.corpora names no {split})")
+    ds = load_prepared(cfg, split)
+    sets = manifest["splits"][split].get("sets")
+    if not sets:  # prepared by an mtx without named sets: one set
+        return [PreparedSet(split, manifest.get("tgt_lang") or None, ds)]
+    if len(sets) == 1:
+        return [PreparedSet(sets[0]["name"], sets[0]["tgt_lang"], ds)]
+    group = np.asarray(ds["group"])
+    return [
+        PreparedSet(s["name"], s["tgt_lang"], ds.select(np.flatnonzero(group == k)))
+        for k, s in enumerate(sets)
+    ]
 
 
 def load_spm_proto(cfg: Config) -> bytes:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import Config
-from mtx.data.prepare import load_manifest, load_prepared, load_spm_proto
+from mtx.data.prepare import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
@@ -34,7 +34,7 @@ from mtx.train.metrics import MetricsLog, Window, summary_writer
 from mtx.train.resume import prepare_run_dir, restore, save_checkpoints
 from mtx.train.state import TrainState
 from mtx.train.step import build_step
-from mtx.train.validate import combine, valid_bleu, valid_sets, validate
+from mtx.train.validate import combine, valid_bleu, validate
 
 
 def quiet(*_) -> None:
@@ -54,7 +54,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         spm_proto, manifest = load_spm_proto(cfg), load_manifest(cfg)
         self.train_ds = load_prepared(cfg, "train")
-        self.valid_sets = valid_sets(load_prepared(cfg, "valid"), manifest)
+        self.valid_sets = load_sets(cfg, "valid")
         names = [v.name for v in self.valid_sets]
         if cfg.train.best_valid and cfg.train.best_valid not in names:
             raise MtxError(

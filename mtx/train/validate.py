@@ -11,10 +11,7 @@ what best.pt and train.patience follow.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-import datasets
-import numpy as np
 import torch
 
 from mtx.config import Config
@@ -47,30 +44,6 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
         "valid_nll": nll,
         "valid_ppl": math.exp(min(nll, 100.0)),
     }
-
-
-@dataclass
-class ValidSet:
-    """A validation set: its name, target language and prepared pairs."""
-
-    name: str
-    tgt_lang: str | None  # None: the model's one target language
-    ds: datasets.Dataset
-
-
-def valid_sets(ds: datasets.Dataset, manifest: dict) -> list[ValidSet]:
-    """The prepared validation split's sets (rows numbered by the `group` column), in the
-    order the manifest lists them."""
-    sets = manifest["splits"]["valid"].get("sets")
-    if not sets:  # prepared by an mtx without named sets: one set
-        return [ValidSet("valid", manifest.get("tgt_lang") or None, ds)]
-    if len(sets) == 1:
-        return [ValidSet(sets[0]["name"], sets[0]["tgt_lang"], ds)]
-    group = np.asarray(ds["group"])
-    return [
-        ValidSet(s["name"], s["tgt_lang"], ds.select(np.flatnonzero(group == k)))
-        for k, s in enumerate(sets)
-    ]
 
 
 def combine(per_set: dict[str, dict[str, float]], best_valid: str) -> dict[str, float]:
