@@ -73,11 +73,7 @@ def export(
             "manifest": ckpt.manifest,
             # a multilingual model: the source starts with the target language's tag, as
             # MarianTokenizer reads ">>de<< text" and CTranslate2 takes the piece ">>de<<"
-            "target_language_tags": [
-                corpora.tag_piece(lang) for lang in corpora.target_languages(cfg.data)
-            ]
-            if corpora.tags(cfg.data)
-            else [],
+            "target_language_tags": corpora.tags(cfg.data),
         }
         (tmp / "mtx.json").write_text(json.dumps(about, indent=2) + "\n")
         tmp.rename(output)
