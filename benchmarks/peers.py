@@ -2,10 +2,10 @@
 and CTranslate2 (`--format ctranslate2`), decoding as mtx does: for the decoding race
 (decode.py) and tests/test_export.py.
 
-Every engine gets mtx's output length limit (source tokens + 50, EOS included) and alpha 0 (the
-only setting at which the three length penalties rank alike), and never produces PAD, UNK or
-BOS. The limit is per sentence in mtx and per batch in the peers, so batches hold sentences of
-one source length (`batches`).
+Every engine gets mtx's output length limit and tokens never produced (decode/rules.py: a x
+source tokens + b, EOS included; never PAD, UNK or BOS) and alpha 0 (the only setting at which
+the three length penalties rank alike). The limit is per sentence in mtx and per batch in the
+peers, so batches hold sentences of one limit (`batches`).
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ from collections import defaultdict
 
 import torch
 
+from mtx.decode import rules
 from mtx.decode.translator import Translator
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-SUPPRESS = (PAD_ID, UNK_ID, BOS_ID)
+from mtx.tokens import EOS_ID, PAD_ID
 
 
 def batches(tr: Translator, lines: list[str], size: int) -> list[tuple[int, list[int]]]:
     """(output length limit, line indices) of batches of at most `size` lines, each of one
-    source length, shortest first."""
-    groups = defaultdict(list)
+    limit, shortest first."""
+    d, groups = tr.cfg.decode, defaultdict(list)
+    limit = tr.model.cfg.max_positions - 1
     for i, line in enumerate(lines):
-        groups[len(tr.encode(line)) - 1 + tr.cfg.decode.max_len_b].append(i)
+        longest = rules.max_lengths(len(tr.encode(line)) - 1, d.max_len_a, d.max_len_b, limit)
+        groups[longest].append(i)
     return [
         (limit, idx[j : j + size]) for limit, idx in sorted(groups.items())
         for j in range(0, len(idx), size)
@@ -42,7 +43,7 @@ def hf_generate(hf, src: torch.Tensor, limit: int, beam: int) -> list[list[int]]
             length_penalty=0.0,
             early_stopping=True,
             max_new_tokens=limit,
-            bad_words_ids=[[i] for i in SUPPRESS],
+            bad_words_ids=[[i] for i in rules.NEVER_PRODUCED],
         )
     ids = []
     for row in out[:, 1:].tolist():  # drop the decoder start (BOS)
@@ -57,7 +58,7 @@ def ct2_generate(ct2, tr: Translator, pieces: list[list[str]], limit: int, beam:
         beam_size=beam,
         length_penalty=0.0,
         max_decoding_length=limit - 1,  # CTranslate2 does not count the EOS
-        suppress_sequences=[[tr.sp.id_to_piece(i)] for i in SUPPRESS],
+        suppress_sequences=[[tr.sp.id_to_piece(i)] for i in rules.NEVER_PRODUCED],
         return_scores=True,
         max_batch_size=len(pieces),
     )

@@ -30,3 +30,12 @@ def cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """What "auto" precision computes in, for training and decoding alike: bf16 on a GPU that
+    supports it, else fp32."""
+    import torch
+
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if bf16 else torch.float32

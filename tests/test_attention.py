@@ -5,7 +5,9 @@ import torch
 from torch import nn
 
 from mtx.config import ATTENTION_SCORES
-from mtx.model.attention import MultiHeadAttention, RecurrentAttention, attention
+from mtx.model.attention import MultiHeadAttention, attention
+from mtx.model.cache import GrowingLayer
+from mtx.model.rnn_attention import RecurrentAttention
 from mtx.model.rows import linear
 
 
@@ -89,10 +91,10 @@ def test_incremental_self_attention_cache_equals_causal():
     """Feeding positions one at a time through the cache equals causal attention at once."""
     ours, _ = copied_pair()
     x = torch.randn(2, 5, 32)
-    cache = {}
+    cache = GrowingLayer()
     steps = [ours(x[:, t : t + 1], cache=cache) for t in range(5)]
     torch.testing.assert_close(torch.cat(steps, 1), ours(x, causal=True), atol=1e-5, rtol=1e-5)
-    assert cache["k"].shape == (2, 4, 5, 8)
+    assert cache.k.shape == (2, 4, 5, 8) and cache.length == 5
 
 
 def test_training_kernels_and_written_out_inference_attention_agree():
@@ -188,7 +190,7 @@ def test_relative_self_attention_cache_equals_causal():
     torch.manual_seed(0)
     mha = MultiHeadAttention(32, 4, max_relative_position=2).eval()
     x = torch.randn(2, 6, 32)
-    cache = {}
+    cache = GrowingLayer()
     steps = [mha(x[:, t : t + 1], cache=cache) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), mha(x, causal=True), atol=1e-5, rtol=1e-5)
 

@@ -4,13 +4,8 @@ import pytest
 import torch
 from conftest import tiny_model_config
 
-from mtx.decode.search import (
-    Sampling,
-    beam_search,
-    greedy_search,
-    length_penalty,
-    max_lengths,
-)
+from mtx.decode.rules import length_penalty, max_lengths, source_lengths
+from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -55,6 +50,24 @@ def test_beam_one_equals_greedy(arch):
         assert math.isclose(g.score / length_penalty(n, 0.6), b[0].score, rel_tol=1e-5)
 
 
+class PrefixCache:
+    """A test model's cache: each hypothesis's tokens so far (reordered with the beams) and
+    the memory (one row per sentence), as model/cache.py's caches keep theirs."""
+
+    def __init__(self):
+        self.prefix, self.memory = None, None
+
+    def extend(self, tokens):
+        self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], 1)
+        return self.prefix
+
+    def reorder(self, rows):
+        self.prefix = self.prefix.index_select(0, rows)
+
+    def select(self, sentences):
+        self.memory = self.memory.index_select(0, sentences)
+
+
 class MyopicModel:
     """Step 1: A 0.5, B 0.4, EOS 0.1. After A everything is uncertain (EOS 0.34); after B,
     EOS 0.95. Greedy picks A then EOS (p = 0.17); beam search finds B EOS (p = 0.38)."""
@@ -66,11 +79,12 @@ class MyopicModel:
         return torch.zeros(src.size(0), 1, 1), torch.ones(src.size(0), 1, 1, dtype=torch.bool)
 
     def new_cache(self):
-        return [{}]
+        return PrefixCache()
 
     def decode(self, tokens, memory, src_mask, cache):
-        prefix = tokens if "prefix" not in cache[0] else torch.cat([cache[0]["prefix"], tokens], 1)
-        cache[0]["prefix"] = prefix
+        if cache.memory is None:
+            cache.memory = memory
+        prefix = cache.extend(tokens)
         probs = torch.full((prefix.size(0), self.vocab), 1e-6)
         for i, row in enumerate(prefix.tolist()):
             last = row[-1]
@@ -131,7 +145,7 @@ def test_output_does_not_depend_on_batching(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_hypothesis_ends_within_the_max_length(arch):
     model, src = random_model(arch=arch), random_src()
-    limits = max_lengths(src, 1.0, 2, 1000).tolist()
+    limits = max_lengths(source_lengths(src), 1.0, 2, 1000).tolist()
     for hyps, limit in zip(beam_search(model, src, beam=3, max_len_b=2, nbest=3), limits):
         assert len(hyps) == 3
         assert all(len(h.tokens) + 1 <= limit for h in hyps)
@@ -149,17 +163,16 @@ class Uncached:
         return self.model.encode(src, padded)
 
     def new_cache(self):
-        return [{}]
+        return PrefixCache()
 
     def decode(self, last, memory, src_mask, cache):
-        c = cache[0]
-        if "memory_out" not in c:  # "memory_*": one row per sentence, like the model's own
-            c["memory_out"] = memory
-        c["prefix"] = last if "prefix" not in c else torch.cat([c["prefix"], last], 1)
-        group = last.size(0) // c["memory_out"].size(0)
-        memory = c["memory_out"].repeat_interleave(group, 0)
+        if cache.memory is None:  # one row per sentence, like the model's own
+            cache.memory = memory
+        prefix = cache.extend(last)
+        group = last.size(0) // cache.memory.size(0)
+        memory = cache.memory.repeat_interleave(group, 0)
         mask = None if src_mask is None else src_mask.repeat_interleave(group, 0)
-        return self.model.decode(c["prefix"], memory, mask)[:, -1:]
+        return self.model.decode(prefix, memory, mask)[:, -1:]
 
 
 def same_hypotheses(a, b):
@@ -198,8 +211,11 @@ def test_cross_attention_shares_one_memory_row_among_a_sentences_beams(arch):
     torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
     cache = model.new_cache()
     model.decode(tgt[:, :1], memory, src_mask, cache)
-    memory_rows, beam_rows = ("memory_k", "k") if arch == "transformer" else ("memory_keys", "h0")
-    assert cache[0][memory_rows].size(0) == 3 and cache[0][beam_rows].size(0) == 12
+    if arch == "transformer":
+        memory_rows, beam_rows = cache.layers[0].memory_k, cache.layers[0].k
+    else:
+        memory_rows, beam_rows = cache.keys, cache.hs[0]
+    assert memory_rows.size(0) == 3 and beam_rows.size(0) == 12
 
 
 def test_exact_stopping_finds_what_running_to_the_maximum_length_finds():

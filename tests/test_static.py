@@ -8,7 +8,8 @@ from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch, rows_bucket
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.model.transformer import StaticCache, Transformer
+from mtx.model.cache import StaticCache
+from mtx.model.transformer import Transformer
 from mtx.tokens import EOS_ID, PAD_ID
 
 
@@ -127,7 +128,7 @@ def translate_test2016(
         prefix = StaticSearch(
             tr.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, full=False
         )
-        tr.static_search = lambda: prefix
+        tr.searches.static = lambda d: prefix
     return [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
 
 

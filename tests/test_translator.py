@@ -12,7 +12,9 @@ from conftest import MULTI30K, tiny_model_config
 
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.decode.translator import Translator, chunks, source_batches
+from mtx.decode.batches import source_batches
+from mtx.decode.stream import chunks
+from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
 from mtx.tokens import SOURCE_BUCKET, padded_length

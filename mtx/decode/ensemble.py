@@ -8,9 +8,8 @@ largest log p_m: M copies of one model then give exactly that model's log-probab
 the search (told by `gives_log_probs`) uses them as they are.
 
 An `Ensemble` has the model interface the search uses (search.py): `encode` gives each model's
-memory and mask, `new_cache` one cache that is every model's caches one after the other (each
-a list of per-layer dicts, so `reorder_cache` moves them all), `decode` runs each model on its
-part. Each model computes a sentence alone (batch-independent), and the mean is taken per row,
+memory and mask, `new_cache` an `EnsembleCache` that holds every model's own cache (reordering
+it reorders them all), `decode` runs each model on its own. Each model computes a sentence alone (batch-independent), and the mean is taken per row,
 so an ensemble is as independent of the batch as one model. The models may differ in
 architecture (a Transformer with the RNN); they must share the vocabulary.
 """
@@ -41,6 +40,21 @@ class Masks:
         return Masks([None if m is None else m[index] for m in self.masks])
 
 
+class EnsembleCache:
+    """Each model's cache (model/cache.py), reordered and selected together."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def reorder(self, rows: Tensor) -> None:
+        for part in self.parts:
+            part.reorder(rows)
+
+    def select(self, sentences: Tensor) -> None:
+        for part in self.parts:
+            part.select(sentences)
+
+
 class Ensemble:
     gives_log_probs = True  # decode() returns normalised log-probabilities, not logits
 
@@ -53,7 +67,6 @@ class Ensemble:
         self.models = models
         self.vocab_size = models[0].vocab_size
         self.cfg = Limits(min(m.cfg.max_positions for m in models))
-        self.cache_sizes = [len(m.new_cache()) for m in models]
         # sources of several lengths in one batch (model/groups.py) if every model takes them
         self.mixes_lengths = all(getattr(m, "mixes_lengths", False) for m in models)
 
@@ -73,17 +86,15 @@ class Ensemble:
         out = [m.encode(src) for m in self.models]
         return [memory for memory, _ in out], Masks([mask for _, mask in out])
 
-    def new_cache(self) -> list[dict[str, Tensor]]:
-        return [layer for m in self.models for layer in m.new_cache()]
+    def new_cache(self) -> EnsembleCache:
+        return EnsembleCache([m.new_cache() for m in self.models])
 
     def decode(
-        self, tgt_in: Tensor, memory: list[Tensor] | None, masks: Masks, cache: list
+        self, tgt_in: Tensor, memory: list[Tensor] | None, masks: Masks, cache: EnsembleCache
     ) -> Tensor:
         """(N, T) decoder inputs -> (N, T, V) log of the mean of the models' probabilities."""
-        lprobs, start = [], 0
-        for i, (m, size) in enumerate(zip(self.models, self.cache_sizes)):
-            part = cache[start : start + size]  # the same dicts: the model extends them in place
-            start += size
+        lprobs = []
+        for i, (m, part) in enumerate(zip(self.models, cache.parts)):
             logits = m.decode(tgt_in, None if memory is None else memory[i], masks.masks[i], part)
             lprobs.append(torch.log_softmax(logits.float(), dim=-1))
         stacked = torch.stack(lprobs)  # (M, N, T, V)

@@ -4,24 +4,26 @@ Shape legend: B sentences still being decoded, K beam size, V vocabulary, t step
 
 The model is anything with `encode(src) -> (memory, src_mask)`, `new_cache()`, and
 `decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)` (log-probabilities
-if it says `gives_log_probs`, as an ensemble does: decode/ensemble.py); the cache is a list
-of dicts of tensors (`reorder_cache` in transformer.py): what each hypothesis has decoded
-(the Transformer's self-attention keys/values, the RNN's decoder state), one row per
-hypothesis, and what is computed from the encoder output ("memory_*"), one row per sentence,
-computed at the first step and shared by the sentence's K beams.
+if it says `gives_log_probs`, as an ensemble does: decode/ensemble.py); the cache
+(model/cache.py) holds what each hypothesis has decoded (the Transformer's self-attention keys
+and values, the RNN's decoder state), one row per hypothesis, and what is computed from the
+encoder output, one row per sentence, computed at the first step and shared by the sentence's
+K beams: the search reorders the first (`reorder`) and selects the second (`select`).
 
 Every search decodes incrementally, and a sentence leaves the batch as soon as it is done, so
 the work shrinks as sentences end. Nothing depends on the other sentences of a batch: the
 maximum length (a * source tokens + b, EOS included) and the stopping test are per sentence,
 padding is masked, and sampling draws each sentence's random numbers from its own seed.
-PAD, UNK and BOS are never produced; at the maximum length only EOS is allowed.
+PAD, UNK and BOS are never produced; at the maximum length only EOS is allowed. These rules,
+and those of the beam below, are written once in rules.py, which the static search
+(static.py) follows too.
 
 Beam search (the paper's settings: K = 4, alpha = 0.6, max length = source length + 50):
-each step `beam_step` picks the best 2K continuations of the K live hypotheses of every
-sentence; those ending in EOS among the first K are finished hypotheses, scored by the
-length penalty of Wu et al. (2016), score(Y) = log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha,
-|Y| counting EOS; the best K that do not end become the next beam. When a sentence is done
-depends on `stopping`:
+each step picks the best 2K continuations of the K live hypotheses of every sentence; those
+ending in EOS among the first K are finished hypotheses, scored by the length penalty of Wu et
+al. (2016), score(Y) = log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting EOS;
+the best K that do not end become the next beam. When a sentence is done depends on
+`stopping`:
 
 - "k_finished" (the default, as fairseq, and Hugging Face with early_stopping=True): once it
   has K finished hypotheses.
@@ -42,45 +44,26 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mtx.model.groups import Groups
-from mtx.model.transformer import reorder_cache
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtx.decode import rules
+from mtx.decode.rules import Hypothesis
+from mtx.tokens import BOS_ID, EOS_ID
 
 STOPPING = ("k_finished", "exact", "never")
-assert sorted((PAD_ID, UNK_ID, BOS_ID)) == [0, 1, 2]  # the never-produced ids are a slice
 
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # output ids, without BOS and EOS
-    score: float  # what the search ranks by: log_prob / length penalty for beam search
-    log_prob: float  # sum of the model's log-probabilities of tokens and EOS
+def max_lengths(src: Tensor, a: float, b: int, limit: int) -> list[int]:
+    """The longest output of each sentence of `src` (rules.max_lengths), on the host."""
+    return rules.max_lengths(rules.source_lengths(src), a, b, limit).tolist()
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    """Wu et al. (2016): ((5 + length) / 6) ** alpha."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-def max_lengths(src: Tensor | Groups, a: float, b: int, limit: int) -> Tensor:
-    """(B,) longest output per sentence, EOS included: a * source tokens (EOS excluded) + b."""
-    if isinstance(src, Groups):
-        return torch.cat([max_lengths(part, a, b, limit) for part in src.parts])
-    src_len = (src != PAD_ID).sum(1) - 1
-    return (a * src_len.float() + b).long().clamp(min=1, max=limit)
-
-
-def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[int]) -> Tensor:
+def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[bool]) -> Tensor:
     """(N, V) next-token log-probabilities of the N hypotheses whose last tokens are `last`
-    (N, 1): PAD, UNK and BOS never; rows `force_eos` may only end."""
+    (N, 1): PAD, UNK and BOS never; the rows where `force_eos` is True may only end."""
     out = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
     lprobs = out if getattr(model, "gives_log_probs", False) else torch.log_softmax(out, dim=-1)
-    lprobs[:, :3] = -torch.inf  # PAD, UNK, BOS
-    if force_eos:
-        rows = torch.tensor(force_eos, device=lprobs.device)
-        eos = lprobs[rows, EOS_ID]
-        lprobs[rows] = -torch.inf
-        lprobs[rows, EOS_ID] = eos
+    lprobs = rules.mask_never_produced(lprobs)
+    if any(force_eos):
+        lprobs = rules.only_eos(lprobs, torch.tensor(force_eos, device=lprobs.device))
     return lprobs
 
 
@@ -133,7 +116,7 @@ def greedy_search(
     with `sampling` a token drawn at random, sentence i's draws seeded by `seeds[i]`."""
     B0, device = src.size(0), src.device
     memory, src_mask = model.encode(src)
-    max_len = max_lengths(src, max_len_a, max_len_b, limit).tolist()
+    max_len = max_lengths(src, max_len_a, max_len_b, limit)
     if sampling is not None:
         if seeds is None or len(seeds) != B0:
             raise ValueError("sampling needs one seed per sentence")
@@ -144,7 +127,7 @@ def greedy_search(
     last = torch.full((B0, 1), BOS_ID, dtype=torch.long, device=device)
     out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
     for t in range(max(max_len)):
-        force = [i for i, b in enumerate(alive) if t + 1 >= max_len[b]]
+        force = [rules.at_limit(t + 1, max_len[b]) for b in alive]
         lprobs = _log_probs(model, last, memory, src_mask, cache, force)
         if sampling is None:
             tok = lprobs.argmax(dim=-1)
@@ -167,18 +150,10 @@ def greedy_search(
             rows = torch.tensor(keep, device=device)
             alive, alive_t = [alive[i] for i in keep], alive_t[rows]
             last, src_mask = last[rows], None if src_mask is None else src_mask[rows]
-            cache = reorder_cache(cache, rows, rows)
+            cache.reorder(rows)
+            cache.select(rows)
         memory = None  # from now on the cache holds its keys/values
     return out
-
-
-def beam_step(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
-    """scores (B, K) of live beams, lprobs (B*K, V) -> the best 2K candidates of each sentence:
-    cumulative scores, source beam and token, each (B, 2K), best first."""
-    B, V = scores.size(0), lprobs.size(-1)
-    cand = (scores.unsqueeze(-1) + lprobs.view(B, K, V)).view(B, K * V)
-    top, idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
-    return top, idx // V, idx % V
 
 
 def note_finished(
@@ -190,17 +165,18 @@ def note_finished(
     length: int,
     alpha: float,
 ) -> None:
-    """Add to each live sentence's `finished` its candidates among the best K that end in EOS
-    at output `length`: `host` (B, K + 1) holds their scores (NaN for those that do not end,
-    -inf for impossible ones), `rows` (B, 2K) their beams' rows in `tokens` (B*K, t)."""
+    """Add to each live sentence's `finished` its candidates among the best K that finish
+    (rules.finishing) at output `length`: `host` (B, K + 1) holds their log-probabilities (NaN
+    for those that do not finish), `rows` (B, 2K) their beams' rows in `tokens` (B*K, t)."""
     K = len(host[0]) - 1 if host else 0
     new = [(i, j) for i in range(len(alive)) for j in range(K) if host[i][j] > -torch.inf]
-    if not new:  # NaN and -inf compare False: only real finished hypotheses
+    if not new:  # NaN compares False: only finished hypotheses
         return
     ids = rows[[i for i, _ in new], [j for _, j in new]]
     for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
-        score = host[i][j]
-        finished[alive[i]].append(Hypothesis(hyp, score / length_penalty(length, alpha), score))
+        log_prob = host[i][j]
+        score = rules.finished_score(log_prob, length, alpha)
+        finished[alive[i]].append(Hypothesis(hyp, score, log_prob))
 
 
 def sentence_done(
@@ -216,11 +192,11 @@ def sentence_done(
     ended, or no live one (best score `live_best` <= 0, at most `longest` tokens) can still
     beat the nbest-th finished one."""
     if stopping == "k_finished":
-        return len(fin) >= K
+        return rules.enough_finished(len(fin), K)
     if stopping == "never" or len(fin) < nbest:
         return False
     nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
-    return nth >= live_best / length_penalty(longest, alpha)  # live_best <= 0
+    return nth >= live_best / rules.length_penalty(longest, alpha)  # live_best <= 0
 
 
 @torch.inference_mode()
@@ -240,36 +216,33 @@ def beam_search(
         raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
     K, B0, device = beam, src.size(0), src.device
     memory, src_mask = model.encode(src)  # one row per sentence, not per beam
-    max_len = max_lengths(src, max_len_a, max_len_b, limit).tolist()
+    max_len = max_lengths(src, max_len_a, max_len_b, limit)
     alive = list(range(B0))  # original index of each sentence still decoded
     cache = model.new_cache()
     tokens = torch.full((B0 * K, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t)
-    scores = torch.full((B0, K), -torch.inf, device=device)
-    scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
+    scores = rules.start_beams(torch.empty(B0, K, device=device))
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
     for t in range(max(max_len)):
         B = len(alive)
-        force = [i * K + j for i, b in enumerate(alive) if t + 1 >= max_len[b] for j in range(K)]
+        force = [rules.at_limit(t + 1, max_len[b]) for b in alive for _ in range(K)]
         lprobs = _log_probs(model, tokens[:, -1:], memory, src_mask, cache, force)
-        top, from_beam, tok = beam_step(scores, lprobs, K)
+        top, from_beam, tok = rules.top_candidates(scores, lprobs, K)
         rows = torch.arange(B, device=device).unsqueeze(1) * K + from_beam  # (B, 2K) flat rows
         is_eos = tok == EOS_ID
         # One transfer to the host per step: the scores of the first K candidates where they
-        # end in EOS (NaN where not), and each sentence's best live score.
-        ended = top[:, :K].masked_fill(~is_eos[:, :K], torch.nan)
+        # finish (NaN where not), and each sentence's best live score.
+        ended = top[:, :K].masked_fill(~rules.finishing(top, tok, K), torch.nan)
         live_best = top.masked_fill(is_eos, -torch.inf).max(dim=1).values
         host = torch.cat([ended, live_best.unsqueeze(1)], 1).tolist()
         note_finished(finished, alive, host, rows, tokens, t + 1, alpha)
         done = [
-            t + 1 >= max_len[b]
+            rules.at_limit(t + 1, max_len[b])
             or sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
             for i, b in enumerate(alive)
         ]
         if all(done):
             break
-        # The best K candidates not ending in EOS continue.
-        order = is_eos.long() * (2 * K) + torch.arange(tok.size(1), device=device)
-        keep = order.argsort(dim=1)[:, :K]  # (B, K)
+        keep = rules.continuing(tok, K)  # (B, K): the best K not ending in EOS
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         sentences = None
         if any(done):  # finished sentences leave the batch
@@ -280,6 +253,8 @@ def beam_search(
             src_mask = None if src_mask is None else src_mask[sentences]
         rows = rows.view(-1)  # (B'*K,) rows of the previous step's hypotheses
         tokens = torch.cat([tokens[rows], tok.view(-1, 1)], 1)
-        cache = reorder_cache(cache, rows, sentences)
+        cache.reorder(rows)
+        if sentences is not None:
+            cache.select(sentences)
         memory = None  # from now on the cache holds its keys/values
-    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+    return [rules.best(f, nbest) for f in finished]

@@ -11,7 +11,7 @@ the host launches one by one. Here nothing changes shape during a search:
   each with K beams; a padding sentence is an empty source allowed one step;
 - the self-attention keys and values live in a cache allocated for L positions (the longest
   output the source's padded length allows) and written in place at the step's position
-  (model/transformer.py's StaticCache); a step attends over a window of it, the positions
+  (model/cache.py's StaticCache); a step attends over a window of it, the positions
   not yet written masked; the encoder output's keys and values are computed once;
 - finished hypotheses are masked, not removed: a sentence that is done adds nothing more,
   and its rows go on computing what nobody reads;
@@ -26,8 +26,10 @@ length, beam, window) as a CUDA graph and replayed: one launch a step (`Graphs`)
 the same step runs as it is.
 
 It finds what search.py's beam search finds with `stopping: k_finished` (and its greedy
-search): the same candidates, the same finished hypotheses in the same order, scored on the
-host by the same formula. The numbers differ only where attention sums over a window of
+search): both follow the rules of rules.py (the longest output, the tokens never produced,
+the candidates that finish and those that continue, the score and the ranking), so the same
+candidates, the same finished hypotheses in the same order, scored on the host by the same
+formula. The numbers differ only where attention sums over a window of
 positions, some of them masked, instead of the t written so far, which rounds differently: a near-tie between
 two hypotheses may then go the other way (tests/test_static.py counts them on test2016). With
 `full=False` the step attends over the written positions only, as the growing cache does,
@@ -45,7 +47,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mtx.decode.search import Hypothesis, beam_step, length_penalty
+from mtx.decode import rules
+from mtx.decode.rules import Hypothesis
+from mtx.model.cache import StaticCache
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -75,7 +79,7 @@ class State:
     fin_logp: Tensor  # (B, 2K + 1) their log-probabilities; slot 2K takes what is dropped
     fin_len: Tensor  # (B, 2K + 1) their lengths, EOS included
     fin_tokens: Tensor  # (B, 2K + 1, L) their tokens
-    cache: list  # the model's StaticCache
+    cache: StaticCache  # the model's
 
 
 class StaticSearch:
@@ -101,11 +105,8 @@ class StaticSearch:
         self.graphs = Graphs() if graphs else None
 
     def longest(self, src_len: Tensor | int) -> Tensor | int:
-        """The longest output (EOS included) of a source of `src_len` tokens (EOS excluded),
-        as search.max_lengths computes it."""
-        if isinstance(src_len, int):
-            return max(1, min(int(self.a * src_len + self.b), self.limit))
-        return (self.a * src_len.float() + self.b).long().clamp(min=1, max=self.limit)
+        """The longest output (EOS included) of a source of `src_len` tokens (EOS excluded)."""
+        return rules.max_lengths(src_len, self.a, self.b, self.limit)
 
     @torch.inference_mode()
     def __call__(self, src: Tensor, nbest: int = 1) -> list[list[Hypothesis]]:
@@ -114,7 +115,7 @@ class StaticSearch:
         rows = rows_bucket(B)
         src = torch.cat([src, empty_sources(rows - B, src.size(1), src.device)])
         memory, src_mask = self.model.encode(src)
-        max_len = self.longest((src != PAD_ID).sum(1) - 1)
+        max_len = self.longest(rules.source_lengths(src))
         max_len[B:] = 1  # padding sentences end at once
         steps = int(max_len.max())
         L = self.longest(src.size(1) - 1)
@@ -159,11 +160,10 @@ class StaticSearch:
         s.max_len.copy_(max_len)
         s.last.fill_(BOS_ID)
         s.tokens.fill_(BOS_ID)
-        s.scores.fill_(-torch.inf)
-        s.scores[:, 0] = 0.0  # all beams start equal: let only the first one expand at step 1
+        rules.start_beams(s.scores)
         for t in (s.step_logp, s.done, s.n_fin, s.fin_logp, s.fin_len):
             t.zero_()
-        s.cache.position.zero_()
+        s.cache.restart()
         self.model.fill_memory(s.cache, memory)
 
     def step(self, s: State, t: int) -> None:
@@ -171,12 +171,10 @@ class StaticSearch:
         position of the same window (the cache's: what the step reads is the same)."""
         s.cache.start(t)
         out = self.model.decode(s.last, None, s.src_mask, s.cache)[:, -1].float()
-        lprobs = torch.log_softmax(out, dim=-1)
-        lprobs[:, :3] = -torch.inf  # PAD, UNK, BOS
+        lprobs = rules.mask_never_produced(torch.log_softmax(out, dim=-1))
         length = s.cache.position + 1  # of an output that ends now, EOS included
-        forced = (length >= s.max_len).repeat_interleave(self.K).unsqueeze(1)
-        not_eos = torch.arange(lprobs.size(1), device=lprobs.device) != EOS_ID
-        lprobs = lprobs.masked_fill(forced & not_eos, -torch.inf)  # at the limit, only EOS
+        forced = rules.at_limit(length, s.max_len).repeat_interleave(self.K)
+        lprobs = rules.only_eos(lprobs, forced)
         if self.K == 1:
             self.greedy_step(s, lprobs, length)
         else:
@@ -196,12 +194,11 @@ class StaticSearch:
 
     def beam_step(self, s: State, lprobs: Tensor, length: Tensor) -> None:
         K, B = self.K, s.scores.size(0)
-        top, from_beam, tok = beam_step(s.scores, lprobs, K)  # (B, 2K) each
+        top, from_beam, tok = rules.top_candidates(s.scores, lprobs, K)  # (B, 2K) each
         rows = torch.arange(B, device=top.device).unsqueeze(1) * K + from_beam
-        is_eos = tok == EOS_ID
-        # The candidates among the best K that end in EOS finish, into each sentence's next
-        # free slots (slot 2K, never read, takes those of sentences already done).
-        new = is_eos[:, :K] & (top[:, :K] > -torch.inf) & ~s.done.unsqueeze(1)
+        # The candidates that finish go into each sentence's next free slots (slot 2K, never
+        # read, takes those of sentences already done).
+        new = rules.finishing(top, tok, K) & ~s.done.unsqueeze(1)
         slot = s.n_fin.unsqueeze(1) + new.long().cumsum(1) - 1
         slot = torch.where(new, slot, 2 * K)
         s.fin_logp.scatter_(1, slot, top[:, :K])
@@ -210,10 +207,8 @@ class StaticSearch:
         index = slot.unsqueeze(2).expand(-1, -1, prefix.size(1))
         s.fin_tokens.scatter_(1, index, prefix.reshape(B, K, -1))
         s.n_fin += new.sum(1)
-        s.done |= (s.n_fin >= K) | (length >= s.max_len)
-        # The best K candidates not ending in EOS continue.
-        order = is_eos.long() * (2 * K) + torch.arange(2 * K, device=top.device)
-        keep = order.argsort(dim=1)[:, :K]
+        s.done |= rules.enough_finished(s.n_fin, K) | rules.at_limit(length, s.max_len)
+        keep = rules.continuing(tok, K)  # (B, K): the best K not ending in EOS
         s.scores.copy_(top.gather(1, keep))
         rows, tok = rows.gather(1, keep).view(-1), tok.gather(1, keep).view(-1, 1)
         s.tokens.copy_(s.tokens.index_select(0, rows))
@@ -241,12 +236,12 @@ class StaticSearch:
             hyps = [
                 Hypothesis(
                     fin_tokens[i][j][: fin_len[i][j] - 1],
-                    fin_logp[i][j] / length_penalty(fin_len[i][j], self.alpha),
+                    rules.finished_score(fin_logp[i][j], fin_len[i][j], self.alpha),
                     fin_logp[i][j],
                 )
                 for j in range(n_fin[i])
             ]
-            out.append(sorted(hyps, key=lambda h: -h.score)[:nbest])
+            out.append(rules.best(hyps, nbest))
         return out
 
 

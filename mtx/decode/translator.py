@@ -7,22 +7,22 @@ Input lines are sorted by length into token-budget batches (`decode.batch_tokens
 tokens, padding included) and the output is put back in input order, one output per input
 line (an empty input line gets a translation too). A line's translation does not depend on
 the other lines, on the batch size or on the order: the search treats each sentence on its
-own (decode/search.py), sources are padded to a length of their own (`source_batches`; a
-batch of several such lengths reads each group's source with that group's own shapes,
-model/groups.py) and small matrix products are padded to a fixed number of rows
-(model/rows.py), so a sentence is computed with the same numbers in any batch. With
-`decode.sampling`, the line numbered i draws its random numbers from the seed (decode.seed, i).
+own (decode/search.py), sources are padded to a length of their own (batches.py; a batch of
+several such lengths reads each group's source with that group's own shapes, model/groups.py)
+and small matrix products are padded to a fixed number of rows (model/rows.py), so a sentence
+is computed with the same numbers in any batch. With `decode.sampling`, the line numbered i
+draws its random numbers from the seed (decode.seed, i).
 
-`translate_stream` translates an endless iterable in chunks with bounded memory, yielding
-each chunk's translations as soon as they are ready.
+The Translator holds the model on its device and dtype, the vocabulary and the target
+language; which search runs is searches.py's, how lines make batches batches.py's, and how an
+endless input is read in chunks stream.py's. `translate_stream` translates an endless iterable
+in chunks with bounded memory, yielding each chunk's translations as soon as they are ready.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import queue
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -31,17 +31,18 @@ import torch
 from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.data.batching import pad
+from mtx.decode.batches import batch_sources, source_batches
 from mtx.decode.ensemble import Ensemble
-from mtx.decode.search import Hypothesis, Sampling, beam_search, greedy_search
+from mtx.decode.rules import Hypothesis
+from mtx.decode.searches import Searches
 from mtx.decode.static import StaticSearch
-from mtx.decode.static import supports as supports_static
-from mtx.device import pick_device
+from mtx.decode.stream import chunks
+from mtx.device import auto_dtype, pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
 from mtx.model.build import Model, load_model
 from mtx.model.groups import Groups
-from mtx.tokens import BOS_ID, encode_line, padded_length
+from mtx.tokens import BOS_ID, encode_line
 
 # int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
 DTYPES = {
@@ -60,10 +61,7 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
         raise MtxError(
             "decode.dtype int8 needs torch's fbgemm int8 kernels, which this build lacks"
         )
-    if name == "auto":
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if bf16 else torch.float32
-    return DTYPES[name]
+    return auto_dtype(device) if name == "auto" else DTYPES[name]
 
 
 class Translator:
@@ -86,7 +84,7 @@ class Translator:
             self.model = model.to(self.device, self.dtype).eval()
             self.model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
         self.cfg = cfg
-        self.static_searches: dict[tuple, StaticSearch] = {}  # see static_search
+        self.searches = Searches(self.model, self.device)  # shared by with_decode's copies
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:
             raise MtxError(
@@ -163,7 +161,11 @@ class Translator:
         return other
 
     def encode(self, line: str) -> list[int]:
+        """A source line's ids (its target language's tag first, for a multilingual model)."""
         self.check_language()
+        return self._encode(line)
+
+    def _encode(self, line: str) -> list[int]:
         prefix = [self.tags[self.tgt_lang]] if self.tags else None
         return encode_line(self.sp, line, self.model.cfg.max_positions, prefix)
 
@@ -181,48 +183,12 @@ class Translator:
         lengths (`Groups`, for a model that `mixes_lengths`), best first; with sampling,
         `nbest` samples of each, `lines` giving each sentence's line number (its seed)."""
         self.check_nbest(nbest)
-        d = self.cfg.decode
-        limit = self.model.cfg.max_positions - 1
-        if d.sampling:
-            lines = list(range(src.size(0))) if lines is None else lines
-            seeds = [[d.seed, i, j] for i in lines for j in range(nbest)]
-            sampling = Sampling(d.temperature, d.top_k, d.top_p)
-            hyps = greedy_search(
-                self.model, src.repeat_interleave(nbest, 0), d.max_len_a, d.max_len_b, limit,
-                sampling, seeds,
-            )  # fmt: skip
-            groups = [hyps[i : i + nbest] for i in range(0, len(hyps), nbest)]
-            return [sorted(g, key=lambda h: -h.score) for g in groups]
-        static = self.static_search()
-        if static is not None:
-            return static(src, nbest)
-        if d.beam == 1:
-            return [[h] for h in greedy_search(self.model, src, d.max_len_a, d.max_len_b, limit)]
-        return beam_search(
-            self.model, src, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, nbest, d.stopping
-        )
+        lines = list(range(src.size(0))) if lines is None else lines
+        return self.searches(src, self.cfg.decode, nbest, lines)
 
     def static_search(self) -> StaticSearch | None:
-        """The static search `decode.search` asks for (decode/static.py), or None for the
-        shrinking one; one per decode settings, kept with its CUDA graphs."""
-        d = self.cfg.decode
-        mode = d.search
-        if mode == "auto":
-            mode = "graphs" if self.device.type == "cuda" else "shrinking"
-        if mode == "shrinking":
-            return None
-        why = static_refusal(self.model, d, mode, self.device)
-        if why:
-            if d.search == "auto":
-                return None
-            raise MtxError(f"decode.search {mode}: {why}")
-        limit = self.model.cfg.max_positions - 1
-        key = (mode, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit)
-        if key not in self.static_searches:
-            self.static_searches[key] = StaticSearch(
-                self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, mode == "graphs"
-            )
-        return self.static_searches[key]
+        """The static search `decode.search` asks for, or None for the shrinking one."""
+        return self.searches.static(self.cfg.decode)
 
     def translate_ids(
         self, lines: list[str], nbest: int = 1, first_line: int = 0
@@ -231,16 +197,19 @@ class Translator:
         (for sampling seeds when `lines` is one chunk of a longer input)."""
         self.check_nbest(nbest)
         self.check_language()
-        ids = [self.encode(line) for line in lines]
+        return self._translate_ids(lines, nbest, first_line)
+
+    def _translate_ids(
+        self, lines: list[str], nbest: int, first_line: int
+    ) -> list[list[Hypothesis]]:
+        ids = [self._encode(line) for line in lines]
         out: list[list[Hypothesis]] = [[] for _ in lines]
         lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
         mix = getattr(self.model, "mixes_lengths", False) and self.static_search() is None
         for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
-            parts = [pad([ids[i] for i in idx], length=n).to(self.device) for n, idx in batch]
-            src = parts[0] if len(parts) == 1 else Groups(parts)
-            rows = [i for _, idx in batch for i in idx]  # the lines of src's rows, in order
+            src, rows = batch_sources(ids, batch, self.device)
             numbers = [first_line + i for i in rows]
-            for i, hyps in zip(rows, self.search(src, nbest, numbers)):
+            for i, hyps in zip(rows, self.searches(src, self.cfg.decode, nbest, numbers)):
                 out[i] = hyps
         return out
 
@@ -285,12 +254,18 @@ class Translator:
         idle: float | None = None,
         nbest: int = 1,
     ) -> Iterator[list[Hypothesis]]:
-        """`translate_ids` over an endless iterable, chunk by chunk (see `chunks`)."""
+        """`translate_ids` over an endless iterable, chunk by chunk (stream.py's `chunks`).
+        The settings are checked when it is called, before any line is read."""
         self.check_nbest(nbest)
         self.check_language()
+        return self._stream(lines, chunk_lines, idle, nbest)
+
+    def _stream(
+        self, lines: Iterable[str], chunk_lines: int, idle: float | None, nbest: int
+    ) -> Iterator[list[Hypothesis]]:
         first = 0
         for chunk in chunks(lines, chunk_lines, idle):
-            yield from self.translate_ids(chunk, nbest, first)
+            yield from self._translate_ids(chunk, nbest, first)
             first += len(chunk)
 
     def translate_stream(
@@ -299,105 +274,3 @@ class Translator:
         """Translate an endless iterable chunk by chunk, yielding outputs in order."""
         for hyps in self.hypotheses_stream(lines, chunk_lines, idle):
             yield self.detokenize(hyps[0].tokens)
-
-
-def static_refusal(model, d, mode: str, device: torch.device) -> str | None:
-    """Why the static search cannot run with these decode settings (None: it can)."""
-    if mode == "graphs" and device.type != "cuda":
-        return f"CUDA graphs need a CUDA device, not {device.type}"
-    if not supports_static(model):
-        return f"{type(model).__name__} has no static cache (the Transformer alone has one)"
-    if d.sampling:
-        return "sampling runs in the shrinking search only"
-    if d.beam > 1 and d.stopping != "k_finished":
-        return f"stopping {d.stopping} runs in the shrinking search only (static: k_finished)"
-    return None
-
-
-Batch = list[tuple[int, list[int]]]  # groups of (padded source length, line indices)
-
-
-def source_batches(
-    lengths: list[int], max_tokens: int, limit: int = 1 << 30, mix: bool = True
-) -> list[Batch]:
-    """Translation batches, shortest sources first: each a list of groups (padded length, line
-    indices), ascending in length.
-
-    Each source is padded to its own `padded_length`, so a sentence is computed with the same
-    shapes, and so the same numbers, alone or in any batch. A batch holds at most `max_tokens`
-    padded source tokens (at least one source); with `mix` it may hold several padded lengths
-    (decoded together, each group's encoder and encoder-decoder attention on its own:
-    model/groups.py), without it one.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[Batch] = []
-    tokens = 0
-    for i in order:
-        padded = padded_length(lengths[i], limit)
-        batch = batches[-1] if batches else None
-        if batch is None or tokens + padded > max_tokens or (not mix and batch[-1][0] != padded):
-            batches.append([(padded, [i])])
-            tokens = padded
-            continue
-        if batch[-1][0] == padded:
-            batch[-1][1].append(i)
-        else:
-            batch.append((padded, [i]))
-        tokens += padded
-    return batches
-
-
-class _Failed:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def chunks(lines: Iterable[str], size: int, idle: float | None = None) -> Iterator[list[str]]:
-    """Lists of `size` consecutive lines (the last one shorter).
-
-    With `idle` (seconds), `lines` is read by a background thread and a shorter list goes out
-    as soon as no line has come for `idle` seconds: a slow pipe or a person typing gets each
-    answer without waiting for `size` lines. The reader runs at most `size` lines ahead, so
-    memory stays bounded however long the input is.
-    """
-    if size < 1:
-        raise MtxError(f"--chunk-lines must be at least 1, got {size}")
-    chunk: list[str] = []
-    if idle is None:
-        for line in lines:
-            chunk.append(line)
-            if len(chunk) >= size:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
-        return
-    pending: queue.Queue = queue.Queue(maxsize=size)
-    end = object()
-
-    def read() -> None:
-        try:
-            for line in lines:
-                pending.put(line)
-        except BaseException as e:  # handed to the consumer, which raises it
-            pending.put(_Failed(e))
-        pending.put(end)
-
-    threading.Thread(target=read, daemon=True).start()
-    while True:
-        try:
-            item = pending.get(timeout=idle) if chunk else pending.get()
-        except queue.Empty:  # the input has paused: answer what has come
-            yield chunk
-            chunk = []
-            continue
-        if item is end:
-            break
-        if isinstance(item, _Failed):
-            raise item.error
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

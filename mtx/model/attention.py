@@ -23,6 +23,11 @@ computed without loops over positions: q_i w^K_r for every distance r is one (T,
 product, gathered into the (T, S) scores; the attention weights of each query are summed per
 distance (scatter-add) and multiplied by w^V. Shaw et al. share w across heads; here each head
 has its own. These run written out in training too (the fused kernels have no value term).
+
+What only inference needs is applied from beside: incremental decoding's keys and values
+through a cache (model/cache.py: growing, or static for CUDA graphs), sources of several
+lengths in one batch (model/groups.py) and weights packed for the CPU (model/packed.py, through
+`project`). The recurrent baseline's attention is in model/rnn_attention.py.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mtx.model.groups import Groups
+from mtx.model.cache import LayerCache
+from mtx.model.groups import Groups, attend_folded_groups, attend_groups
 from mtx.model.packed import Packable
-from mtx.model.rows import linear
 
 
 class RelativePositions(nn.Module):
@@ -136,75 +141,46 @@ class MultiHeadAttention(Packable, nn.Module):
     def forward(
         self,
         query: Tensor,  # (B, T, d_model)
-        memory: Tensor | None = None,  # (B, S, d_model), cross-attention only
+        memory: Tensor | Groups | None = None,  # (B, S, d_model), cross-attention only
         mask: Tensor | None = None,  # (B, 1 or T, S) or broadcastable, bool, True = attend
         causal: bool = False,  # query i attends keys <= i (T == S, no cache)
-        cache: dict[str, Tensor] | None = None,  # incremental decoding, see below
+        cache: LayerCache | None = None,  # incremental decoding (model/cache.py)
     ) -> Tensor:
-        """With `cache`, self-attention appends the new positions' keys/values to cache["k"] and
-        cache["v"] and attends over all of them; attention over `memory` computes its
-        keys/values once into cache["memory_k"] and cache["memory_v"]. A static cache (one
-        with a "position", `static_keys`) is written in place instead.
+        """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O, (B, T, d_model): queries from
+        `query`, keys and values from `query` (self-attention) or `memory` (cross-attention).
 
-        Cached memory keys/values may hold fewer rows than `query`: with Bm memory rows and
-        B = Bm * G query rows, each group of G consecutive query rows (the beams of one
-        sentence) attends to one memory row, so a beam search computes and keeps the memory's
-        keys/values once per sentence rather than once per beam."""
-        start = 0  # position of the first query (for relative positions)
-        if not self.cross:
-            q, k, v = self._heads(self.project("qkv", query), 3)
-            if cache is not None and "position" in cache:  # preallocated: see static_keys
-                start = cache["position"]
-                k, v, mask = static_keys(cache, k, v)
-            elif cache is not None:
-                start = cache["k"].size(2) if "k" in cache else 0
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
-        else:
+        With `cache`, self-attention adds the new positions' keys and values to those of the
+        positions decoded before and attends over all of them; cross-attention computes the
+        memory's keys and values once. Cached memory keys and values may hold fewer rows than
+        `query`: with Bm memory rows and B = Bm * G query rows, each group of G consecutive
+        query rows (the beams of one sentence) attends to one memory row, so a beam search
+        keeps the memory's keys and values once per sentence rather than once per beam."""
+        start = 0  # position of the first query (relative positions)
+        if self.cross:
             q = self.project_q(query)
-            if cache is None:
-                k, v = self.project_kv(memory)
-            else:
-                if "memory_k" not in cache:  # contiguous once, not copied at every step
-                    k, v = self.project_kv(memory)
-                    cache["memory_k"], cache["memory_v"] = k.contiguous(), v.contiguous()
-                k, v = cache["memory_k"], cache["memory_v"]
-        if isinstance(k, Groups):  # sources of several lengths: each group's own shapes
+            k, v = (
+                self.project_kv(memory) if cache is None else cache.memory(self.project_kv, memory)
+            )
+        else:
+            q, k, v = self._heads(self.project("qkv", query), 3)
+            if cache is not None:
+                start = cache.length
+                k, v, mask = cache.append(k, v, mask)
+        return self.project("out", self.attend(q, k, v, mask, causal, start))
+
+    def attend(
+        self, q: Tensor, k: Tensor | Groups, v: Tensor | Groups, mask, causal: bool, start
+    ) -> Tensor:
+        """softmax(Q K^T / sqrt(d_k)) V of each head, concatenated (before W^O): q (B, H, T,
+        d_k) over k, v (B / G, H, S, d_k) -> (B, T, d_model). In training torch's fused
+        kernels, in inference `attention` written out; keys and values of sources of several
+        lengths (`Groups`) group by group (model/groups.py)."""
+        if isinstance(k, Groups):
             if self.keep_weights:
                 raise ValueError("keep_weights takes sources of one length")
-            out = self._attend_groups(q, k, v, mask)
-        else:
-            out = self._attend(q, k, v, mask, causal, start)
-        return self.project("out", out)
-
-    def _attend_groups(self, q: Tensor, k: Groups, v: Groups, mask: Groups | None) -> Tensor:
-        """q (B, H, T, d_k) over the groups of k and v (B / G rows in all, one group per padded
-        source length) -> (B, T, d_model): `_attend` group by group, with the queries arranged
-        and the output put back once for all groups (a decoding step's fixed cost)."""
-        B, H, T, d_k = q.shape
-        G = B // k.size(0)
-        masks = [None] * len(k.parts) if mask is None else mask.parts
-        if self.training:
-            parts = zip(k.split(q, G), k.parts, v.parts, masks)
-            return torch.cat([self._attend(*part, False, 0) for part in parts])
-        # (B, H, T, d_k) -> (B / G, H, G * T, d_k): a sentence's beams as one query, as in _attend
-        q = q.reshape(-1, G, H, T, d_k).transpose(1, 2).reshape(-1, H, G * T, d_k)
-        out, row = [], 0
-        for k_part, v_part, m in zip(k.parts, v.parts, masks):
-            n = k_part.size(0)
-            m = m.unsqueeze(1) if m is not None and m.dim() == 3 else m
-            out.append(attention(q[row : row + n], k_part, v_part, m, False)[0])
-            row += n
-        out = torch.cat(out).view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
-        return out.transpose(2, 3).reshape(B, T, self.d_model)
-
-    def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, start: int
-    ) -> Tensor:
-        """q (B, H, T, d_k) over k, v (B / G, H, S, d_k) -> (B, T, d_model), the heads
-        concatenated (before W^O)."""
+            if self.training:
+                return attend_groups(q, k, v, mask, lambda *part: self.attend(*part, False, 0))
+            return attend_folded_groups(q, k, v, mask, lambda *part: attention(*part, False)[0])
         B, H, T, d_k = q.shape
         G = B // k.size(0)  # query rows per key/value row
         if G > 1:  # (B, H, T, d_k) -> (Bm, H, G * T, d_k): a sentence's beams as one query
@@ -223,24 +199,7 @@ class MultiHeadAttention(Packable, nn.Module):
                 weights = weights.view(-1, H, G, T, S).transpose(1, 2).reshape(B, H, T, S)
                 self.weights = weights.detach()
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
-        out = out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
-        return out
-
-
-def static_keys(
-    cache: dict[str, Tensor], k: Tensor, v: Tensor
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Write one new position's keys and values k, v (N, H, 1, d_k) into a static cache, at
-    cache["position"] (a () long tensor) of cache["k"] and cache["v"] (N, H, L, d_k), allocated
-    once for the whole search, and return what the query attends over: the first
-    cache["length"] positions (a host int: transformer.py's StaticCache says which), with
-    cache["visible"] ((L,) bool, True at the positions written so far) masking those not yet
-    written where the window goes beyond them."""
-    cache["k"].index_copy_(2, cache["position"].view(1), k.to(cache["k"].dtype))
-    cache["v"].index_copy_(2, cache["position"].view(1), v.to(cache["v"].dtype))
-    n = cache["length"]
-    mask = cache["visible"][:n].view(1, 1, 1, n) if "visible" in cache else None
-    return cache["k"][:, :, :n], cache["v"][:, :, :n], mask
+        return out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
 
 
 def attention(
@@ -287,68 +246,3 @@ def attention(
         per_distance = dropped.new_zeros(B, H, T, R).scatter_add_(-1, index, dropped)
         out = out + torch.matmul(per_distance, relative.values.to(out.dtype))
     return out, weights
-
-
-class RecurrentAttention(nn.Module):
-    """The attention of the recurrent baseline (model/rnn.py): one decoder state h_t (d) over
-    the encoder states h_s (S, d), with the score functions of Bahdanau et al. (2014) and
-    Luong et al. (2015), `model.attention`:
-
-        additive    score(h_t, h_s) = v . tanh(W_q h_t + W_k h_s)   (Bahdanau; Luong's "concat")
-        general     score(h_t, h_s) = h_t . W_a h_s
-        dot         score(h_t, h_s) = h_t . h_s
-        scaled_dot  score(h_t, h_s) = h_t . h_s / sqrt(d)
-        location    scores(h_t) = W_a h_t + b, one per source position (the first S of
-                    max_positions rows): the weights depend on the decoder state only
-
-    a_t = softmax(scores over the real source positions), context c_t = sum_s a_ts h_s.
-    The source side of a score (W_k h_s, W_a h_s) is computed once per sentence (`keys`).
-
-    Queries may hold G rows per memory row (the beams of one sentence): query rows
-    g * G .. g * G + G - 1 attend to memory row g.
-    """
-
-    def __init__(self, score: str, d_model: int, max_positions: int) -> None:
-        super().__init__()
-        self.score = score
-        self.query_proj = self.key_proj = self.v = self.location = None
-        if score in ("general", "additive"):
-            self.key_proj = nn.Linear(d_model, d_model, bias=False)  # W_a or W_k
-        if score == "additive":
-            self.query_proj = nn.Linear(d_model, d_model)  # W_q, with the score's bias
-            self.v = nn.Parameter(torch.empty(d_model))
-        if score == "location":
-            self.location = nn.Linear(d_model, max_positions)
-        self.weights: Tensor | None = None  # (rows, 1, steps, S) when keep_weights
-        self.keep_weights = False
-
-    def keys(self, memory: Tensor) -> Tensor:
-        """The source side of the score for memory (B, S, d): (B, S, d)."""
-        if self.key_proj is None:
-            return memory
-        return linear(memory, self.key_proj.weight)
-
-    def forward(
-        self, query: Tensor, keys: Tensor, memory: Tensor, mask: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """query (N, d), keys and memory (B, S, d), mask (B, 1, S) True on real tokens or None
-        -> context (N, d) and weights (N, S)."""
-        N, d = query.shape
-        B, S, _ = memory.shape
-        q = query.view(B, N // B, d)  # (B, G, d)
-        if self.score == "location":
-            w, b = self.location.weight[:S], self.location.bias[:S]
-            scores = linear(query, w, b).view(B, -1, S)
-        elif self.score == "additive":
-            hidden = linear(q, self.query_proj.weight, self.query_proj.bias)  # (B, G, d)
-            e = torch.tanh(hidden.unsqueeze(2) + keys.unsqueeze(1))  # (B, G, S, d)
-            scores = torch.matmul(e, self.v.to(e.dtype).unsqueeze(-1)).squeeze(-1)  # (B, G, S)
-        else:
-            scores = torch.matmul(q.contiguous(), keys.transpose(1, 2))  # (B, G, S)
-            if self.score == "scaled_dot":
-                scores = scores * (1.0 / math.sqrt(d))
-        if mask is not None:
-            scores = scores.masked_fill(~mask, -torch.inf)
-        weights = torch.softmax(scores, dim=-1)
-        context = torch.matmul(weights, memory)  # (B, G, d)
-        return context.view(N, d), weights.view(N, S)

@@ -82,3 +82,36 @@ class Groups:
 
     def contiguous(self) -> Groups:
         return self.map(Tensor.contiguous)
+
+
+Attend = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
+
+
+def attend_groups(q: Tensor, k: Groups, v: Groups, mask: Groups | None, attend: Attend) -> Tensor:
+    """Attention of queries q (B, H, T, d_k) over the keys and values of each group (B / G
+    rows in all; G query rows per key row, a sentence's beams), group by group:
+    `attend(q_part, k_part, v_part, mask_part)` -> (rows, T, d_model), concatenated."""
+    G = q.size(0) // k.size(0)
+    masks = [None] * len(k.parts) if mask is None else mask.parts
+    return torch.cat([attend(*part) for part in zip(k.split(q, G), k.parts, v.parts, masks)])
+
+
+def attend_folded_groups(
+    q: Tensor, k: Groups, v: Groups, mask: Groups | None, attention: Attend
+) -> Tensor:
+    """`attend_groups` in inference, with the queries arranged and the output put back once
+    for all groups (a decoding step's fixed cost): `attention(q_part, k_part, v_part,
+    mask_part)` takes a group's queries (n, H, G * T, d_k), a sentence's beams as one query,
+    and gives (n, H, G * T, d_k). Returns (B, T, H * d_k)."""
+    B, H, T, d_k = q.shape
+    G = B // k.size(0)
+    q = q.reshape(-1, G, H, T, d_k).transpose(1, 2).reshape(-1, H, G * T, d_k)
+    masks = [None] * len(k.parts) if mask is None else mask.parts
+    out, row = [], 0
+    for k_part, v_part, m in zip(k.parts, v.parts, masks):
+        n = k_part.size(0)
+        m = m.unsqueeze(1) if m is not None and m.dim() == 3 else m
+        out.append(attention(q[row : row + n], k_part, v_part, m))
+        row += n
+    out = torch.cat(out).view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
+    return out.transpose(2, 3).reshape(B, T, H * d_k)

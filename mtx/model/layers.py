@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
+from mtx.model.cache import LayerCache
 from mtx.model.packed import Packable
 
 
@@ -109,7 +110,7 @@ class DecoderLayer(nn.Module):
         x: Tensor,  # (B, T, d)
         memory: Tensor | None,  # (B, S, d) encoder output; None when `cache` holds its k/v
         src_mask: Tensor | None,  # (B, 1, S)
-        cache: dict[str, Tensor] | None = None,
+        cache: LayerCache | None = None,  # incremental decoding (model/cache.py)
     ) -> Tensor:
         """Without `cache`: the whole target prefix at once, causally masked.
 
@@ -121,8 +122,9 @@ class DecoderLayer(nn.Module):
             mask, causal = None, True
         else:
             # New positions attend to every cached position and causally among themselves.
-            t, n = x.size(1), x.size(1) + (cache["k"].size(2) if "k" in cache else 0)
-            mask, causal = (None if t == 1 else _tail_causal_mask(t, n, x.device)), False
+            t = x.size(1)
+            mask = None if t == 1 else _tail_causal_mask(t, t + cache.length, x.device)
+            causal = False
 
         def self_attention(h: Tensor) -> Tensor:
             return self.self_attn(h, mask=mask, causal=causal, cache=cache)

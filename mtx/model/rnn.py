@@ -14,7 +14,7 @@ d = d_model, L decoder layers, V vocabulary size.
   of d units; at step t, with y_{t-1} the previous token:
 
       h_t      = RNN([e(y_{t-1}); h~_{t-1}], h_{t-1})     the stack's top state
-      c_t      = sum_s a_ts h_s,  a_t = attention(h_t)      (attention.py, RecurrentAttention)
+      c_t      = sum_s a_ts h_s,  a_t = attention(h_t)      (rnn_attention.py)
       h~_t     = tanh(W_c [c_t; h_t])                       the attentional state
       P(y_t)   = softmax(E h~_t)
 
@@ -41,11 +41,11 @@ import torch
 from torch import Tensor, nn
 
 from mtx.config import ModelConfig
-from mtx.model.attention import RecurrentAttention
 from mtx.model.base import EncoderDecoder
+from mtx.model.cache import RecurrentState
 from mtx.model.packed import PackedLinear
+from mtx.model.rnn_attention import RecurrentAttention
 from mtx.model.rows import linear, sigmoid
-from mtx.model.transformer import Cache
 from mtx.tokens import PAD_ID
 
 GATES = {"lstm": 4, "gru": 3}
@@ -199,7 +199,7 @@ class RNN(EncoderDecoder, nn.Module):
         tgt_in: Tensor,
         memory: Tensor | None,
         src_mask: Tensor | None,
-        cache: Cache | None = None,
+        cache: RecurrentState | None = None,
         keep: Tensor | None = None,
         project: bool = True,
     ) -> Tensor:
@@ -208,20 +208,17 @@ class RNN(EncoderDecoder, nn.Module):
         take. N may be a multiple G of memory's B rows: rows g * G .. g * G + G - 1 (a
         sentence's beams) read memory row g.
 
-        With `cache` (from `new_cache()`), `tgt_in` holds only the steps not yet decoded; the
-        cache keeps the decoder states and h~ (one row per decoder row) and the memory with
-        its attention keys ("memory_*", one row per sentence), and `memory` may be None once
-        it is filled."""
-        state = cache[0] if cache is not None else {}
-        if "memory_states" in state:
-            memory, keys = state["memory_states"], state["memory_keys"]
-        else:
-            keys = self.attention.keys(memory)
-            if cache is not None:
-                state["memory_states"], state["memory_keys"] = memory, keys
+        With `cache` (from `new_cache()`, model/cache.py's RecurrentState), `tgt_in` holds
+        only the steps not yet decoded; the state keeps the decoder states and h~ (one row per
+        decoder row) and the memory with its attention keys (one row per sentence), and
+        `memory` may be None once it is filled."""
+        state = cache if cache is not None else RecurrentState()
+        if state.memory is None:
+            state.memory, state.keys = memory, self.attention.keys(memory)
+        memory, keys = state.memory, state.keys
         N, T = tgt_in.shape
         cells = self.decoder_cells
-        hs, cs, feed = self.start_states(state, memory, src_mask, N)
+        hs, cs, feed = self.start_states(state, src_mask, N)
         d = self.cfg.d_model
         first = cells[0]
         embedded = self.dropout(self.embed_tokens(tgt_in))  # (N, T, d)
@@ -239,12 +236,7 @@ class RNN(EncoderDecoder, nn.Module):
             )
             outputs.append(feed)
             weights.append(a)
-        if cache is not None:
-            for i in range(len(cells)):
-                state[f"h{i}"] = hs[i]
-                if cs[i] is not None:  # a GRU has no cell: nothing for reorder_cache
-                    state[f"c{i}"] = cs[i]
-            state["feed"] = feed
+        state.hs, state.cs, state.feed = hs, cs, feed
         if self.attention.keep_weights:  # (N, 1 head, T, S)
             self.attention.weights = torch.stack(weights, 1).unsqueeze(1).detach()
         x = torch.stack(outputs, dim=1)  # (N, T, d)
@@ -253,23 +245,22 @@ class RNN(EncoderDecoder, nn.Module):
         return self.output_projection(x) if project else x
 
     def start_states(
-        self, state: dict, memory: Tensor, src_mask: Tensor | None, N: int
+        self, state: RecurrentState, src_mask: Tensor | None, N: int
     ) -> tuple[list[Tensor], list[Tensor | None], Tensor]:
         """Each decoder layer's h and c (None for a GRU) and the fed h~ (N, d) where decoding
-        goes on: the cache's, or at the start h_0 from the encoder (one row per decoder row),
+        goes on: the state's, or at the start h_0 from the encoder (one row per decoder row),
         zero cells and a zero h~."""
         cells = self.decoder_cells
-        if "h0" in state:
-            hs = [state[f"h{i}"] for i in range(len(cells))]
-            cs = [state.get(f"c{i}") for i in range(len(cells))]
-            return hs, cs, state["feed"]
+        if state.hs is not None:
+            return list(state.hs), list(state.cs), state.feed
+        memory = state.memory
         G = N // memory.size(0)
         hs = [h.repeat_interleave(G, 0) for h in self.initial_state(memory, src_mask)]
         cs = [torch.zeros_like(h) if cell.kind == "lstm" else None for h, cell in zip(hs, cells)]
         return hs, cs, hs[0].new_zeros(N, self.cfg.d_model)
 
-    def new_cache(self) -> Cache:
-        return [{}]
+    def new_cache(self) -> RecurrentState:
+        return RecurrentState()
 
     def cross_attention_modules(self) -> list[RecurrentAttention]:
         return [self.attention]

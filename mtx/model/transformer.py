@@ -23,13 +23,12 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
+from mtx.model.cache import GrowingCache, StaticCache
 from mtx.model.groups import Groups
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
 from mtx.tokens import PAD_ID
-
-Cache = list[dict[str, Tensor]]  # one dict of keys/values per decoder layer
 
 
 class Transformer(EncoderDecoder, nn.Module):
@@ -132,7 +131,7 @@ class Transformer(EncoderDecoder, nn.Module):
         tgt_in: Tensor,
         memory: Tensor,
         src_mask: Tensor | None,
-        cache: Cache | None = None,
+        cache: GrowingCache | StaticCache | None = None,
         keep: Tensor | None = None,
         project: bool = True,
     ) -> Tensor:
@@ -140,22 +139,22 @@ class Transformer(EncoderDecoder, nn.Module):
         of (B * T) (the target tokens: padding then costs no output projection); with
         `project` False, the output states (d wide) that the projection would take.
 
-        With `cache` (from `new_cache()`), `tgt_in` holds only the positions not yet decoded,
-        and the cache is extended in place: incremental decoding gives the same logits as
-        decoding the whole prefix at once.
+        With `cache` (`new_cache()` or `new_static_cache()`, model/cache.py), `tgt_in` holds
+        only the positions not yet decoded, and the cache is extended in place: incremental
+        decoding gives the same logits as decoding the whole prefix at once.
         """
-        start = decoded_length(cache)
+        start = 0 if cache is None else cache.length
         x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, memory, src_mask, None if cache is None else cache[i])
+            x = layer(x, memory, src_mask, None if cache is None else cache.layers[i])
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         if keep is not None:
             x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
         return self.output_projection(x) if project else x
 
-    def new_cache(self) -> Cache:
-        return [{} for _ in self.decoder_layers]
+    def new_cache(self) -> GrowingCache:
+        return GrowingCache(len(self.decoder_layers))
 
     def new_static_cache(self, rows: int, length: int, full: bool, like: Tensor) -> StaticCache:
         """A cache of `length` positions for `rows` hypotheses, allocated once (dtype and
@@ -166,96 +165,12 @@ class Transformer(EncoderDecoder, nn.Module):
     def fill_memory(self, cache: StaticCache, memory: Tensor) -> None:
         """Compute the cross-attention keys and values of `memory` (B, S, d) into `cache`, in
         place where it already holds some (of the same shapes)."""
-        for layer, attn in zip(cache, self.cross_attention_modules()):
-            for name, value in zip(("memory_k", "memory_v"), attn.project_kv(memory)):
-                if name in layer:
-                    layer[name].copy_(value)
-                else:
-                    layer[name] = value.contiguous()
+        for layer, attn in zip(cache.layers, self.cross_attention_modules()):
+            layer.write_memory(*attn.project_kv(memory))
 
     def cross_attention_modules(self) -> list[MultiHeadAttention]:
         """The encoder-decoder attention of each decoder layer (for `keep_weights`)."""
         return [layer.cross_attn for layer in self.decoder_layers]
-
-
-def decoded_length(cache: Cache | None) -> int | Tensor:
-    """How many positions a cache holds: the position of the next decoder input."""
-    if not cache:
-        return 0
-    if "position" in cache[0]:
-        return cache[0]["position"]
-    return cache[0]["k"].size(2) if "k" in cache[0] else 0
-
-
-class StaticCache(list):
-    """A decoder cache whose tensors are allocated once for a whole search: per layer, the
-    self-attention keys and values (rows, H, length, d_k), written in place at `position` (a
-    () long tensor on the device: attention.py's static_keys), and the encoder output's keys
-    and values, computed at the first step. A step's shapes then depend only on its window
-    (below), and it touches the same memory every time, so that a CUDA graph can replay it
-    (decode/static.py).
-
-    A step at position t attends over, and reorders, the first `window(t)` positions: with
-    `full`, t + 1 rounded up to a multiple of WINDOW, those not yet written masked
-    (`visible`), so that a few shapes serve a whole search; without, exactly t + 1, which
-    computes the same numbers as the growing cache of `new_cache`. The positions beyond are
-    never read: copying the whole cache at every beam reordering cost the CPU most of its
-    time."""
-
-    WINDOW = 16
-
-    def __init__(self, layers, rows, H, length, d_k, full, like: Tensor) -> None:
-        kw = {"dtype": like.dtype, "device": like.device}
-        self.length, self.full = length, full
-        self.position = torch.zeros((), dtype=torch.long, device=like.device)
-        self.slots = torch.arange(length, device=like.device)
-        self.visible = self.slots == 0
-        shared = {"position": self.position, "length": 1}
-        if full:
-            shared["visible"] = self.visible
-        super().__init__(
-            {name: torch.zeros(rows, H, length, d_k, **kw) for name in ("k", "v")} | shared
-            for _ in range(layers)
-        )
-
-    def window(self, position: int) -> int:
-        """How many positions a step at `position` reads (see above)."""
-        if not self.full:
-            return position + 1
-        return min(self.length, -(-(position + 1) // self.WINDOW) * self.WINDOW)
-
-    def start(self, position: int) -> None:
-        """Before the step at `position` (the host's count; the device's is `self.position`)."""
-        n = self.window(position)
-        if self.full:
-            torch.le(self.slots, self.position, out=self.visible)
-        for layer in self:
-            layer["length"] = n
-
-    def reorder(self, rows: Tensor) -> None:
-        """Keep rows `rows` of the self-attention keys and values written so far (the beams
-        that continue), in place."""
-        for layer in self:
-            for name in ("k", "v"):
-                part = layer[name][:, :, : layer["length"]]
-                part.copy_(part.index_select(0, rows))
-
-    def advance(self) -> None:
-        self.position.add_(1)
-
-
-def reorder_cache(cache: Cache, rows: Tensor, sentences: Tensor | None = None) -> Cache:
-    """Select rows `rows` of the cached self-attention keys/values (one row per hypothesis:
-    beam reordering, dropping finished ones) and, given `sentences`, those rows of the cached
-    memory keys/values (one row per sentence: dropping finished sentences)."""
-    out = []
-    for layer in cache:
-        new = {}
-        for name, value in layer.items():
-            index = sentences if name.startswith("memory_") else rows
-            new[name] = value if index is None else value.index_select(0, index)
-        out.append(new)
-    return out
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,0 +1,131 @@
+"""The rules of search, written once: what every engine that must translate alike calls.
+
+Shape legend: N hypothesis rows (B sentences x K beams), V vocabulary, B sentences, K beam size.
+
+The shrinking search (search.py), the static search (static.py), the server's CTranslate2
+engine (serve/engine.py) and the peer benchmark (mtx/bench/peers.py) call these, so that a
+rule changed here changes in every one of them (tests/test_rules.py checks that each search
+follows a changed rule, not only that their outputs agree):
+
+- the longest output of a sentence: a * source tokens (EOS excluded) + b, EOS included, at
+  least 1 and at most the model's limit (`max_lengths`); at that length a hypothesis may
+  only end (`at_limit`, `only_eos`), and its sentence is done;
+- PAD, UNK and BOS are never produced (`NEVER_PRODUCED`, `mask_never_produced`);
+- all beams start equal, so only the first expands at the first step (`start_beams`); each
+  step considers the best 2K continuations of a sentence's K live hypotheses
+  (`top_candidates`); those among the best K that end in EOS finish (`finishing`); the best
+  K that do not end continue (`continuing`);
+- a finished hypothesis is scored log P(Y) / lp(Y), with the length penalty of Wu et al.
+  (2016), lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting EOS (`finished_score`); with
+  `stopping: k_finished` a sentence is done once it has K finished hypotheses
+  (`enough_finished`); its n-best are the best scored, in finishing order among equals
+  (`best`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mtx.model.groups import Groups
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+NEVER_PRODUCED = (PAD_ID, UNK_ID, BOS_ID)
+assert sorted(NEVER_PRODUCED) == [0, 1, 2]  # a slice of the vocabulary: mask_never_produced
+
+
+@dataclass
+class Hypothesis:
+    """What a search returns for a sentence, one per n-best entry."""
+
+    tokens: list[int]  # output ids, without BOS and EOS
+    score: float  # what the search ranks by: log_prob / length penalty for beam search
+    log_prob: float  # sum of the model's log-probabilities of tokens and EOS
+
+
+def source_lengths(src: Tensor | Groups) -> Tensor:
+    """(B,) tokens of each source (B, S) (EOS excluded, padding not counted); the rows of
+    every group of a `Groups` batch, in order."""
+    if isinstance(src, Groups):
+        return torch.cat([source_lengths(part) for part in src.parts])
+    return (src != PAD_ID).sum(1) - 1
+
+
+def max_lengths(src_len: Tensor | int, a: float, b: int, limit: int) -> Tensor | int:
+    """The longest output, EOS included, of sources of `src_len` tokens (EOS excluded):
+    a * src_len + b, at least 1 and at most `limit` (the model's longest sequence)."""
+    if isinstance(src_len, int):
+        return max(1, min(int(a * src_len + b), limit))
+    return (a * src_len.float() + b).long().clamp(min=1, max=limit)
+
+
+def at_limit(length: int | Tensor, max_len: int | Tensor) -> bool | Tensor:
+    """Whether an output of `length` tokens (EOS included, if it ended now) reaches its
+    sentence's longest: it may then only end, and its sentence is done."""
+    return length >= max_len
+
+
+def mask_never_produced(lprobs: Tensor) -> Tensor:
+    """(N, V) log-probabilities with PAD, UNK and BOS ruled out, in place."""
+    lprobs[:, :3] = -torch.inf
+    return lprobs
+
+
+def only_eos(lprobs: Tensor, rows: Tensor) -> Tensor:
+    """(N, V) log-probabilities where the rows `rows` ((N,) bool) may only end: every token
+    but EOS ruled out there."""
+    not_eos = torch.arange(lprobs.size(1), device=lprobs.device) != EOS_ID
+    return lprobs.masked_fill(rows.unsqueeze(1) & not_eos, -torch.inf)
+
+
+def start_beams(scores: Tensor) -> Tensor:
+    """(B, K) cumulative scores before the first step, in place: all beams start equal, so
+    only the first one may expand at step 1."""
+    scores.fill_(-torch.inf)
+    scores[:, 0] = 0.0
+    return scores
+
+
+def top_candidates(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+    """scores (B, K) of the live beams, lprobs (B * K, V) of their next token -> the best 2K
+    continuations of each sentence: cumulative scores, source beam and token, each (B, 2K),
+    best first."""
+    B, V = scores.size(0), lprobs.size(-1)
+    cand = (scores.unsqueeze(-1) + lprobs.view(B, K, V)).view(B, K * V)
+    top, idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
+    return top, idx // V, idx % V
+
+
+def finishing(top: Tensor, tok: Tensor, K: int) -> Tensor:
+    """(B, K) bool: the candidates among the best K (of `top_candidates`) that end in EOS with
+    a possible score: these finish."""
+    return (tok[:, :K] == EOS_ID) & (top[:, :K] > -torch.inf)
+
+
+def continuing(tok: Tensor, K: int) -> Tensor:
+    """(B, K) indices into the 2K candidates (best first) of the best K that do not end in
+    EOS: the next beams."""
+    order = (tok == EOS_ID).long() * tok.size(1) + torch.arange(tok.size(1), device=tok.device)
+    return order.argsort(dim=1)[:, :K]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """Wu et al. (2016): ((5 + length) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def finished_score(log_prob: float, length: int, alpha: float) -> float:
+    """A finished hypothesis's score: log P(Y) / lp(|Y|), |Y| counting EOS."""
+    return log_prob / length_penalty(length, alpha)
+
+
+def enough_finished(finished: int | Tensor, K: int) -> bool | Tensor:
+    """`stopping: k_finished`: a sentence with K finished hypotheses is done."""
+    return finished >= K
+
+
+def best(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
+    """The `nbest` best finished hypotheses, best first (equals in the order they finished)."""
+    return sorted(hyps, key=lambda h: -h.score)[:nbest]

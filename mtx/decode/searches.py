@@ -1,0 +1,97 @@
+"""Which search decodes a batch, as `decode.*` says, and the searches kept between batches.
+
+- `decode.sampling`: ancestral sampling (search.py's greedy search drawing each token), each
+  of a line's n samples from the seed (decode.seed, line number, sample number);
+- `decode.search` static or graphs (auto on CUDA): the static search of static.py, one per
+  decode settings, kept with its CUDA graphs from one batch to the next;
+- otherwise the shrinking search of search.py: greedy search at beam 1, else beam search.
+
+Every one of them follows the rules of rules.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mtx.config import DecodeConfig
+from mtx.decode import rules
+from mtx.decode.rules import Hypothesis
+from mtx.decode.search import Sampling, beam_search, greedy_search
+from mtx.decode.static import StaticSearch
+from mtx.decode.static import supports as supports_static
+from mtx.errors import MtxError
+from mtx.model.groups import Groups
+
+
+class Searches:
+    """The searches of one model on one device; `__call__` runs the one `decode.*` names."""
+
+    def __init__(self, model, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.kept: dict[tuple, StaticSearch] = {}  # see `static`
+
+    @property
+    def limit(self) -> int:
+        """The longest output the model takes, EOS included."""
+        return self.model.cfg.max_positions - 1
+
+    def __call__(
+        self, src: torch.Tensor | Groups, d: DecodeConfig, nbest: int, lines: list[int]
+    ) -> list[list[Hypothesis]]:
+        """The `nbest` hypotheses of each sentence of `src` (B, S) or of a `Groups` batch, best
+        first; with sampling, `nbest` samples of each, `lines` giving each sentence's line
+        number (its seed)."""
+        if d.sampling:
+            return self.sample(src, d, nbest, lines)
+        static = self.static(d)
+        if static is not None:
+            return static(src, nbest)
+        a, b, limit = d.max_len_a, d.max_len_b, self.limit
+        if d.beam == 1:
+            return [[h] for h in greedy_search(self.model, src, a, b, limit)]
+        return beam_search(self.model, src, d.beam, d.alpha, a, b, limit, nbest, d.stopping)
+
+    def sample(
+        self, src: torch.Tensor, d: DecodeConfig, nbest: int, lines: list[int]
+    ) -> list[list[Hypothesis]]:
+        """`nbest` samples of each sentence, the best first."""
+        seeds = [[d.seed, i, j] for i in lines for j in range(nbest)]
+        sampling = Sampling(d.temperature, d.top_k, d.top_p)
+        hyps = greedy_search(
+            self.model, src.repeat_interleave(nbest, 0), d.max_len_a, d.max_len_b, self.limit,
+            sampling, seeds,
+        )  # fmt: skip
+        return [rules.best(hyps[i : i + nbest], nbest) for i in range(0, len(hyps), nbest)]
+
+    def static(self, d: DecodeConfig) -> StaticSearch | None:
+        """The static search `decode.search` asks for (decode/static.py), or None for the
+        shrinking one; one per decode settings, kept with its CUDA graphs."""
+        mode = d.search
+        if mode == "auto":
+            mode = "graphs" if self.device.type == "cuda" else "shrinking"
+        if mode == "shrinking":
+            return None
+        why = static_refusal(self.model, d, mode, self.device)
+        if why:
+            if d.search == "auto":
+                return None
+            raise MtxError(f"decode.search {mode}: {why}")
+        key = (mode, d.beam, d.alpha, d.max_len_a, d.max_len_b, self.limit)
+        if key not in self.kept:
+            self.kept[key] = StaticSearch(
+                self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, self.limit, mode == "graphs"
+            )
+        return self.kept[key]
+
+
+def static_refusal(model, d: DecodeConfig, mode: str, device: torch.device) -> str | None:
+    """Why the static search cannot run with these decode settings (None: it can)."""
+    if mode == "graphs" and device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, not {device.type}"
+    if not supports_static(model):
+        return f"{type(model).__name__} has no static cache (the Transformer alone has one)"
+    if d.sampling:
+        return "sampling runs in the shrinking search only"
+    if d.beam > 1 and d.stopping != "k_finished":
+        return f"stopping {d.stopping} runs in the shrinking search only (static: k_finished)"
+    return None
