@@ -20,7 +20,7 @@ from pathlib import Path
 
 from benchmarks import harness
 from benchmarks.harness import ROOT, timed
-from mtx.checkpoint import Checkpoint, RunDir
+from mtx.checkpoint import Checkpoint, Manifest, RunDir
 from mtx.train.metrics import read_metrics
 
 
@@ -97,8 +97,8 @@ def part_prepare(args, sizes: Sizes) -> dict:
     items = [f"run_dir={sizes.prepared}", *sizes.data]
     command = ("prepare", "--config", sizes.config, *sets(items))
     timing, _ = timed(lambda: checked(mtx(*command, timeout=left(args, 150))), 1, 0)
-    manifest = json.loads(RunDir(sizes.prepared).data.manifest.read_text())
-    return {"seconds": timing.median, "vocab_size": manifest["vocab_size"]}
+    manifest = Manifest.read(RunDir(sizes.prepared).data.manifest)
+    return {"seconds": timing.median, "vocab_size": manifest.vocab_size}
 
 
 # The training variants raced for each model: their settings over the defaults (bf16 autocast,

@@ -48,7 +48,7 @@ def curve(prepared: Path, overrides: list[str], updates: int = 200):
     losses = []
     for n in range(updates):
         out = step([data[n]], n + 1)
-        losses.append(out["loss"].item() / out["tgt_tokens"])
+        losses.append(out.loss.item() / out.tgt_tokens)
     return losses, model, step
 
 

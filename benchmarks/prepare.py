@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.harness import ROOT, PeakMemory, describe_machine, machine, result, timed
-from mtx.checkpoint import RunDir
+from mtx.checkpoint import Manifest, RunDir
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -72,7 +72,7 @@ def run(corpus: Path, data: Path, work: Path, spec: str, every: float) -> dict:
 
     timing, (out, peak) = timed(prepare, repeats=1, warmup=0)
     stages = re.search(r"seconds: (.*)", out).group(1)
-    manifest = json.loads(RunDir(run_dir).data.manifest.read_text())
+    manifest = Manifest.read(RunDir(run_dir).data.manifest)
     shutil.rmtree(run_dir, ignore_errors=True)
     return {
         "workers": spec,
@@ -81,8 +81,8 @@ def run(corpus: Path, data: Path, work: Path, spec: str, every: float) -> dict:
         "peak_pss_bytes": peak.peak.pss,
         "peak_pss_anon_bytes": peak.peak.anon,
         "sampler_cpu_seconds": peak.sampler_cpu_s,
-        "train_pairs": manifest["splits"]["train"]["kept"],
-        "pairs_sha256": {k: v["pairs_sha256"] for k, v in manifest["splits"].items()},
+        "train_pairs": manifest.splits["train"].kept,
+        "pairs_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
     }
 
 

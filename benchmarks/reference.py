@@ -27,7 +27,7 @@ from torch import nn
 from benchmarks.harness import result, timed
 from benchmarks.train import prepared_batches, synthetic_batches
 from mtx.config import load_config
-from mtx.data.prepare import load_manifest
+from mtx.data.prepared import load_manifest
 from mtx.device import pick_device
 from mtx.model.positions import sinusoidal_table
 from mtx.model.transformer import Transformer
@@ -80,13 +80,13 @@ def reference_step(model, optimizer, batches, cfg, step, device) -> None:
     lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    ntokens = sum(int((b["tgt_out"] != PAD_ID).sum()) for b in batches)
+    ntokens = sum(int((b.tgt_out != PAD_ID).sum()) for b in batches)
     for b in batches:
-        b = {k: b[k].to(device) for k in ("src", "tgt_in", "tgt_out")}
-        logits = model(b["src"], b["tgt_in"])
+        src, tgt_in, tgt_out = (x.to(device) for x in (b.src, b.tgt_in, b.tgt_out))
+        logits = model(src, tgt_in)
         loss = F.cross_entropy(
             logits.flatten(0, 1),
-            b["tgt_out"].flatten(),
+            tgt_out.flatten(),
             ignore_index=PAD_ID,
             label_smoothing=cfg.train.label_smoothing,
             reduction="sum",
@@ -125,9 +125,9 @@ def race(args) -> dict:
         batches = synthetic_batches(cfg, vocab, steps * U, args.length)
     else:
         batches = prepared_batches(cfg, steps * U)
-        vocab = load_manifest(cfg)["vocab_size"]
+        vocab = load_manifest(cfg).vocab_size
     updates = [batches[i * U : (i + 1) * U] for i in range(steps)]
-    tokens = sum(b["src_tokens"] + b["tgt_tokens"] for b in batches)
+    tokens = sum(b.src_tokens + b.tgt_tokens for b in batches)
     steppers = contenders(cfg, vocab, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     for step in steppers.values():  # warm-up: allocations, kernels, Adam moments

@@ -30,8 +30,8 @@ import torch
 from benchmarks.harness import PeakMemory, result, timed
 from mtx.checkpoint import RunDir
 from mtx.config import Config
-from mtx.data.batching import BatchDataset, collate, lengths
-from mtx.data.prepare import load_manifest, load_prepared
+from mtx.data.batching import Batch, BatchDataset, collate, lengths
+from mtx.data.prepared import load_manifest, load_prepared
 from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.model.build import make_model
@@ -111,7 +111,7 @@ def synthetic_batches(
     count: int,
     length: int,
     real_lengths: tuple[np.ndarray, np.ndarray] | None = None,
-) -> list[dict]:
+) -> list[Batch]:
     """`count` token-budget batches of random ids. Sentence lengths (EOS included) are
     uniform in [length / 2, 3 * length / 2], capped at data.max_len + 1, or `real_lengths`
     (source and target lengths of real pairs, in order)."""
@@ -142,7 +142,7 @@ def synthetic_batches(
     ]
 
 
-def prepared_batches(cfg: Config, count: int) -> list[dict]:
+def prepared_batches(cfg: Config, count: int) -> list[Batch]:
     """The first `count` batches of the first epoch's order (repeated if there are fewer)."""
     ds = load_prepared(cfg, "train")
     t = cfg.train
@@ -151,20 +151,20 @@ def prepared_batches(cfg: Config, count: int) -> list[dict]:
     return list(BatchDataset(ds, order, t.pad_to, fixed_tokens(t)))
 
 
-def batch_flops(batch: dict, cfg: Config, vocab_size: int) -> int:
+def batch_flops(batch: Batch, cfg: Config, vocab_size: int) -> int:
     """Training FLOPs of a batch: 3x the forward FLOPs of each pair at its real lengths."""
-    src_lens = (batch["src"] != PAD_ID).sum(1).tolist()
-    tgt_lens = (batch["tgt_out"] != PAD_ID).sum(1).tolist()
+    src_lens = (batch.src != PAD_ID).sum(1).tolist()
+    tgt_lens = (batch.tgt_out != PAD_ID).sum(1).tolist()
     return sum(3 * forward_flops(cfg.model, vocab_size, s, t) for s, t in zip(src_lens, tgt_lens))
 
 
-def bench_batches(cfg: Config, count: int, o: Options) -> tuple[list[dict], int, str]:
+def bench_batches(cfg: Config, count: int, o: Options) -> tuple[list[Batch], int, str]:
     """`count` batches to time, the vocabulary size, and what the data is (for the report):
     the run's prepared training data, or random ids with `synthetic` lengths or the lengths of
     the pairs of `lengths_from` (a prepared split), joined join[0] to join[1] at a time."""
     if not (o.synthetic or o.lengths_from):
         batches = prepared_batches(cfg, count)  # a clear error where there is no such data
-        return batches, load_manifest(cfg)["vocab_size"], str(RunDir.of(cfg).prepared)
+        return batches, load_manifest(cfg).vocab_size, str(RunDir.of(cfg).prepared)
     real, data = None, f"synthetic, mean length {o.length}"
     if o.lengths_from:
         if not (Path(o.lengths_from) / "dataset_info.json").is_file():
@@ -212,7 +212,7 @@ def bench(cfg: Config, options: Options | None = None) -> dict:
     )
 
 
-def timed_updates(step: Step, updates: list[list[dict]], warmup: int, repeats: int):
+def timed_updates(step: Step, updates: list[list[Batch]], warmup: int, repeats: int):
     """(the timing of `repeats` passes over `updates`, the warm-up's seconds, what was
     compiled). The warm-up runs `warmup` updates cycling through the timed ones, so that work
     done once per new batch shape (attention plans, compiled graphs) is over before the clock
@@ -222,7 +222,7 @@ def timed_updates(step: Step, updates: list[list[dict]], warmup: int, repeats: i
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     number = [0]
 
-    def run(groups: list[list[dict]]) -> None:
+    def run(groups: list[list[Batch]]) -> None:
         for group in groups:
             number[0] += 1
             step(group, number[0])
@@ -242,12 +242,12 @@ def timed_updates(step: Step, updates: list[list[dict]], warmup: int, repeats: i
     return timing, warm_timing.median, compiles
 
 
-def speed(cfg: Config, timed_batches: list[dict], o: Options, vocab_size: int, seconds: float,
+def speed(cfg: Config, timed_batches: list[Batch], o: Options, vocab_size: int, seconds: float,
           step: Step) -> dict:  # fmt: skip
     """Speed, FLOPs, MFU and padding of the timed batches, one pass of which took `seconds`."""
-    src = sum(b["src_tokens"] for b in timed_batches)
-    tgt = sum(b["tgt_tokens"] for b in timed_batches)
-    padded = sum(b["src"].numel() + b["tgt_out"].numel() for b in timed_batches)
+    src = sum(b.src_tokens for b in timed_batches)
+    tgt = sum(b.tgt_tokens for b in timed_batches)
+    padded = sum(b.padded_tokens for b in timed_batches)
     flops = sum(batch_flops(b, cfg, vocab_size) for b in timed_batches)
     device, precision = step.precision.device, step.precision.name
     peak = o.peak_tflops or known_peak_tflops(device, precision)
@@ -257,7 +257,7 @@ def speed(cfg: Config, timed_batches: list[dict], o: Options, vocab_size: int, s
         "precision": precision,
         "tokens_per_update": (src + tgt) / o.steps,
         "padding": 1 - (src + tgt) / padded,
-        "shapes": len({(*b["src"].shape, b["tgt_out"].size(1)) for b in timed_batches}),
+        "shapes": len({(*b.src.shape, b.tgt_out.size(1)) for b in timed_batches}),
         "seconds": seconds,
         "tokens_per_s": (src + tgt) / seconds,
         "tgt_tokens_per_s": tgt / seconds,

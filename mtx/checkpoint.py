@@ -1,8 +1,8 @@
 """The files a run is made of: its directory (`RunDir`) and its checkpoints (`Checkpoint`).
 
-This is the one module that knows a checkpoint's keys and a run directory's file names; every
-other module reads fields. It sits on the bottom floor: it imports the config and nothing of
-the model, the data or training.
+This is the one module that knows a checkpoint's keys, a run directory's file names and the
+keys of a data manifest; every other module reads fields. It sits on a bottom floor: it
+imports the config and nothing of the model, the data or training.
 
 A checkpoint is saved with `torch.save` and read only with `weights_only=True` (no code in a
 checkpoint ever runs). It describes itself: the resolved config, the SentencePiece model, the
@@ -31,7 +31,9 @@ Files are written atomically (files.py): a crash leaves the previous file or the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -152,6 +154,94 @@ def step_checkpoints(directory: Path) -> list[Path]:
 
 
 @dataclass
+class SpmSource:
+    """Where a run's SentencePiece model came from."""
+
+    kind: str  # trained (by `mtx prepare`), sentencepiece (a .model file) or checkpoint
+    path: str | None = None  # data.spm_model, resolved (not for a trained one)
+    file_sha256: str | None = None  # of that file
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"path": self.path, "kind": self.kind, "file_sha256": self.file_sha256}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass
+class SetRecord:
+    """One part of a prepared split: a corpus's training data, or a named validation or test
+    set (the prepared `group` column numbers them in this order)."""
+
+    name: str
+    src_lang: str | None
+    tgt_lang: str | None  # what the set is translated into (None: the model's one language)
+    source: str  # the split's spec: a prefix, hf:NAME, toy:SPLIT
+    files: dict[str, str]  # local files read: path -> sha256
+    read: int  # pairs read
+    kept: int  # pairs kept
+    dropped: dict[str, int]  # pairs dropped, by reason
+
+
+@dataclass
+class SplitRecord:
+    """One prepared split (train, valid or test): its parts one after the other."""
+
+    source: str  # the parts' specs, "; "-separated
+    files: dict[str, str]
+    read: int
+    kept: int
+    dropped: dict[str, int]
+    pairs_sha256: str  # of the kept pairs as "src\ttgt\n" lines, in order
+    sets: list[SetRecord] = field(default_factory=list)  # empty: prepared before named sets
+
+
+@dataclass
+class Manifest:
+    """What `mtx prepare` read and kept (RUN/prepared/manifest.json; every checkpoint of the
+    run carries a copy)."""
+
+    mtx_version: str
+    src_lang: str | None  # one direction's languages (None with data.corpora)
+    tgt_lang: str | None
+    vocab_size: int
+    spm_sha256: str  # of spm.model
+    spm_source: SpmSource
+    tags: dict[str, int]  # target language -> its tag's id ({}: one target language)
+    splits: dict[str, SplitRecord]  # train, valid and, if there is one, test
+
+    def to_dict(self) -> dict[str, Any]:
+        """As manifest.json and checkpoints hold it."""
+        out = dataclasses.asdict(self)
+        out["spm_source"] = self.spm_source.to_dict()
+        return out
+
+    def write(self, path: Path) -> None:
+        """manifest.json (written as part of `mtx prepare`'s temporary folder)."""
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        """From manifest.json or a checkpoint, of this mtx or an older one."""
+        splits = {}
+        for name, split in d["splits"].items():
+            sets = [SetRecord(**s) for s in split.get("sets") or []]
+            splits[name] = SplitRecord(**{**split, "sets": sets})
+        return cls(
+            mtx_version=d.get("mtx_version", "unknown"),
+            src_lang=d.get("src_lang"),
+            tgt_lang=d.get("tgt_lang"),
+            vocab_size=d["vocab_size"],
+            spm_sha256=d["spm_sha256"],
+            spm_source=SpmSource(**d["spm_source"]),
+            tags=d.get("tags") or {},
+            splits=splits,
+        )
+
+
+@dataclass
 class Position:
     """Where a run stands, saved in every checkpoint it writes."""
 
@@ -195,11 +285,11 @@ class Source:
 class Checkpoint:
     """A checkpoint: the weights and everything needed to use them, or to resume a run."""
 
-    config: dict[str, Any]  # the resolved config, as Config.to_dict gives it
+    config: Config  # the resolved config of the run
     spm_model: bytes  # the SentencePiece model proto
     vocab_size: int
     model: dict[str, Tensor]  # the model's state_dict
-    manifest: dict[str, Any] | None = None  # RUN/prepared/manifest.json of the data
+    manifest: Manifest | None = None  # RUN/prepared/manifest.json of the data
     position: Position = field(default_factory=Position)
     init_from: InitRecord | None = None
     averaged_from: list[Source] | None = None
@@ -211,8 +301,9 @@ class Checkpoint:
         return self.position.step
 
     def settings(self, overrides: list[str] | None = None) -> Config:
-        """Its config, with `overrides` (key=value) applied, validated."""
-        return apply_overrides(from_dict(self.config), overrides).validate()
+        """Its config, with `overrides` (key=value) applied, validated (a copy: the
+        checkpoint's own stays as it was)."""
+        return apply_overrides(copy.deepcopy(self.config), overrides).validate()
 
     def save(self, path: Path) -> None:
         payload = _to_payload(self)
@@ -240,10 +331,10 @@ def _to_payload(c: Checkpoint) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "format": f"{FORMAT_NAME}-{FORMAT_VERSION}",
         "mtx_version": __version__,
-        "config": c.config,
+        "config": c.config.to_dict(),
         "spm_model": c.spm_model,
         "vocab_size": c.vocab_size,
-        "manifest": c.manifest,
+        "manifest": None if c.manifest is None else c.manifest.to_dict(),
         "model": c.model,
         "step": p.step,
         "epoch": p.epoch,
@@ -304,13 +395,17 @@ def _from_payload(payload: Any, path: Path) -> Checkpoint:
     if "optimizer" in payload:
         rngs = get("process_rngs") or [(payload["rng"], payload["cuda_rng"])]
         resume = Resume(payload["optimizer"], get("scaler"), [tuple(r) for r in rngs])
-    init, averaged = get("init_from"), get("averaged_from")
+    init, averaged, manifest = get("init_from"), get("averaged_from"), get("manifest")
+    try:
+        config = from_dict(payload["config"])
+    except MtxError as e:
+        raise MtxError(f"{path}: its config: {e}") from None
     return Checkpoint(
-        config=payload["config"],
+        config=config,
         spm_model=payload["spm_model"],
         vocab_size=payload["vocab_size"],
         model=payload["model"],
-        manifest=get("manifest"),
+        manifest=Manifest.from_dict(manifest) if manifest else None,
         position=position,
         init_from=InitRecord(**init) if init else None,
         averaged_from=[Source(**s) for s in averaged] if averaged is not None else None,
@@ -376,7 +471,7 @@ def average(paths: list[Path]) -> Checkpoint:
 
 
 def _check_averageable(path, first_path, ckpt, first, weights, sums) -> None:
-    if ckpt.config.get("model") != first.config.get("model") or weights.keys() != sums.keys():
+    if ckpt.config.model != first.config.model or weights.keys() != sums.keys():
         raise MtxError(f"{path}: another model than {first_path}; cannot average")
     if (ckpt.spm_model, ckpt.vocab_size) != (first.spm_model, first.vocab_size):
         raise MtxError(f"{path}: another vocabulary than {first_path}; cannot average")

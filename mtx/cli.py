@@ -401,7 +401,7 @@ def _print_scores(results: dict[str, dict], json_out: bool) -> None:
 
 def _split_sets(cfg, split: str) -> list[tuple[str, str | None, list[str], list[str]]]:
     """(name, target language, sources, references) of each set of a prepared split."""
-    from mtx.data.prepare import load_sets
+    from mtx.data.prepared import load_sets
 
     if split not in ("train", "valid", "test"):
         raise MtxError(f"--split must be train, valid or test, got {split!r}")
@@ -418,37 +418,8 @@ def info(
     """Architecture, parameter count and FLOPs per token."""
     from mtx.info import describe
 
-    facts = run(describe, target, set, length)
-    if json_out:
-        typer.echo(json.dumps(facts))
-        return
-    typer.echo(f"{facts['source']}: {facts['architecture']}")
-    typer.echo(
-        f"parameters: {facts['parameters']:,} ({facts['parameters'] / 1e6:.1f}M), "
-        f"vocabulary {facts['vocab_size']:,}"
-    )
-    tags = f" (the source starts with {' or '.join(facts['tags'])})" if facts["tags"] else ""
-    typer.echo(f"directions: {', '.join(facts['directions'])}{tags}")
-    typer.echo(
-        f"training FLOPs per token (src = tgt = {length} tokens): "
-        f"{facts['flops_per_token'] / 1e6:.1f}M"
-    )
-    if facts["step"] is not None:
-        typer.echo(f"trained steps: {facts['step']} (mtx {facts.get('mtx_version')})")
-    for source in facts.get("averaged_from") or []:
-        typer.echo(f"averaged from: {source['path']} (step {source['step']})")
-    if facts.get("init_from"):
-        r = facts["init_from"]
-        kept = f", kept its {' and '.join(r['kept'])}" if r["kept"] else ""
-        typer.echo(f"started from: {r['path']} (step {r['step']}, sha256 {r['sha256'][:12]}{kept})")
-    for split, data in ((facts.get("manifest") or {}).get("splits") or {}).items():
-        typer.echo(
-            f"data: {split} {data['source']} ({data['kept']:,} pairs, "
-            f"sha256 {data.get('pairs_sha256', '?')[:12]})"
-        )
-        sets = data.get("sets") or []
-        for s in sets if len(sets) > 1 else ():
-            typer.echo(f"  {s['name']} ({s['src_lang']}-{s['tgt_lang']}): {s['kept']:,} pairs")
+    about = run(describe, target, set, length)
+    typer.echo(json.dumps(about.to_json()) if json_out else "\n".join(about.lines()))
 
 
 @app.command()

@@ -35,10 +35,10 @@ def test_a_sentence_over_the_budget_gets_a_batch_of_its_own():
 
 def test_collate_shifts_targets_and_pads():
     batch = collate([[5, 6, 3], [7, 3]], [[8, 9, 3], [10, 3]])
-    assert batch["src"].tolist() == [[5, 6, 3], [7, 3, PAD_ID]]
-    assert batch["tgt_in"].tolist() == [[BOS_ID, 8, 9], [BOS_ID, 10, PAD_ID]]
-    assert batch["tgt_out"].tolist() == [[8, 9, 3], [10, 3, PAD_ID]]
-    assert batch["src"].dtype == torch.long
+    assert batch.src.tolist() == [[5, 6, 3], [7, 3, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, 9], [BOS_ID, 10, PAD_ID]]
+    assert batch.tgt_out.tolist() == [[8, 9, 3], [10, 3, PAD_ID]]
+    assert batch.src.dtype == torch.long
 
 
 def test_bucket_lengths_come_from_a_small_set_and_pad_little():
@@ -66,14 +66,14 @@ def test_bounded_batches_keep_the_budget_and_the_host_counts():
     assert {x for shape in shapes for x in shape} <= allowed
     assert len(shapes) < 0.6 * len(exact)
     batch = collate([[5] * 16 + [3], [7, 3]], [[8] * 20 + [3], [10, 3]], pad_to=8)
-    assert batch["src"].shape == (2, 18) and batch["tgt_in"].shape == batch["tgt_out"].shape == (
+    assert batch.src.shape == (2, 18) and batch.tgt_in.shape == batch.tgt_out.shape == (
         2,
         22,
     )
-    assert (batch["src_tokens"], batch["tgt_tokens"], batch["src_padded"]) == (19, 23, True)
-    assert batch["tgt_tokens"] == len(batch["tgt_index"])
+    assert (batch.src_tokens, batch.tgt_tokens, batch.src_padded) == (19, 23, True)
+    assert batch.tgt_tokens == len(batch.tgt_index)
     unpadded = collate([[5, 3], [7, 3]], [[8, 3], [10, 9, 3]], pad_to=8)
-    assert unpadded["src_padded"] is False and unpadded["tgt_tokens"] == 5
+    assert unpadded.src_padded is False and unpadded.tgt_tokens == 5
 
 
 def test_fixed_batches_take_one_shape_per_length_in_every_epoch():
@@ -94,13 +94,13 @@ def test_fixed_batches_take_one_shape_per_length_in_every_epoch():
             pairs = [[5] * (int(n) - 1) + [EOS_ID] for n in src[b]]
             targets = [[6] * (int(n) - 1) + [EOS_ID] for n in tgt[b]]
             batch = collate(pairs, targets, 8, fixed_tokens=1000)
-            shape = (batch["src"].shape, batch["tgt_in"].shape, batch["tgt_index"].shape)
+            shape = (batch.src.shape, batch.tgt_in.shape, batch.tgt_index.shape)
             assert shape == (
                 (fixed_rows(L, 1000), L),
                 (fixed_rows(L, 1000), L),
                 (fixed_rows(L, 1000) * L,),
             )
-            assert batch["tgt_tokens"] == int(tgt[b].sum()) and batch["src_padded"]
+            assert batch.tgt_tokens == int(tgt[b].sum()) and batch.src_padded
             shapes.add(shape)
         assert len(shapes) == len(lengths)
     assert [len(e) for e in epochs[1:]] == [len(epochs[0])] * 2
@@ -110,9 +110,9 @@ def test_fixed_batches_take_one_shape_per_length_in_every_epoch():
 def test_fixed_collate_fills_with_empty_pairs_that_hold_no_target():
     batch = collate([[7, 8, EOS_ID]], [[9, EOS_ID]], 1, fixed_tokens=12)
     assert (
-        batch["src"].tolist()
+        batch.src.tolist()
         == [[7, 8, EOS_ID], [EOS_ID, PAD_ID, PAD_ID]] + [[EOS_ID, PAD_ID, PAD_ID]] * 2
     )
-    assert batch["tgt_in"][1:].tolist() == [[BOS_ID, PAD_ID, PAD_ID]] * 3
-    assert (batch["tgt_out"][1:] == PAD_ID).all()
-    assert batch["tgt_tokens"] == 2 and batch["src_tokens"] == 3
+    assert batch.tgt_in[1:].tolist() == [[BOS_ID, PAD_ID, PAD_ID]] * 3
+    assert (batch.tgt_out[1:] == PAD_ID).all()
+    assert batch.tgt_tokens == 2 and batch.src_tokens == 3

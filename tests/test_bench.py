@@ -63,10 +63,10 @@ def test_batch_flops_use_each_pairs_real_lengths():
     cfg.model = tiny_model_config()
     batches = synthetic_batches(cfg, 50, count=2, length=10)
     for b in batches:
-        pairs = zip((b["src"] != 0).sum(1).tolist(), (b["tgt_out"] != 0).sum(1).tolist())
+        pairs = zip((b.src != 0).sum(1).tolist(), (b.tgt_out != 0).sum(1).tolist())
         want = sum(3 * forward_flops(cfg.model, 50, s, t) for s, t in pairs)
         assert batch_flops(b, cfg, 50) == want
-        assert (b["src"] != 0).sum(1).min() >= 5  # lengths spread around the mean of 10
+        assert (b.src != 0).sum(1).min() >= 5  # lengths spread around the mean of 10
 
 
 def bench(*args):
@@ -179,9 +179,9 @@ def test_the_nn_transformer_reference_computes_the_same_function_as_mtx():
             else:
                 r.norm2.load_state_dict(last.state_dict())
     batch = collate([[5, 6, 7, 3], [8, 3]], [[9, 10, 11, 12, 3], [13, 3]])
-    keep = batch["tgt_out"] != 0
-    want = ours(batch["src"], batch["tgt_in"])[keep]
-    got = ref(batch["src"], batch["tgt_in"])[keep]
+    keep = batch.tgt_out != 0
+    want = ours(batch.src, batch.tgt_in)[keep]
+    got = ref(batch.src, batch.tgt_in)[keep]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

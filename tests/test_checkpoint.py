@@ -46,7 +46,7 @@ def test_averaging_refuses_what_does_not_fit(toy_run, tmp_path):
     result = invoke("average", step, "--output", step)
     assert result.exit_code == 2 and "is one of the checkpoints" in result.output
     other = Checkpoint.load(step)
-    other.config["model"]["d_ff"] = 64
+    other.config.model.d_ff = 64
     other.save(tmp_path / "other.pt")
     result = invoke("average", step, tmp_path / "other.pt", "--output", tmp_path / "x.pt")
     assert result.exit_code == 2 and "another model" in result.output
@@ -57,7 +57,7 @@ def test_a_checkpoint_carries_its_data_manifest_and_version(toy_run):
     run = RunDir(toy_run)
     ckpt = Checkpoint.load(run.best)
     manifest = json.loads(run.data.manifest.read_text())
-    assert ckpt.manifest == manifest
+    assert ckpt.manifest.to_dict() == manifest  # the same JSON, through the typed Manifest
     assert manifest["splits"]["train"]["source"] == "toy:train"
     assert len(manifest["splits"]["train"]["pairs_sha256"]) == 64
     assert ckpt.mtx_version and ckpt.spm_model == run.data.spm_model.read_bytes()
@@ -94,7 +94,7 @@ def test_a_checkpoint_of_the_first_format_loads_and_resumes(tmp_path):
     assert mtx("translate", "--checkpoint", FIXTURE, input="a dog runs.\n").stdout.count("\n") == 1
     run = RunDir(tmp_path / "run")
     config = tmp_path / "fixture.yaml"
-    config.write_text(yaml.safe_dump(ckpt.config | {"run_dir": str(run.root)}))
+    config.write_text(yaml.safe_dump(ckpt.config.to_dict() | {"run_dir": str(run.root)}))
     sets = ["--set", f"data.spm_model={FIXTURE}", "--set", "train.max_steps=6"]
     mtx("prepare", "--config", config, *sets)
     run.checkpoints.mkdir(parents=True)

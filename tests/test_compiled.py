@@ -61,10 +61,10 @@ def test_the_compiled_step_agrees_with_eager_and_compiles_nothing_after_one_epoc
     shapes = set()
     for n, batch in enumerate(first):
         step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
-        shapes.add((*batch["src"].shape, batch["tgt_in"].size(1)))
+        shapes.add((*batch.src.shape, batch.tgt_in.size(1)))
     after_one = compiled.stats()
     for n, batch in enumerate(epoch(cfg, ds, 1)):  # another order, the same shapes
-        shapes.add((*batch["src"].shape, batch["tgt_in"].size(1)))
+        shapes.add((*batch.src.shape, batch.tgt_in.size(1)))
         step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
     assert step.is_compiled and len(first) > 50 and len(shapes) > 10
     assert compiled.stats()["compilations"] == after_one["compilations"]  # no recompiles
@@ -102,13 +102,13 @@ def test_static_shapes_compile_twice_and_nothing_after_the_first_epoch(prepared)
     shapes = set()
     for n, batch in enumerate(first):
         step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
-        shapes.add(tuple(batch["src"].shape))
+        shapes.add(tuple(batch.src.shape))
     after_one = compiled.stats()["compilations"]
     assert len(shapes) > 8  # more than dynamo's default number of graphs per frame
     assert after_one - before <= 2  # not one per shape
     for number in (1, 2):
         for n, batch in enumerate(fixed_epoch(number)[1]):
-            assert tuple(batch["src"].shape) in shapes
+            assert tuple(batch.src.shape) in shapes
             step.run(
                 lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer
             )
@@ -132,7 +132,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly_with_one_warning(prepared):
         want = eager.run(
             lambda m, b=batch, n=n: train_step(m, ref_opt, [b], cfg, n + 1, FP32), ref_opt
         )
-        assert torch.equal(stats["loss"], want["loss"])
+        assert torch.equal(stats.loss, want.loss)
     assert len(warnings) == 1 and "train.compile failed" in warnings[0]
     assert "\n" not in warnings[0] and "no compiler here" in warnings[0]
     assert not step.is_compiled and loss_model.chunked

@@ -11,7 +11,8 @@ from helpers.common import write_pair
 from mtx.checkpoint import Checkpoint
 from mtx.config import Config, load_config
 from mtx.data import sources, toy, vocab
-from mtx.data.prepare import load_prepared, prepare
+from mtx.data.prepare import prepare
+from mtx.data.prepared import load_prepared
 from mtx.errors import MtxError
 from mtx.tokens import EOS_ID
 
@@ -195,7 +196,7 @@ def test_data_spm_model_encodes_with_a_given_model_or_a_checkpoint_s(tmp_path):
     model_file = first / "spm.model"
     ckpt = tmp_path / "model.pt"
     spm_model = model_file.read_bytes()
-    Checkpoint(Config().to_dict(), spm_model, vocab.load(spm_model).get_piece_size(), {}).save(ckpt)
+    Checkpoint(Config(), spm_model, vocab.load(spm_model).get_piece_size(), {}).save(ckpt)
     for name, given in (("file", model_file), ("ckpt", ckpt)):
         # another vocabulary size, which a reused model ignores
         out, cfg2 = toy_prepare(tmp_path / name, f"data.spm_model={given}", "data.vocab_size=90")

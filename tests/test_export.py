@@ -180,7 +180,7 @@ def test_ct2_int8_quantization_is_written(toy_run, tmp_path):
 def test_an_export_describes_its_model(hf_dir, toy_run):
     about = json.loads((hf_dir / "mtx.json").read_text())
     ckpt = Checkpoint.load(toy_run / "checkpoints" / "best.pt")
-    assert about["config"] == ckpt.config and about["step"] == ckpt.step
+    assert about["config"] == ckpt.config.to_dict() and about["step"] == ckpt.step
     assert about["checkpoint_sha256"] == sha256_file(toy_run / "checkpoints" / "best.pt")
     assert about["manifest"]["splits"]["train"]["source"] == "toy:train"
 
@@ -197,11 +197,11 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
     with pytest.raises(MtxError, match="--quantization must be one of"):
         export(best, "ctranslate2", tmp_path / "x", "int3")
     variant = Checkpoint.load(best)
-    variant.config["model"]["norm"] = "pre"
+    variant.config.model.norm = "pre"
     variant.save(tmp_path / "pre.pt")
     with pytest.raises(MtxError, match="model.norm=pre"):
         export(tmp_path / "pre.pt", "ctranslate2", tmp_path / "x")
-    variant.config["model"].update(norm="post", arch="rnn")
+    variant.config.model.norm, variant.config.model.arch = "post", "rnn"
     variant.save(tmp_path / "pre.pt")
     with pytest.raises(MtxError, match="model.arch=rnn"):
         export(tmp_path / "pre.pt", "hf", tmp_path / "x")

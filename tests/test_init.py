@@ -11,7 +11,8 @@ from helpers.common import assert_same_parameters, last, mtx, records, write_pai
 from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import load_config
 from mtx.data import toy
-from mtx.data.prepare import load_prepared, prepare
+from mtx.data.prepare import prepare
+from mtx.data.prepared import load_prepared
 from mtx.errors import MtxError
 from mtx.model.build import load_model
 from mtx.train.distributed import Dist

@@ -14,7 +14,7 @@ from helpers.common import last, records
 
 from mtx.config import load_config
 from mtx.data import vocab
-from mtx.data.prepare import load_prepared
+from mtx.data.prepared import load_prepared
 from mtx.data.sampling import Merges, Resegment, pair_seed
 from mtx.model.build import make_model
 from mtx.tokens import EOS_ID
@@ -72,7 +72,7 @@ def items(prepared, workers: int, epoch: int, batch: int, n: int, *extra) -> lis
     r = resegment(prepared, cfg.data.sampling, tagged="data.corpora" in str(extra))
     mix = Mix.of(ds, cfg.data)
     loader = stream(ds, cfg.train, epoch, batch, 0, 1, torch.device("cpu"), mix, r)
-    return [(b["src"].tolist(), b["tgt_out"].tolist()) for b in itertools.islice(loader, n)]
+    return [(b.batch.src.tolist(), b.batch.tgt_out.tolist()) for b in itertools.islice(loader, n)]
 
 
 def test_any_worker_count_samples_the_same_batches(prepared_both_ways):
@@ -114,15 +114,15 @@ def test_sampled_batches_hold_about_max_tokens(prepared_both_ways):
     cfg = load_config(None, [*TINY_RUN, BOTH_WAYS, "data.sampling=0.1", "train.max_tokens=2048"])
     ds = datasets.load_from_disk(str(prepared_both_ways / "train"))
     proto = (prepared_both_ways / "spm.model").read_bytes()
-    r, batching = sampled(cfg, proto, {"tags": {"de": 4, "en": 5}}, ds)
+    r, batching = sampled(cfg, proto, True, ds)
     assert 1.05 < r.tgt_ratio < 2 and batching.max_tokens < 2048
-    assert batching.max_tokens == sampled(cfg, proto, {"tags": {"de": 4}}, ds)[1].max_tokens
     loader = stream(ds, batching, 0, 0, 0, 1, torch.device("cpu"), Mix.of(ds, cfg.data), r)
-    batches = list(itertools.islice(loader, 60))
-    fuller = [max(b["src"].numel(), b["tgt_out"].numel()) for b in batches]
+    streamed = list(itertools.islice(loader, 60))
+    batches = [s.batch for s in streamed]
+    fuller = [max(b.src.numel(), b.tgt_out.numel()) for b in batches]
     assert 0.8 * 2048 < sum(fuller) / len(fuller) < 1.1 * 2048  # padded tokens, fuller side
-    real = sum(b["tgt_tokens"] for b in batches)
-    normaliser = sum(b["update_tokens"] for b in batches)  # update_freq 1: one batch each
+    real = sum(b.tgt_tokens for b in batches)
+    normaliser = sum(s.update_tokens for s in streamed)  # update_freq 1: one batch each
     assert abs(normaliser - real) / real < 0.05
 
 

@@ -16,7 +16,7 @@ def items(prepared, workers: int, epoch: int, batch: int, n: int, *extra) -> lis
     ds = datasets.load_from_disk(str(prepared / "train"))
     loader = stream(ds, cfg.train, epoch, batch, 0, 1, torch.device("cpu"))
     return [
-        (b["src"].tolist(), b["tgt_out"].tolist(), b["update_tokens"], tuple(b["after"]))
+        (b.batch.src.tolist(), b.batch.tgt_out.tolist(), b.update_tokens, tuple(b.after))
         for b in itertools.islice(loader, n)
     ]
 

@@ -112,11 +112,11 @@ def test_an_fp16_overflow_halves_the_loss_scale_and_skips_the_update():
     optimizer = make_optimizer(model, cfg)
     fp16 = Precision.choose(torch.device("cpu"), "fp16")
     batch = collate([[5, 6, 7, 3], [8, 9, 3]], [[5, 6, 3], [7, 3]])
-    assert not train_step(model, optimizer, [batch], cfg, 1, fp16)["skipped"]
+    assert not train_step(model, optimizer, [batch], cfg, 1, fp16).skipped
     scale = fp16.scaler.get_scale()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     hook = model.embed.weight.register_hook(lambda g: g * math.inf)
-    assert train_step(model, optimizer, [batch], cfg, 2, fp16)["skipped"]
+    assert train_step(model, optimizer, [batch], cfg, 2, fp16).skipped
     hook.remove()
     assert fp16.scaler.get_scale() == scale / 2
     for k, v in model.state_dict().items():

@@ -203,10 +203,10 @@ def test_logits_at_target_tokens_only_equal_the_full_logits_there():
 
     model = _model()
     batch = collate([[5, 6, 7, 3], [8, 3]], [[9, 10, 11, 12, 3], [13, 3]])
-    full = model(batch["src"], batch["tgt_in"])  # (2, 5, V)
-    kept = model(batch["src"], batch["tgt_in"], batch["tgt_index"])  # (7, V)
+    full = model(batch.src, batch.tgt_in)  # (2, 5, V)
+    kept = model(batch.src, batch.tgt_in, batch.tgt_index)  # (7, V)
     assert kept.shape == (7, 50)
-    real = batch["tgt_out"] != PAD_ID
+    real = batch.tgt_out != PAD_ID
     torch.testing.assert_close(kept, full[real], atol=1e-6, rtol=0)
 
 

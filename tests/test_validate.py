@@ -9,7 +9,7 @@ from conftest import run_config
 from helpers.common import records
 
 from mtx.checkpoint import Checkpoint, RunDir
-from mtx.data.prepare import load_prepared
+from mtx.data.prepared import load_prepared
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.evaluate import score

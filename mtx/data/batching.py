@@ -15,6 +15,9 @@ a plain multiple of 8 added 16 points on Multi30k's short sentences.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -105,12 +108,39 @@ def pad(seqs: list[list[int]], prefix: int | None = None, length: int = 0) -> Te
     return out
 
 
+@dataclass
+class Batch:
+    """A padded batch of pairs, what the training step and validation take (train/step.py).
+
+    The bookkeeping that the step needs on the host comes with it, counted when it is made, so
+    that the step never reads a device tensor back: the real token counts, and whether any
+    source is padded (if none, attention needs no mask)."""
+
+    src: Tensor  # (B, S) source ids, each ending in EOS, padded
+    tgt_in: Tensor  # (B, T) BOS + target without its EOS: the decoder's inputs
+    tgt_out: Tensor  # (B, T) target with its EOS: what the decoder predicts
+    tgt_index: Tensor  # (N,) the flat positions in (B * T) where the loss is taken
+    src_tokens: int  # real source tokens (padding not counted)
+    tgt_tokens: int  # real target tokens
+    src_padded: bool  # whether any source holds padding
+
+    @property
+    def padded_tokens(self) -> int:
+        """Source and target tokens, padding included: what the batch's shapes hold."""
+        return self.src.numel() + self.tgt_out.numel()
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory (a DataLoader's pin_memory calls this)."""
+        tensors = ("src", "tgt_in", "tgt_out", "tgt_index")
+        return dataclasses.replace(self, **{k: getattr(self, k).pin_memory() for k in tensors})
+
+
 def collate(
     src_ids: list[list[int]],
     tgt_ids: list[list[int]],
     pad_to: int = 1,
     fixed_tokens: int = 0,
-) -> dict[str, Tensor | int | bool]:
+) -> Batch:
     """src (B, S); tgt_in = BOS + target without its EOS (B, T); tgt_out = target with EOS (B, T);
     tgt_index (N,): the flat positions in (B * T) of the N target tokens (not padding); S and T
     are the longest lengths rounded up by `bucket_length`.
@@ -119,11 +149,7 @@ def collate(
     set of shapes: both sides padded to the longer one's length L, `fixed_rows(L)` rows (empty
     pairs added: a source of EOS alone, no target token), tgt_index every position and
     src_padded True (the loss skips padding by its target), so that nothing of the batch's
-    shape depends on its contents but L.
-
-    The bookkeeping that the training step needs on the host comes with the batch, counted
-    here, so that the step never reads a device tensor back: src_tokens and tgt_tokens (real
-    tokens) and src_padded (whether any source is padded: if none, attention needs no mask)."""
+    shape depends on its contents but L."""
     S = bucket_length(max(len(s) for s in src_ids), pad_to)
     T = bucket_length(max(len(t) for t in tgt_ids), pad_to)
     src_tokens, tgt_tokens = sum(len(s) for s in src_ids), sum(len(t) for t in tgt_ids)
@@ -138,15 +164,15 @@ def collate(
         tgt_index = torch.arange(tgt_out.numel())
     else:
         tgt_index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
-    return {
-        "src": src,
-        "tgt_in": tgt_in,
-        "tgt_out": tgt_out,
-        "tgt_index": tgt_index,
-        "src_tokens": src_tokens,
-        "tgt_tokens": tgt_tokens,
-        "src_padded": bool(fixed_tokens) or src_tokens < src.numel(),
-    }
+    return Batch(
+        src=src,
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        tgt_index=tgt_index,
+        src_tokens=src_tokens,
+        tgt_tokens=tgt_tokens,
+        src_padded=bool(fixed_tokens) or src_tokens < src.numel(),
+    )
 
 
 class BatchDataset(torch.utils.data.Dataset):
@@ -172,7 +198,7 @@ class BatchDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
+    def __getitem__(self, i: int) -> Batch:
         rows = self.batches[i].tolist()
         batch = self.ds[rows]
         src_ids, tgt_ids = batch["src_ids"], batch["tgt_ids"]

@@ -1,4 +1,5 @@
 """`mtx prepare`: raw parallel text -> cleaned -> SentencePiece BPE -> encoded Arrow data.
+Training, validation and `mtx evaluate --split` read it back with data/prepared.py.
 
 Layout of RUN/prepared/ (written to a temporary folder and renamed when complete, so an
 interrupted prepare never leaves data that `train` would accept):
@@ -24,13 +25,11 @@ from __future__ import annotations
 import array
 import functools
 import hashlib
-import json
 import shutil
 import time
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -38,7 +37,7 @@ import numpy as np
 import sentencepiece as spm
 
 from mtx import __version__, corpora
-from mtx.checkpoint import PreparedFiles, RunDir
+from mtx.checkpoint import Manifest, PreparedFiles, RunDir, SetRecord, SplitRecord, SpmSource
 from mtx.config import Config, DataConfig
 from mtx.data import sources, vocab
 from mtx.data.clean import TextCleaner, length_reason
@@ -120,7 +119,7 @@ def worker_count(setting: int, pairs: int) -> int:
     return max(1, min(cores(), pairs // 20_000))
 
 
-def read_spm_model(path: str) -> tuple[bytes, dict]:
+def read_spm_model(path: str) -> tuple[bytes, SpmSource]:
     """data.spm_model: (the SentencePiece model proto, where it came from for the manifest).
     PATH is a SentencePiece model file or an mtx checkpoint, which embeds its model."""
     p = Path(path)
@@ -147,8 +146,7 @@ def read_spm_model(path: str) -> tuple[bytes, dict]:
             f"data.spm_model {p}: its pad, unk, bos and eos ids are {ids}; mtx needs "
             f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)} (train it with pad_id=0 unk_id=1 bos_id=2 eos_id=3)"
         )
-    source = {"path": str(p.resolve()), "kind": kind}
-    return proto, source | {"file_sha256": sha256_file(p)}
+    return proto, SpmSource(kind, str(p.resolve()), sha256_file(p))
 
 
 def prepare(cfg: Config, log=print) -> Path:
@@ -160,7 +158,7 @@ def prepare(cfg: Config, log=print) -> Path:
     tmp.mkdir(parents=True)
     try:
         manifest = _prepare_into(cfg, PreparedFiles(tmp), log)
-        PreparedFiles(tmp).manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest.write(PreparedFiles(tmp).manifest)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -168,13 +166,13 @@ def prepare(cfg: Config, log=print) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     log(
-        f"prepared data in {final} (vocabulary {manifest['vocab_size']}, "
-        f"{manifest['splits']['train']['kept']} training pairs)"
+        f"prepared data in {final} (vocabulary {manifest.vocab_size}, "
+        f"{manifest.splits['train'].kept} training pairs)"
     )
     return final
 
 
-def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
+def _prepare_into(cfg: Config, out: PreparedFiles, log) -> Manifest:
     d = cfg.data
     cache = out.cache
     given = read_spm_model(d.spm_model) if d.spm_model else None  # refused before any work
@@ -188,7 +186,7 @@ def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
     start = time.perf_counter()
     model_proto, spm_source = given or _train_spm(d, texts["train"], log)
     if given:
-        log(f"encoding with {spm_source['path']} (data.spm_model); data.vocab_size is not used")
+        log(f"encoding with {spm_source.path} (data.spm_model); data.vocab_size is not used")
     out.spm_model.write_bytes(model_proto)
     sp = vocab.load(model_proto)
     out.spm_vocab.write_text(
@@ -209,22 +207,22 @@ def _prepare_into(cfg: Config, out: PreparedFiles, log) -> dict:
         )
     seconds["sentencepiece"] += time.perf_counter() - start
 
-    manifest = {
-        "mtx_version": __version__,
-        "src_lang": d.src_lang if not d.corpora else None,
-        "tgt_lang": d.tgt_lang if not d.corpora else None,
-        "vocab_size": sp.get_piece_size(),
-        "spm_sha256": hashlib.sha256(model_proto).hexdigest(),
-        "spm_source": spm_source,
-        "tags": tag_of,
-        "splits": {},
-    }
+    manifest = Manifest(
+        mtx_version=__version__,
+        src_lang=d.src_lang if not d.corpora else None,
+        tgt_lang=d.tgt_lang if not d.corpora else None,
+        vocab_size=sp.get_piece_size(),
+        spm_sha256=hashlib.sha256(model_proto).hexdigest(),
+        spm_source=spm_source,
+        tags=tag_of,
+        splits={},
+    )
     for split in groups:  # popped: each split's memory map is let go once it is written
         parts = texts.pop(split)
         if not parts:
             continue  # no test set
         entry = _encode_and_write(d, split, groups[split], parts, tag_of, out, seconds, log)
-        manifest["splits"][split] = entry
+        manifest.splits[split] = entry
     shutil.rmtree(cache, ignore_errors=True)
     log("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     return manifest
@@ -273,7 +271,7 @@ def _key(split: str, g: corpora.EvalSet) -> str:
     return f"{g.key}{split}"
 
 
-def _train_spm(d: DataConfig, train: list, log) -> tuple[bytes, dict]:
+def _train_spm(d: DataConfig, train: list, log) -> tuple[bytes, SpmSource]:
     """(a joint SentencePiece BPE model trained on the training pairs, where it came from).
     With several corpora, on a sample of data.spm_sample pairs (0: as many as there are)
     balanced by data.temperature, and one reserved piece per target language."""
@@ -284,7 +282,7 @@ def _train_spm(d: DataConfig, train: list, log) -> tuple[bytes, dict]:
     else:
         sentences, sample = _balanced_sentences(d, [text for text, _ in train]), 0
     proto = vocab.train_bpe(sentences, d.vocab_size, sample, d.character_coverage, tags)
-    return proto, {"kind": "trained"}
+    return proto, SpmSource("trained")
 
 
 def _balanced_sentences(d: DataConfig, texts: list[datasets.Dataset]) -> Iterator[str]:
@@ -312,7 +310,7 @@ def _encode_and_write(
     out: PreparedFiles,
     seconds,
     log,
-) -> dict:
+) -> SplitRecord:
     """Encode a split's parts, drop what is too long, write them to out/split one after the
     other; returns the split's entry of the manifest."""
     encoded_parts, sets = [], []
@@ -330,16 +328,16 @@ def _encode_and_write(
     whole.save_to_disk(str(out.split(split)))
     total: Counter[str] = Counter()
     for s in sets:
-        total.update(s["dropped"])
-    entry = {
-        "source": "; ".join(s["source"] for s in sets),
-        "files": {k: v for s in sets for k, v in s["files"].items()},
-        "read": sum(s["read"] for s in sets),
-        "kept": len(whole),
-        "dropped": dict(total),
-        "pairs_sha256": pairs_sha256(whole),
-        "sets": sets,
-    }
+        total.update(s.dropped)
+    entry = SplitRecord(
+        source="; ".join(s.source for s in sets),
+        files={k: v for s in sets for k, v in s.files.items()},
+        read=sum(s.read for s in sets),
+        kept=len(whole),
+        dropped=dict(total),
+        pairs_sha256=pairs_sha256(whole),
+        sets=sets,
+    )
     seconds["write"] += time.perf_counter() - start
     return entry
 
@@ -373,16 +371,16 @@ def _encode_part(d, split, k, g, text, counts, tag, out, seconds, log) -> tuple:
         f"{label}: kept {len(encoded)} of {read} pairs"
         + (f" (dropped: {reasons})" if dropped else "")
     )
-    entry = {
-        "name": g.name,
-        "src_lang": g.src_lang,
-        "tgt_lang": g.tgt_lang,
-        "source": g.spec,
-        "files": sources.file_hashes(g.spec, g.src_lang, g.tgt_lang),
-        "read": read,
-        "kept": len(encoded),
-        "dropped": dropped,
-    }
+    entry = SetRecord(
+        name=g.name,
+        src_lang=g.src_lang,
+        tgt_lang=g.tgt_lang,
+        source=g.spec,
+        files=sources.file_hashes(g.spec, g.src_lang, g.tgt_lang),
+        read=read,
+        kept=len(encoded),
+        dropped=dropped,
+    )
     return encoded, entry
 
 
@@ -393,61 +391,3 @@ def pairs_sha256(ds: datasets.Dataset) -> str:
         for src, tgt in zip(batch["src"], batch["tgt"]):
             digest.update(f"{src}\t{tgt}\n".encode())
     return digest.hexdigest()
-
-
-def _missing(cfg: Config) -> MtxError:
-    return MtxError(
-        f"no prepared data in {RunDir.of(cfg).prepared}: run `mtx prepare` with this config first"
-    )
-
-
-def load_manifest(cfg: Config) -> dict:
-    path = RunDir.of(cfg).data.manifest
-    if not path.is_file():
-        raise _missing(cfg)
-    return json.loads(path.read_text())
-
-
-def load_prepared(cfg: Config, split: str) -> datasets.Dataset:
-    data = RunDir.of(cfg).data
-    if not data.manifest.is_file() or not data.split(split).is_dir():
-        raise _missing(cfg)
-    return datasets.load_from_disk(str(data.split(split)))
-
-
-@dataclass(frozen=True)
-class PreparedSet:
-    """A named set of a prepared split (a direction's validation or test set): its name,
-    target language (None: the model's one) and pairs."""
-
-    name: str
-    tgt_lang: str | None
-    ds: datasets.Dataset
-
-
-def load_sets(cfg: Config, split: str) -> list[PreparedSet]:
-    """The named sets of a prepared split (its rows numbered by the `group` column), in the
-    order the manifest lists them."""
-    manifest = load_manifest(cfg)
-    if split not in manifest["splits"]:
-        raise MtxError(f"the prepared data has no {split} split (data.corpora names no {split})")
-    ds = load_prepared(cfg, split)
-    sets = manifest["splits"][split].get("sets")
-    if not sets:  # prepared by an mtx without named sets: one set
-        return [PreparedSet(split, manifest.get("tgt_lang") or None, ds)]
-    if len(sets) == 1:
-        return [PreparedSet(sets[0]["name"], sets[0]["tgt_lang"], ds)]
-    group = np.asarray(ds["group"])
-    return [
-        PreparedSet(s["name"], s["tgt_lang"], ds.select(np.flatnonzero(group == k)))
-        for k, s in enumerate(sets)
-    ]
-
-
-def load_spm_proto(cfg: Config) -> bytes:
-    path = RunDir.of(cfg).data.spm_model
-    if not path.is_file():
-        raise MtxError(
-            f"no SentencePiece model at {path}: run `mtx prepare` with this config first"
-        )
-    return path.read_bytes()

@@ -130,9 +130,9 @@ class Resegment:
         before, after = [0, 0, 0], [0, 0, 0]
         for i in range(len(batches)):
             for total, b in ((before, prepared[i]), (after, grown[i])):
-                total[0] += b["src"].numel()
-                total[1] += b["tgt_out"].numel()
-                total[2] += b["tgt_tokens"]
+                total[0] += b.src.numel()
+                total[1] += b.tgt_out.numel()
+                total[2] += b.tgt_tokens
         return max(after[0] / before[0], after[1] / before[1]), after[2] / before[2]
 
     def __call__(self, rows: list[int], batch: dict[str, list]) -> tuple[list, list]:

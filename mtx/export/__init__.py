@@ -69,8 +69,8 @@ def export(
             "step": ckpt.step,
             "trained_by": f"mtx {ckpt.mtx_version}",
             "averaged_from": _sources(ckpt),
-            "config": ckpt.config,
-            "manifest": ckpt.manifest,
+            "config": ckpt.config.to_dict(),
+            "manifest": None if ckpt.manifest is None else ckpt.manifest.to_dict(),
             # a multilingual model: the source starts with the target language's tag, as
             # MarianTokenizer reads ">>de<< text" and CTranslate2 takes the piece ">>de<<"
             "target_language_tags": corpora.tags(cfg.data),

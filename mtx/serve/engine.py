@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
+from mtx.decode import rules
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.serve.front import About, Choices, Result, check_engine
-from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
 
 
 class MtxEngine:
@@ -94,8 +94,6 @@ class CT2Engine:
         ct2_export_of(checkpoint, self.dir, owned=ct2_dir is None)
         self.threads = 0
         self.set_threads(torch.get_num_threads())
-        sp = translator.sp
-        self.suppress = [[sp.id_to_piece(i)] for i in (PAD_ID, UNK_ID, BOS_ID)]
 
     def set_threads(self, n: int) -> None:
         """CTranslate2's threads are fixed when its model is loaded: load it again."""
@@ -108,22 +106,11 @@ class CT2Engine:
     def translate(
         self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None
     ) -> list[Result]:
-        sp, d = self.translator.sp, self.cfg.decode
-        limit = self.translator.model.cfg.max_positions - 1
+        sp = self.translator.sp
         # a multilingual model's tag is a piece like any other (mtx/corpora.py)
         tr = self.translator.into(tgt_lang)
         pieces = [[sp.id_to_piece(i) for i in tr.encode(t)[:-1]] for t in texts]
-        longest = max(len(p) for p in pieces) + 1
-        results = self.model.translate_batch(
-            pieces,
-            beam_size=beam,
-            num_hypotheses=nbest,
-            length_penalty=d.alpha,
-            max_decoding_length=min(int(d.max_len_a * longest + d.max_len_b), limit),
-            suppress_sequences=self.suppress,
-            return_scores=True,
-            max_batch_size=len(pieces),
-        )
+        results = self.model.translate_batch(pieces, **ct2_options(tr, pieces, beam, nbest))
         out = []
         for p, r in zip(pieces, results):
             hyps = [" ".join(sp.decode_pieces(h).split()) for h in r.hypotheses]
@@ -133,6 +120,23 @@ class CT2Engine:
 
     def attention(self, text: str, ids: list[int], tgt_lang: str | None = None) -> dict:
         raise MtxError("the attention comes with --engine mtx only")
+
+
+def ct2_options(tr: Translator, pieces: list[list[str]], beam: int, nbest: int) -> dict:
+    """CTranslate2's options for a batch of source pieces, by mtx's rules (decode/rules.py):
+    the longest output of the batch's longest source (CTranslate2 counts no EOS), the tokens
+    never produced, decode.alpha as its length penalty."""
+    d, limit = tr.cfg.decode, tr.model.cfg.max_positions - 1
+    longest = rules.max_lengths(max(len(p) for p in pieces), d.max_len_a, d.max_len_b, limit)
+    return {
+        "beam_size": beam,
+        "num_hypotheses": nbest,
+        "length_penalty": d.alpha,
+        "max_decoding_length": longest - 1,
+        "suppress_sequences": [[tr.sp.id_to_piece(i)] for i in rules.NEVER_PRODUCED],
+        "return_scores": True,
+        "max_batch_size": len(pieces),
+    }
 
 
 def make_engine(
@@ -165,7 +169,7 @@ def describe_engine(
         single_model=engine.single_model,
         device=tr.device.type,
         checkpoints=[
-            describe(str(path), overrides, parameters=count_parameters(model))
+            describe(str(path), overrides, parameters=count_parameters(model)).to_json()
             for path, model in zip(checkpoints, models)
         ],
     )

@@ -8,8 +8,9 @@ with N times the update_freq, and a run resumes at any batch of any epoch.
 `stream` is one loader for the whole run: its workers go from one epoch to the next without
 stopping, where a loader per epoch started its workers again and drained its queue at every
 epoch's end (on Multi30k, an epoch of 130 updates, that cost a tenth of a second or more: one
-log window in ten ran about 15% slower, BENCHMARKS.md). Each batch says which update it ends
-and where the run then stands (`after`), so the trainer's position follows the data.
+log window in ten ran about 15% slower, BENCHMARKS.md). Each batch comes with its update's
+target tokens and where the run stands once its update is done (`Streamed`), so the trainer's
+position follows the data.
 
 With several corpora (`Mix`), an epoch is the rows mtx/corpora.py draws for it, by
 (seed, epoch) alone, batched as one corpus's rows are. With data.sampling, the workers
@@ -26,7 +27,7 @@ import torch
 
 from mtx import corpora
 from mtx.config import Config, DataConfig, TrainConfig
-from mtx.data.batching import BatchDataset, fixed_batches, lengths, token_batches
+from mtx.data.batching import Batch, BatchDataset, fixed_batches, lengths, token_batches
 from mtx.data.sampling import Resegment
 from mtx.errors import MtxError
 from mtx.train.faults import ignore_stop_signals
@@ -52,11 +53,12 @@ class Mix:
         return cls(corpus, corpora.shares(sizes, [c.weight for c in cs], d.temperature))
 
 
-def sampled(cfg: Config, spm_proto: bytes, manifest: dict, ds) -> tuple[Resegment, TrainConfig]:
-    """data.sampling's segmenter, and the batching settings it needs: train.max_tokens divided
+def sampled(cfg: Config, spm_proto: bytes, tagged: bool, ds) -> tuple[Resegment, TrainConfig]:
+    """data.sampling's segmenter (`tagged`: the prepared sources start with a target-language
+    tag, which sampling keeps), and the batching settings it needs: train.max_tokens divided
     by how much longer sampled segmentations are on this data (data/sampling.py)."""
     d, t = cfg.data, cfg.train
-    resegment = Resegment(spm_proto, d.sampling, t.seed, bool(manifest.get("tags")), d.max_len)
+    resegment = Resegment(spm_proto, d.sampling, t.seed, tagged, d.max_len)
     padded, resegment.tgt_ratio = resegment.growth(ds, t.max_tokens, t.pad_to)
     budget = max(int(t.max_tokens / max(padded, 1.0)), d.max_len + 1)
     return resegment, dataclasses.replace(t, max_tokens=budget)
@@ -97,6 +99,18 @@ def epoch_batches(
     return [rows[b] for b in batches]
 
 
+@dataclass
+class Streamed:
+    """A batch of the stream, with what the trainer needs to know of its update."""
+
+    batch: Batch
+    update_tokens: int  # the target tokens of its update, all processes together
+    after: tuple[int, int]  # (epoch, batch): where the run stands once its update is done
+
+    def pin_memory(self) -> Streamed:
+        return dataclasses.replace(self, batch=self.batch.pin_memory())
+
+
 def fixed_tokens(t: TrainConfig) -> int:
     """What `collate` takes as fixed_tokens: train.max_tokens with static shapes, else 0."""
     return t.max_tokens if t.static_shapes else 0
@@ -104,8 +118,8 @@ def fixed_tokens(t: TrainConfig) -> int:
 
 class Stream(torch.utils.data.IterableDataset):
     """This process's padded batches from batch `batch` of epoch `epoch` on, epoch after epoch
-    without end, each with "update_tokens" (its update's target tokens, all processes
-    together) and "after" ((epoch, batch) once its update is done). With several workers,
+    without end, each `Streamed` with its update's target tokens and where the run stands
+    once its update is done. With several workers,
     worker w builds batches w, w + W, ... and the loader takes them in turn: the same order
     as one worker's."""
 
@@ -136,7 +150,7 @@ class Stream(torch.utils.data.IterableDataset):
                 if i % W == w:
                     update = k // t.update_freq
                     after = (epoch, first + (update + 1) * G)
-                    yield items[k] | {"update_tokens": self.tokens(tokens[update]), "after": after}
+                    yield Streamed(items[k], self.tokens(tokens[update]), after)
                 i += 1
             epoch, first = epoch + 1, 0
 

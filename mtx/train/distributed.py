@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from mtx.checkpoint import Manifest
 from mtx.errors import MtxError
 
 T = TypeVar("T")
@@ -236,12 +237,12 @@ def attempt_store(name: str, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"mtx/{name}/attempt-{attempt}", store)
 
 
-def fingerprint(manifest: dict, spm_proto: bytes) -> dict[str, str]:
+def fingerprint(manifest: Manifest, spm_proto: bytes) -> dict[str, str]:
     """What must be the same on every process: the training and validation pairs' hashes from
     the manifest, and the hash of spm.model as read."""
-    splits = manifest.get("splits", {})
+    pairs = {name: split.pairs_sha256 for name, split in manifest.splits.items()}
     return {
         "spm.model sha256": hashlib.sha256(spm_proto).hexdigest(),
-        "train pairs sha256": str(splits.get("train", {}).get("pairs_sha256")),
-        "valid pairs sha256": str(splits.get("valid", {}).get("pairs_sha256")),
+        "train pairs sha256": str(pairs.get("train")),
+        "valid pairs sha256": str(pairs.get("valid")),
     }

@@ -14,6 +14,7 @@ import torch
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.train.distributed import Dist
+from mtx.train.step import UpdateStats
 
 
 class MetricsLog:
@@ -130,18 +131,18 @@ class Window:
         self.tgt_tokens = self.src_tokens = self.padded_tokens = self.updates = 0
         self.t = time.monotonic()
 
-    def add(self, stats: dict) -> None:
-        skipped = stats["skipped"].long()
-        self.loss, self.nll = self.loss + stats["loss"], self.nll + stats["nll"]
-        self.good_tgt_tokens = self.good_tgt_tokens + (1 - skipped) * stats["tgt_tokens"]
+    def add(self, stats: UpdateStats) -> None:
+        skipped = stats.skipped.long()
+        self.loss, self.nll = self.loss + stats.loss, self.nll + stats.nll
+        self.good_tgt_tokens = self.good_tgt_tokens + (1 - skipped) * stats.tgt_tokens
         self.skipped = self.skipped + skipped
-        self.grad_norm = self.grad_norm + stats["grad_norm"]
+        self.grad_norm = self.grad_norm + stats.grad_norm
         self.updates += 1
         self.streak = (self.streak + 1) * skipped
         self.worst = torch.maximum(self.worst, self.streak)
-        self.tgt_tokens += stats["tgt_tokens"]
-        self.src_tokens += stats["src_tokens"]
-        self.padded_tokens += stats["padded_tokens"]
+        self.tgt_tokens += stats.tgt_tokens
+        self.src_tokens += stats.src_tokens
+        self.padded_tokens += stats.padded_tokens
 
     def leave_out(self, seconds: float) -> None:
         """Take `seconds` (a validation, a checkpoint) out of the window's clock: its tokens/s

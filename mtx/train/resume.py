@@ -6,11 +6,11 @@ newest one that loads (`restore`) and sends its contents to the other processes,
 nothing on disk but the prepared data. So a job whose machines have their own disks resumes as
 one on a shared disk does, and rank 1's disk never holds a checkpoint.
 
-Each function takes the parts it reads or changes (the model, the optimizer, the loss scaler,
-the train state: each with `state_dict`/`load_state_dict`), never the trainer. A resumable
-checkpoint holds the model, the optimizer, the loss scale, the run's position and the RNG
-state of every process; resuming on the same number of processes continues exactly where the
-run was (bit-identical on CPU).
+Each function takes the parts it reads or changes (`Parts`: the model, the optimizer, the
+loss scaler, the train state, each with `state_dict`/`load_state_dict`), never the trainer. A
+resumable checkpoint holds the model, the optimizer, the loss scale, the run's position and
+the RNG state of every process; resuming on the same number of processes continues exactly
+where the run was (bit-identical on CPU).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,6 +29,42 @@ from mtx.files import remove_stale_temporaries
 from mtx.train.distributed import Dist
 from mtx.train.metrics import truncate_metrics
 from mtx.train.state import TrainState
+
+
+@dataclass
+class Parts:
+    """The stateful parts of a run that its checkpoints save and restore, each with
+    `state_dict`/`load_state_dict` (a part added here is saved and restored by `save` and
+    `load` below, and nowhere else)."""
+
+    model: torch.nn.Module  # the bare model (not DDP's or the compiler's wrapper)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None  # fp16's loss scaler; None for other precisions
+    state: TrainState  # the run's position and the bookkeeping of validations
+
+    def save(self, header: Checkpoint, rngs: list) -> tuple[Checkpoint, Checkpoint]:
+        """(the weights-only checkpoint, the resumable one) of the parts as they are now;
+        `header` holds what every checkpoint of the run shares, `rngs` every process's RNG
+        state."""
+        weights = dataclasses.replace(
+            header, model=self.model.state_dict(), position=self.state.state_dict()
+        )
+        scaler = self.scaler.state_dict() if self.scaler else None
+        resume = Resume(self.optimizer.state_dict(), scaler, rngs)
+        return weights, dataclasses.replace(weights, resume=resume)
+
+    def load(self, path: str, ckpt: Checkpoint) -> None:
+        """Every part from a resumable checkpoint (`path` names it in the error)."""
+        try:
+            self.model.load_state_dict(ckpt.model)
+            self.optimizer.load_state_dict(ckpt.resume.optimizer)
+        except (RuntimeError, ValueError, KeyError):
+            raise MtxError(
+                f"{path}: its weights do not fit the model config (were model.* keys changed?)"
+            ) from None
+        if self.scaler and ckpt.resume.scaler:
+            self.scaler.load_state_dict(ckpt.resume.scaler)
+        self.state.load_state_dict(ckpt.position)
 
 
 def prepare_run_dir(
@@ -80,17 +117,14 @@ def restore(
     run: RunDir,
     dist: Dist,
     header: Checkpoint,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
-    state: TrainState,
+    parts: Parts,
     seed: int,
     log: Callable[[str], None],
 ) -> Checkpoint | None:
-    """Continue from the newest loadable checkpoint on rank 0's disk: its weights into `model`,
-    its moments into `optimizer`, its loss scale into `scaler`, its position into `state` and
-    this process's RNG state; returns it (None: there is none, the run starts afresh). Rank 0
-    reads it and sends it to every process; `header` says which vocabulary it must have."""
+    """Continue from the newest loadable checkpoint on rank 0's disk: each of `parts` as it
+    was, and this process's RNG state; returns it (None: there is none, the run starts
+    afresh). Rank 0 reads it and sends it to every process; `header` says which vocabulary it
+    must have."""
 
     def find() -> tuple[str, Checkpoint] | None:  # rank 0 alone
         found = load_resumable(run, log)
@@ -112,25 +146,12 @@ def restore(
             truncate_metrics(run.metrics, 0)
         return None
     path, ckpt = found
-    _load_parts(path, ckpt, model, optimizer, scaler)
+    parts.load(path, ckpt)
     _restore_rngs(ckpt, dist, seed)
-    state.load_state_dict(ckpt.position)
     if dist.main:
-        truncate_metrics(run.metrics, state.step)
-    log(f"resuming from {path} at step {state.step}")
+        truncate_metrics(run.metrics, parts.state.step)
+    log(f"resuming from {path} at step {parts.state.step}")
     return ckpt
-
-
-def _load_parts(path: str, ckpt: Checkpoint, model, optimizer, scaler) -> None:
-    try:
-        model.load_state_dict(ckpt.model)
-        optimizer.load_state_dict(ckpt.resume.optimizer)
-    except (RuntimeError, ValueError, KeyError):
-        raise MtxError(
-            f"{path}: its weights do not fit the model config (were model.* keys changed?)"
-        ) from None
-    if scaler and ckpt.resume.scaler:
-        scaler.load_state_dict(ckpt.resume.scaler)
 
 
 def _restore_rngs(ckpt: Checkpoint, dist: Dist, seed: int) -> None:
@@ -147,15 +168,7 @@ def _restore_rngs(ckpt: Checkpoint, dist: Dist, seed: int) -> None:
 
 
 def save_checkpoints(
-    run: RunDir,
-    dist: Dist,
-    header: Checkpoint,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
-    state: TrainState,
-    is_best: bool,
-    keep_last: int,
+    run: RunDir, dist: Dist, header: Checkpoint, parts: Parts, is_best: bool, keep_last: int
 ) -> None:
     """best.pt (weights) if best, then step-N.pt and last.pt (resumable: optimizer, loss
     scale, data position, RNG of every process). In this order a crash between two writes
@@ -166,12 +179,10 @@ def save_checkpoints(
     rngs = dist.gather((torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else []))
     if not dist.main:
         return
-    weights = dataclasses.replace(header, model=model.state_dict(), position=state.state_dict())
-    resume = Resume(optimizer.state_dict(), scaler.state_dict() if scaler else None, rngs)
-    resumable = dataclasses.replace(weights, resume=resume)
+    weights, resumable = parts.save(header, rngs)
     if is_best:
         weights.save(run.best)
     if keep_last > 0:
-        resumable.save(run.step(state.step))
+        resumable.save(run.step(parts.state.step))
         run.prune(keep_last)
     resumable.save(run.last)

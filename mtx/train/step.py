@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from mtx.config import Config
+from mtx.data.batching import Batch
+from mtx.device import auto_dtype
 from mtx.tokens import PAD_ID
 from mtx.train import compiled
 from mtx.train.loss import label_smoothed_nll, output_loss
@@ -51,8 +53,7 @@ class Precision:
         """bf16 autocast on GPUs that support it for "auto", else what `name` says
         (bf16-weights: a working copy of `model`)."""
         if name == "auto":
-            cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-            name = "bf16" if cuda_bf16 else "fp32"
+            name = "bf16" if auto_dtype(device) == torch.bfloat16 else "fp32"
         if name == "bf16":
             return cls(device, torch.bfloat16)
         if name == "fp16":
@@ -103,30 +104,44 @@ class LossModel(torch.nn.Module):
         return label_smoothed_nll(logits, target, self.eps, PAD_ID)
 
 
-def forward_loss(loss_model, batch: dict, precision: Precision) -> tuple:
+def forward_loss(loss_model, batch: Batch, precision: Precision) -> tuple:
     """Summed label-smoothed loss and NLL of a batch (still on the host when passed in); the
     output projection runs only at target tokens, and a source without padding goes unmasked."""
-    names = ("src", "tgt_in", "tgt_out", "tgt_index")
     src, tgt_in, tgt_out, tgt_index = (
-        batch[k].to(precision.device, non_blocking=True) for k in names
+        x.to(precision.device, non_blocking=True)
+        for x in (batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index)
     )
     with precision.autocast():
-        return loss_model(src, tgt_in, tgt_out, tgt_index, batch["src_padded"])
+        return loss_model(src, tgt_in, tgt_out, tgt_index, batch.src_padded)
+
+
+@dataclass
+class UpdateStats:
+    """What one update reports: device tensors, read back only when the trainer logs
+    (metrics.py's Window), and counts of the host."""
+
+    loss: torch.Tensor  # () summed label-smoothed loss (0 if the update was skipped)
+    nll: torch.Tensor  # () summed negative log-likelihood (0 if skipped)
+    skipped: torch.Tensor  # () bool: a non-finite loss or gradient skipped the update
+    grad_norm: torch.Tensor  # () the gradient norm before clipping (0 if skipped)
+    tgt_tokens: int  # this process's real target tokens
+    src_tokens: int  # this process's real source tokens
+    padded_tokens: int  # this process's tokens of both sides, padding included
+    lr: float  # the learning rate of the update
 
 
 def train_step(
     loss_model,
     optimizer,
-    batches: list[dict],
+    batches: list[Batch],
     cfg: Config,
     step: int,
     precision: Precision,
     ntokens: int | None = None,
     world: int = 1,
-) -> dict:
+) -> UpdateStats:
     """One update from `batches` with `loss_model` (a LossModel, wrapped by DDP or compiled;
-    a bare model is wrapped here); returns device tensors (summed losses, whether the update
-    was skipped for a non-finite loss or gradient) and host token counts.
+    a bare model is wrapped here).
 
     `ntokens` is the number of target tokens of the whole update, all processes together
     (default: those of `batches`). DistributedDataParallel averages gradients over the `world`
@@ -138,23 +153,23 @@ def train_step(
     lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    local_tokens = sum(b["tgt_tokens"] for b in batches)  # counted on the host
+    local_tokens = sum(b.tgt_tokens for b in batches)  # counted on the host
     factor = world / (ntokens or local_tokens)
     loss_sum, nll_sum = backward(loss_model, batches, precision, factor)
     norm, skipped = apply_update(optimizer, precision, cfg.train.clip_norm, loss_sum, world)
-    return {
-        "loss": torch.where(skipped, 0.0, loss_sum),
-        "nll": torch.where(skipped, 0.0, nll_sum),
-        "skipped": skipped,
-        "grad_norm": torch.where(skipped, 0.0, norm.float()),  # before clipping
-        "tgt_tokens": local_tokens,
-        "src_tokens": sum(b["src_tokens"] for b in batches),
-        "padded_tokens": sum(b["src"].numel() + b["tgt_out"].numel() for b in batches),
-        "lr": lr,
-    }
+    return UpdateStats(
+        loss=torch.where(skipped, 0.0, loss_sum),
+        nll=torch.where(skipped, 0.0, nll_sum),
+        skipped=skipped,
+        grad_norm=torch.where(skipped, 0.0, norm.float()),
+        tgt_tokens=local_tokens,
+        src_tokens=sum(b.src_tokens for b in batches),
+        padded_tokens=sum(b.padded_tokens for b in batches),
+        lr=lr,
+    )
 
 
-def backward(loss_model, batches: list[dict], precision: Precision, factor: float) -> tuple:
+def backward(loss_model, batches: list[Batch], precision: Precision, factor: float) -> tuple:
     """The forward and backward passes of every batch, each loss scaled by `factor` (and by
     the fp16 loss scale); the summed losses and NLL, on the device."""
     scaler = precision.scaler
@@ -213,7 +228,7 @@ class Step:
     module: compiled.StepModule  # LossModel, DDP-wrapped when joined, compiled when asked
     world: int = 1  # processes sharing every update
 
-    def __call__(self, batches: list[dict], step: int, ntokens: int | None = None) -> dict:
+    def __call__(self, batches: list[Batch], step: int, ntokens: int | None = None) -> UpdateStats:
         args = (self.cfg, step, self.precision, ntokens, self.world)
         return self.module.run(
             lambda module: train_step(module, self.optimizer, batches, *args), self.optimizer

@@ -11,6 +11,7 @@ within train.dist_timeout seconds.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -21,7 +22,8 @@ from tqdm import tqdm
 
 from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import Config
-from mtx.data.prepare import load_manifest, load_prepared, load_sets, load_spm_proto
+from mtx.data.batching import Batch
+from mtx.data.prepared import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
@@ -31,9 +33,9 @@ from mtx.train import compiled, data, init
 from mtx.train.distributed import Dist, fingerprint
 from mtx.train.faults import OutOfMemory, StopSignals, check_nonfinite
 from mtx.train.metrics import MetricsLog, Window, summary_writer
-from mtx.train.resume import prepare_run_dir, restore, save_checkpoints
+from mtx.train.resume import Parts, prepare_run_dir, restore, save_checkpoints
 from mtx.train.state import TrainState
-from mtx.train.step import build_step
+from mtx.train.step import UpdateStats, build_step
 from mtx.train.validate import combine, valid_bleu, validate
 
 
@@ -64,10 +66,11 @@ class Trainer:
         self.mix = data.Mix.of(self.train_ds, cfg.data)
         self.resegment, self.batching = None, cfg.train
         if cfg.data.sampling:  # BPE-dropout on the fly (data/sampling.py)
-            self.resegment, self.batching = data.sampled(cfg, spm_proto, manifest, self.train_ds)
+            tagged = bool(manifest.tags)
+            self.resegment, self.batching = data.sampled(cfg, spm_proto, tagged, self.train_ds)
         dist.check_same_data(fingerprint(manifest, spm_proto))
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
-        self.model = make_model(cfg.model, manifest["vocab_size"]).to(self.device)
+        self.model = make_model(cfg.model, manifest.vocab_size).to(self.device)
         record = None
         if start is not None:
             record = init.load_weights(
@@ -78,11 +81,12 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + dist.rank)  # but its own dropout
         self.step = build_step(cfg, self.model, self.device, dist.world, dist.joined, self.say)
         self.state = TrainState()
+        self.parts = Parts(self.model, self.step.optimizer, self.step.scaler, self.state)
         if start is not None:
             init.load_optimizer(self.step.optimizer, self.state, start, cfg.train)
         # what every checkpoint of the run holds beside the weights and the position
         self.header = Checkpoint(
-            cfg.to_dict(), spm_proto, manifest["vocab_size"], {}, manifest, init_from=record
+            copy.deepcopy(cfg), spm_proto, manifest.vocab_size, {}, manifest, init_from=record
         )
         self.window = Window(self.device)
         self.signals = StopSignals()
@@ -92,8 +96,9 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the run's newest loadable checkpoint, if it has one (resume.py)."""
-        parts = (self.model, self.step.optimizer, self.step.scaler, self.state)
-        ckpt = restore(self.run_dir, self.dist, self.header, *parts, self.cfg.train.seed, self.log)
+        ckpt = restore(
+            self.run_dir, self.dist, self.header, self.parts, self.cfg.train.seed, self.log
+        )
         if ckpt is not None:
             self.step.weights_loaded()
             self.header = dataclasses.replace(self.header, init_from=ckpt.init_from)
@@ -179,20 +184,20 @@ class Trainer:
                 self.device, self.mix, self.resegment,
             )  # fmt: skip
             pending: list = []
-            for batch in batches:
-                pending.append(batch)
+            for streamed in batches:
+                pending.append(streamed.batch)
                 if len(pending) < t.update_freq:
                     continue
-                stats = self.update(pending, batch["update_tokens"])
+                stats = self.update(pending, streamed.update_tokens)
                 pending = []
-                state.epoch, state.batch = batch["after"]
+                state.epoch, state.batch = streamed.after
                 if stats is None:  # out of memory: the batches were skipped
                     continue
                 state.step += 1
                 self.progress.update(1)
                 self.window.add(stats)
                 if state.step % t.log_every == 0:
-                    self.log_train(self.window.flush(state.step, stats["lr"], self.dist))
+                    self.log_train(self.window.flush(state.step, stats.lr, self.dist))
                 time_up, stop = self.should_stop(start)
                 finished = state.step >= t.max_steps or time_up
                 if state.step % t.valid_every == 0 or finished:
@@ -226,12 +231,12 @@ class Trainer:
                 self.signals.received = "a stop signal to another process"
         return time_up, stop
 
-    def update(self, batches: list[dict], ntokens: int) -> dict | None:
+    def update(self, batches: list[Batch], ntokens: int) -> UpdateStats | None:
         """The next update, or None when its batches ran out of GPU memory and were skipped."""
         number = self.state.step + 1
 
         def report() -> None:
-            tokens = sum(int(b["src"].numel() + b["tgt_in"].numel()) for b in batches)
+            tokens = sum(b.padded_tokens for b in batches)
             self.metrics.write(kind="oom", step=self.state.step, tokens=tokens)
             self.say(
                 f"step {number}: out of memory on {len(batches)} batch(es) of {tokens} padded "
@@ -274,11 +279,8 @@ class Trainer:
 
     def save(self, is_best: bool) -> None:
         """The run's checkpoints at this step (every process calls it; rank 0 writes)."""
-        s = self.step
-        save_checkpoints(
-            self.run_dir, self.dist, self.header, self.model, s.optimizer, s.scaler, self.state,
-            is_best, self.cfg.train.keep_last,
-        )  # fmt: skip
+        keep = self.cfg.train.keep_last
+        save_checkpoints(self.run_dir, self.dist, self.header, self.parts, is_best, keep)
         self.saved_step = self.state.step
 
     def validate_and_save(self, last: bool = False) -> dict[str, float]:

@@ -33,7 +33,7 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
     loss_sum = nll_sum = torch.zeros((), device=precision.device, dtype=torch.float64)
     ntokens = 0
     for b in BatchDataset(valid_ds, batches[dist.rank :: dist.world], t.pad_to):
-        ntokens += b["tgt_tokens"]
+        ntokens += b.tgt_tokens
         loss, nll = forward_loss(loss_model, b, precision)
         loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
     model.train()
