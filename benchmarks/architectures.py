@@ -25,7 +25,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.harness import describe_machine, machine, mtx, timed
+from mtx.bench.harness import describe_machine, machine, mtx, timed
 from mtx.checkpoint import RunDir
 from mtx.config import ATTENTION_SCORES
 from mtx.train.metrics import read_metrics

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import ROOT, mtx, result
 from benchmarks.multilingual import M30K, SMALL, corpus, train_run
+from mtx.bench.harness import ROOT, mtx, result
 from mtx.train.metrics import read_metrics
 
 CONFIG = ROOT / "configs" / "finetune.yaml"

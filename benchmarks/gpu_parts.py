@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import harness
-from benchmarks.harness import ROOT, timed
+from mtx.bench import harness
+from mtx.bench.harness import ROOT, timed
 from mtx.checkpoint import Checkpoint, Manifest, RunDir
 from mtx.train.metrics import read_metrics
 
@@ -163,7 +163,7 @@ def part_profile(args, sizes: Sizes) -> dict:
     import datasets
     import torch
 
-    from benchmarks.train import joined_lengths, synthetic_batches
+    from mtx.bench.train import joined_lengths, synthetic_batches
     from mtx.config import load_config
     from mtx.data.batching import lengths
 

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from benchmarks import gpu_parts
-from benchmarks.harness import commit, machine
+from mtx.bench.harness import commit, machine
 
 PARTS = ("prepare", "bench", "train", "decode", "fp16", "nccl", "oom", "profile")
 LIMITS = {"prepare": 150, "bench": 420, "profile": 240, "decode": 300, "fp16": 150}

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, mtx, result
+from mtx.bench.harness import ROOT, mtx, result
 from mtx.train.metrics import read_metrics
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import ROOT, mtx, result, timed
+from mtx.bench.harness import ROOT, mtx, result, timed
 
 M30K = ROOT.parent / "shared" / "data" / "multi30k"
 # configs/multi30k.yaml's vocabulary, lengths and batches, and a model a CPU trains in

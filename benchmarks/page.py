@@ -18,7 +18,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from benchmarks.server import Server
+from mtx.bench.server import Server
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.harness import ROOT, describe_machine, machine, result, timed
+from mtx.bench.harness import ROOT, describe_machine, machine, result, timed
 from mtx.checkpoint import RunDir
 from mtx.train.metrics import read_metrics
 

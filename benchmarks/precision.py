@@ -19,7 +19,7 @@ from pathlib import Path
 import datasets
 import torch
 
-from benchmarks.harness import result
+from mtx.bench.harness import result
 from mtx.config import load_config
 from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.data.prepare import prepare

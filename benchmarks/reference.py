@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.harness import result, timed
-from benchmarks.train import prepared_batches, synthetic_batches
+from mtx.bench.harness import result, timed
+from mtx.bench.train import prepared_batches, synthetic_batches
 from mtx.config import load_config
 from mtx.data.prepared import load_manifest
 from mtx.device import pick_device

@@ -27,8 +27,8 @@ from pathlib import Path
 import datasets
 import yaml
 
-from benchmarks.harness import mtx, result, timed
 from benchmarks.multilingual import M30K, SMALL
+from mtx.bench.harness import mtx, result, timed
 from mtx.data.sampling import Resegment
 from mtx.train.metrics import read_metrics
 

@@ -19,7 +19,7 @@ import argparse
 import datasets
 import numpy as np
 
-from benchmarks.train import joined_lengths
+from mtx.bench.train import joined_lengths
 from mtx.data.batching import bucket_length, fixed_batches, fixed_rows, lengths, token_batches
 
 

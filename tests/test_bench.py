@@ -18,9 +18,9 @@ from helpers.common import invoke
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import harness
 from benchmarks.reference import Reference
-from benchmarks.train import batch_flops, joined_lengths, synthetic_batches, timed_updates
+from mtx.bench import harness
+from mtx.bench.train import batch_flops, joined_lengths, synthetic_batches, timed_updates
 from mtx.config import ATTENTION_SCORES, Config
 from mtx.data.batching import collate
 from mtx.errors import MtxError
@@ -318,8 +318,25 @@ def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads((tmp_path / "prep.json").read_text())["runs"]
     assert [r["workers"] for r in runs] == ["1", "2"] and runs[0]["train_pairs"] > 2900
-    assert runs[0]["pairs_sha256"] == runs[1]["pairs_sha256"]  # any worker count, same data
+    assert runs[0]["data_sha256"] == runs[1]["data_sha256"]  # any worker count, same data
     assert all(r["peak_pss_bytes"] > r["peak_pss_anon_bytes"] > 0 for r in runs)
-    usage = subprocess.run([sys.executable, "-m", "mtx", "bench", "decode", "--help"],
-                           capture_output=True, text=True)  # fmt: skip
-    assert usage.returncode == 0 and "usage: mtx bench decode" in usage.stdout
+
+
+@pytest.mark.parametrize("name", ["train", "decode", "serve", "prepare"])
+def test_every_bench_command_is_a_typer_command_with_the_same_help(name):
+    """`mtx bench X --help` looks and behaves alike for every benchmark: Typer's usage line and
+    options table; a flag it does not know is refused in one usage error, before any work."""
+    result = invoke("bench", name, "--help")
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"Usage: \S+ bench {name} \[OPTIONS\]", " ".join(result.output.split()))
+    assert "--help" in result.output and "Options" in result.output
+    refused = invoke("bench", name, "--no-such-flag")
+    assert refused.exit_code == 2 and "No such option: --no-such-flag" in refused.output
+
+
+def test_mtx_bench_refuses_bad_lists_in_one_line(tmp_path):
+    args = ["--checkpoint", tmp_path / "x.pt", "--src", tmp_path / "x.en"]
+    result = invoke("bench", "serve", *args, "--clients", "1,four")
+    assert result.exit_code == 2 and "--clients expects positive numbers" in result.output
+    result = invoke("bench", "prepare", "--data", tmp_path, "--work", tmp_path / "w")
+    assert result.exit_code == 2 and f"--data: no such file: {tmp_path}/train.en" in result.output

@@ -215,7 +215,7 @@ def test_values_outside_their_declared_range_or_choices_name_the_key(override, m
 def test_the_help_of_an_option_that_sets_a_key_is_that_keys_declaration():
     from helpers.common import invoke
 
-    from mtx.cli import setting_help
+    from mtx.cli.app import setting_help
 
     shown = " ".join(invoke("translate", "--help").output.replace("│", " ").split())
     for key in ("decode.stopping", "decode.beam", "decode.top_p", "decode.dtype"):

@@ -10,7 +10,7 @@ from conftest import ROOT
 from helpers.common import invoke, mtx, write_pair
 from transformers import MarianMTModel, MarianTokenizer
 
-from benchmarks.server import Server
+from mtx.bench.server import Server
 from mtx.data import toy
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError

@@ -18,7 +18,7 @@ import pytest
 from conftest import MULTI30K
 from helpers.common import invoke
 
-from benchmarks.server import Server
+from mtx.bench.server import Server
 from mtx.checkpoint import Checkpoint
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError

@@ -27,7 +27,7 @@ import datasets
 import numpy as np
 import torch
 
-from benchmarks.harness import PeakMemory, result, timed
+from mtx.bench.harness import PeakMemory, result, timed
 from mtx.checkpoint import RunDir
 from mtx.config import Config
 from mtx.data.batching import Batch, BatchDataset, collate, lengths

@@ -2,12 +2,13 @@
 of each stage and the peak memory.
 
     mtx bench prepare [--pairs 4500000] [--workers 1@1,1,2] [--work /tmp/bench_prepare]
-                      [--sample-every 2] [--data ../shared/data/multi30k] [--json FILE]
+                      [--sample-every 2] [--data ../shared/data/multi30k]
+                      [--config configs/base.yaml] [--json FILE]
 
 The corpus is built from Multi30k's training pairs (--data), joining 2 or 3 pairs picked at
 random (seed 1) into one, about WMT's sentence lengths (few duplicates); valid and test are
-Multi30k's val and test2016. Each `mtx prepare` (configs/base.yaml: vocabulary 37,000, max_len
-250) runs in its own process, one after the other, with data.workers W ("W"), or W on the
+Multi30k's val and test2016. Each `mtx prepare` (--config, by default configs/base.yaml:
+vocabulary 37,000, max_len 250) runs in its own process, one after the other, with data.workers W ("W"), or W on the
 first C cores ("W@C", taskset). The peak memory is the harness's measure, the PSS of the
 whole process tree (the main process and its encoding workers), sampled every --sample-every
 seconds; sampling is not free (reading a process's smaps walks all its mappings, the
@@ -18,7 +19,6 @@ manifests' pairs sha256 are compared (every worker count must prepare the same d
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -26,12 +26,12 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import ROOT, PeakMemory, describe_machine, machine, result, timed
+from mtx.bench.harness import PeakMemory, describe_machine, machine, result, timed
 from mtx.checkpoint import Manifest, RunDir
-
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+from mtx.errors import MtxError
 
 
 def build_corpus(prefix: Path, data: Path, pairs: int, seed: int = 1) -> None:
@@ -45,26 +45,27 @@ def build_corpus(prefix: Path, data: Path, pairs: int, seed: int = 1) -> None:
             fd.write(" ".join(tgt[i] for i in picks) + "\n")
 
 
-def prepare_command(corpus: Path, data: Path, run_dir: Path, spec: str) -> list[str]:
+def prepare_command(o: Options, corpus: Path, run_dir: Path, spec: str) -> list[str]:
     """`mtx prepare` with data.workers W, given as "W" (every core) or "W@C" (C cores)."""
     workers, _, ncores = spec.partition("@")
     sets = [f"run_dir={run_dir}", f"data.train={corpus}", f"data.workers={workers}"]
-    sets += [f"data.valid={data / 'val'}", f"data.test={data / 'test2016'}"]
-    command = [sys.executable, "-m", "mtx", "prepare", "--config", str(ROOT / "configs/base.yaml")]
+    sets += [f"data.valid={o.data / 'val'}", f"data.test={o.data / 'test2016'}"]
+    command = [sys.executable, "-m", "mtx", "prepare", "--config", str(o.config)]
     if ncores:  # the process and its workers on the first C cores
         command = ["taskset", "-c", f"0-{int(ncores) - 1}", *command]
     return command + [x for s in sets for x in ("--set", s)]
 
 
-def run(corpus: Path, data: Path, work: Path, spec: str, every: float) -> dict:
-    run_dir = work / f"run-{spec}"
+def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
+    """One `mtx prepare` of the corpus with data.workers `spec`: its figures."""
+    run_dir = o.work / f"run-{spec}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    command = prepare_command(corpus, data, run_dir, spec)
+    command = prepare_command(o, corpus, run_dir, spec)
 
     def prepare() -> tuple[str, PeakMemory]:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)  # fmt: skip
-        with PeakMemory(proc.pid, every) as peak:
+        with PeakMemory(proc.pid, o.sample_every) as peak:
             out = proc.communicate()[0]
         if proc.returncode:
             raise RuntimeError(f"prepare with data.workers {spec} failed:\n{out[-3000:]}")
@@ -82,12 +83,12 @@ def run(corpus: Path, data: Path, work: Path, spec: str, every: float) -> dict:
         "peak_pss_anon_bytes": peak.peak.anon,
         "sampler_cpu_seconds": peak.sampler_cpu_s,
         "train_pairs": manifest.splits["train"].kept,
-        "pairs_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
+        "data_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
     }
 
 
 def table(results: list[dict], pairs: int) -> str:
-    same = len({json.dumps(r["pairs_sha256"], sort_keys=True) for r in results}) == 1
+    same = len({json.dumps(r["data_sha256"], sort_keys=True) for r in results}) == 1
     stages = list(results[0]["stages"])
     out = [
         f"corpus: {pairs:,} pairs; {describe_machine(machine())}; same data: {same}",
@@ -106,30 +107,32 @@ def table(results: list[dict], pairs: int) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="mtx bench prepare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=4_500_000)
-    ap.add_argument(
-        "--workers",
-        default="1@1,1,2",
-        help="comma-separated runs: data.workers W, or W@C on C cores (taskset)",
-    )
-    ap.add_argument("--work", type=Path, default=Path("/tmp/bench_prepare"))
-    ap.add_argument("--data", type=Path, default=MULTI30K, help="Multi30k's plain-text files")
-    ap.add_argument("--sample-every", type=float, default=2.0, help="seconds between samples")
-    ap.add_argument("--json", type=Path, help="Also write the JSON result here.")
-    args = ap.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    corpus = args.work / f"corpus-{args.pairs}-2to3"
+@dataclass
+class Options:
+    """What `mtx bench prepare` is asked for (its flags)."""
+
+    pairs: int = 4_500_000  # pairs of the corpus built from --data
+    workers: list[str] = field(default_factory=lambda: ["1@1", "1", "2"])  # W, or W@C cores
+    work: Path = Path("/tmp/bench_prepare")  # the corpus and the run directories
+    data: Path = Path("../shared/data/multi30k")  # Multi30k's plain-text files
+    config: Path = Path("configs/base.yaml")  # what `mtx prepare` runs with
+    sample_every: float = 2.0  # seconds between memory samples
+    json: Path | None = None  # also write the JSON result here
+
+
+def run(o: Options) -> str:
+    """`mtx bench prepare`: one `mtx prepare` per --workers entry; the table (and the JSON
+    result written to `o.json` if given)."""
+    for path, what in ((o.data / "train.en", "--data"), (o.config, "--config")):
+        if not path.is_file():
+            raise MtxError(f"{what}: no such file: {path}")
+    o.work.mkdir(parents=True, exist_ok=True)
+    corpus = o.work / f"corpus-{o.pairs}-2to3"
     if not Path(f"{corpus}.de").is_file():
-        build_corpus(corpus, args.data, args.pairs)
-    specs = args.workers.split(",")
-    results = [run(corpus, args.data, args.work, w, args.sample_every) for w in specs]
-    print(table(results, args.pairs))
-    if args.json:
-        settings = {k: str(v) for k, v in vars(args).items()} | {"cpus": os.cpu_count()}
-        args.json.write_text(json.dumps(result("prepare", {"runs": results}, **settings)) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        build_corpus(corpus, o.data, o.pairs)
+    results = [prepare_run(o, corpus, spec) for spec in o.workers]
+    if o.json:
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(o).items()}
+        report = result("prepare", {"runs": results}, **settings, cpus=os.cpu_count())
+        o.json.write_text(json.dumps(report) + "\n")
+    return table(results, o.pairs)

@@ -3,7 +3,7 @@
     mtx bench decode --checkpoint RUN/checkpoints/best.pt \
         --src ../shared/data/multi30k/test2016.en [--ref ...test2016.de] [--batch 32] \
         [--beam 4 --beam 1] [--threads 2] [--device cpu] [--dtype fp32] [--lines N] \
-        [--rounds 2] [--stopping k_finished|exact] [--json]
+        [--rounds 2] [--stopping k_finished|exact] [--engines mtx,hf,...] [--json]
 
 The checkpoint is exported both ways into a temporary directory (`mtx export`). Every engine
 then translates the same batches of pre-encoded sentences (at most --batch sentences of one
@@ -28,23 +28,24 @@ candidate ends. At alpha 0 a live hypothesis's score can only fall, so that is w
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import sacrebleu
 import torch
 
-from benchmarks.harness import Timing, describe_machine, result, timed
-from benchmarks.peers import batches, ct2_generate, hf_generate
+from mtx.bench.harness import Timing, describe_machine, result, timed
+from mtx.bench.peers import batches, ct2_generate, hf_generate
 from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
 from mtx.decode.translator import Translator
+from mtx.errors import MtxError
 from mtx.export import export
 
 ENGINES = ("mtx", "mtx-int8", "hf", "ct2", "ct2-int8")
@@ -64,41 +65,45 @@ PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",), "mtx-static": ("mtx",)
 PEERS["mtx-graphs"] = ("mtx", "ct2")
 
 
-def arguments(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="mtx bench decode", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True, type=Path)
-    ap.add_argument("--src", required=True, type=Path, help="source sentences, one per line")
-    ap.add_argument("--ref", type=Path, help="reference translations, for BLEU")
-    ap.add_argument("--lines", type=int, default=0, help="only the first N lines (0 = all)")
-    ap.add_argument("--batch", type=int, default=32, help="sentences per batch")
-    ap.add_argument("--beam", type=int, action="append", help="beam sizes (default 4 and 1)")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads of every engine")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="every engine's")
-    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset")
-    ap.add_argument("--rounds", type=int, default=2, help="timed runs per engine: the fastest")
-    ap.add_argument("--stopping", default="k_finished", help="mtx's decode.stopping")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)  # one engine's process: see worker()
-    ap.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    args.beams = args.beam or [4, 1]
-    args.argv = list(argv if argv is not None else sys.argv[1:])
-    return args
+@dataclass
+class Options:
+    """What `mtx bench decode` is asked for (its flags)."""
+
+    checkpoint: Path
+    src: Path  # source sentences, one per line
+    ref: Path | None = None  # reference translations, for BLEU (default: beside --src)
+    lines: int = 0  # only the first N lines (0: all)
+    batch: int = 32  # sentences per batch
+    beams: list[int] = field(default_factory=lambda: [4, 1])
+    threads: int = 2  # CPU threads of every engine
+    device: str = "cpu"
+    dtype: str = "fp32"  # every engine's (DTYPES)
+    engines: str = ",".join(ENGINES)  # comma-separated
+    rounds: int = 2  # timed runs per engine: the fastest counts
+    stopping: str = "k_finished"  # mtx's decode.stopping
+    json: bool = False  # print the harness's JSON result instead of the table
+
+    def to_json(self) -> dict:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, values: dict) -> Options:
+        paths = {k: Path(values[k]) if values[k] else None for k in ("checkpoint", "src", "ref")}
+        return cls(**(values | paths))
 
 
-def runner(name: str, args, work: dict):
+def runner(name: str, o: Options, work_dir: Path, work: dict):
     """The function that runs one batch in engine `name`, its batches and its dtype. `work`:
-    the batches as (limit, line indices), and every line's mtx ids and SentencePiece pieces."""
+    the batches as (limit, line indices), and every line's mtx ids and SentencePiece pieces;
+    `work_dir` holds the exports."""
     plan, ids, pieces = work["plan"], work["ids"], work["pieces"]
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
-    torch_dtype, ct2_type, ct2_int8_type = DTYPES[args.dtype]
+    torch_dtype, ct2_type, ct2_int8_type = DTYPES[o.dtype]
     if name in SEARCHES:
-        dtype = "int8" if name == "mtx-int8" else args.dtype
-        sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={args.stopping}"]
+        dtype = "int8" if name == "mtx-int8" else o.dtype
+        sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={o.stopping}"]
         sets.append(f"decode.search={SEARCHES[name]}")
-        tr = Translator.from_checkpoint(args.checkpoint, sets, device=args.device)
+        tr = Translator.from_checkpoint(o.checkpoint, sets, device=o.device)
 
         def run_mtx(src, limit, beam):
             tr.cfg.decode.beam = beam
@@ -110,22 +115,22 @@ def runner(name: str, args, work: dict):
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # not a warning for every batch
-        hf = MarianMTModel.from_pretrained(args.export_dir / "hf")
-        hf = hf.to(args.device, torch_dtype).eval()
+        hf = MarianMTModel.from_pretrained(work_dir / "hf")
+        hf = hf.to(o.device, torch_dtype).eval()
 
         def run_hf(src, limit, beam):
-            return hf_generate(hf, src.to(args.device), limit, beam)
+            return hf_generate(hf, src.to(o.device), limit, beam)
 
         return run_hf, srcs, str(hf.dtype).removeprefix("torch.")
     import ctranslate2
 
     model = ctranslate2.Translator(
-        str(args.export_dir / name),
-        device=args.device,
-        intra_threads=args.threads,
+        str(work_dir / name),
+        device=o.device,
+        intra_threads=o.threads,
         compute_type=ct2_type if name == "ct2" else ct2_int8_type,
     )
-    sp = SimpleNamespace(sp=vocab.load((args.export_dir / "spm.model").read_bytes()))
+    sp = SimpleNamespace(sp=vocab.load((work_dir / "spm.model").read_bytes()))
 
     def run_ct2(batch, limit, beam):
         return [ids for ids, _ in ct2_generate(model, sp, batch, limit, beam)]
@@ -133,26 +138,28 @@ def runner(name: str, args, work: dict):
     return run_ct2, [([pieces[i] for i in idx], limit) for limit, idx in plan], model.compute_type
 
 
-def worker(args) -> None:
-    """One engine in a process of its own, with no other engine's threads beside it (the
+def worker(work_dir: Path, name: str) -> None:
+    """Engine `name` in a process of its own, with no other engine's threads beside it (the
     CTranslate2 process runs no torch model): every beam timed once by the harness after one
-    warm-up batch, the seconds and outputs written to --out."""
-    torch.set_num_threads(args.threads)
-    work = json.loads((args.export_dir / "work.json").read_text())
-    run, inputs, dtype = runner(args.worker, args, work)
+    warm-up batch, the seconds and outputs written to WORK_DIR/NAME.json. `work_dir` holds
+    the options, the work (work.json) and the exports."""
+    o = Options.from_json(json.loads((work_dir / "options.json").read_text()))
+    torch.set_num_threads(o.threads)
+    work = json.loads((work_dir / "work.json").read_text())
+    run, inputs, dtype = runner(name, o, work_dir, work)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     report = {"dtype": dtype, "beams": {}}
-    for beam in args.beams:
+    for beam in o.beams:
         batches = [(*x, beam) for x in inputs]
         run(*batches[0])  # warm-up
         timing, outputs = timed(
             lambda b=batches: [ids for batch in b for ids in run(*batch)], 1, 0, sync
         )
         report["beams"][str(beam)] = {"seconds": timing.median, "outputs": outputs}
-    args.out.write_text(json.dumps(report))
+    (work_dir / f"{name}.json").write_text(json.dumps(report))
 
 
-def race(args, engines: list[str], tr: Translator, lines: list[str], plan) -> dict:
+def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan) -> dict:
     """Every engine's rounds, each in a process of its own: {(engine, beam): [seconds of
     each round]}, the first round's outputs, and each engine's dtype."""
     seconds: dict[tuple[str, int], list[float]] = {}
@@ -165,19 +172,18 @@ def race(args, engines: list[str], tr: Translator, lines: list[str], plan) -> di
             "pieces": [tr.sp.encode(line, out_type=str) for line in lines],
         }
         (Path(tmp) / "work.json").write_text(json.dumps(work))
+        (Path(tmp) / "options.json").write_text(json.dumps(o.to_json()))
         (Path(tmp) / "spm.model").write_bytes(tr.sp.serialized_model_proto())
         if "hf" in engines:
-            export(args.checkpoint, "hf", Path(tmp) / "hf")
+            export(o.checkpoint, "hf", Path(tmp) / "hf")
         for name, quantization in (("ct2", None), ("ct2-int8", "int8")):
             if name in engines:
-                export(args.checkpoint, "ctranslate2", Path(tmp) / name, quantization)
-        for r in range(args.rounds):  # every other round in reverse: noise falls on all
+                export(o.checkpoint, "ctranslate2", Path(tmp) / name, quantization)
+        for r in range(o.rounds):  # every other round in reverse: noise falls on all
             for name in engines if r % 2 == 0 else engines[::-1]:
-                out = Path(tmp) / f"{name}.json"
-                command = [sys.executable, "-m", "benchmarks.decode", *args.argv]
-                command += ["--worker", name, "--export-dir", tmp, "--out", str(out)]
+                command = [sys.executable, "-m", "mtx.bench.decode", tmp, name]
                 subprocess.run(command, check=True)
-                report = json.loads(out.read_text())
+                report = json.loads((Path(tmp) / f"{name}.json").read_text())
                 dtypes[name] = report["dtype"]
                 for beam, run in report["beams"].items():
                     seconds.setdefault((name, int(beam)), []).append(run["seconds"])
@@ -210,17 +216,17 @@ def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, refer
     }
 
 
-def results(args, engines, tr, lines, plan) -> list[dict]:
+def results(o: Options, engines, tr, lines, plan) -> list[dict]:
     order = [i for _, idx in plan for i in idx]
-    ref = args.ref or args.src.with_suffix("." + tr.cfg.data.tgt_lang)
+    ref = o.ref or o.src.with_suffix("." + tr.cfg.data.tgt_lang)
     refs = list(read_lines(ref))[: len(lines)] if ref.exists() else None
-    raced = race(args, engines, tr, lines, plan)
+    raced = race(o, engines, tr, lines, plan)
     rows = []
-    for beam in args.beams:
+    for beam in o.beams:
         for name in engines:
             key = (name, beam)
             row = {"engine": name, "dtype": raced["dtypes"][name], "beam": beam}
-            row["batch"] = args.batch
+            row["batch"] = o.batch
             mtx_out = raced["outputs"].get(("mtx", beam))
             timing = Timing(raced["seconds"][key])
             rows.append(row | score(tr, order, refs, timing, raced["outputs"][key], mtx_out))
@@ -232,10 +238,10 @@ def results(args, engines, tr, lines, plan) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], args, machine: dict) -> str:
+def table(rows: list[dict], o: Options, machine: dict) -> str:
     out = [
-        f"{rows[0]['lines']} lines, batches of {args.batch}, device {args.device}, "
-        f"{args.dtype}, threads {args.threads}; {describe_machine(machine)}",
+        f"{rows[0]['lines']} lines, batches of {o.batch}, device {o.device}, "
+        f"{o.dtype}, threads {o.threads}; {describe_machine(machine)}",
         "| engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -254,23 +260,27 @@ def table(rows: list[dict], args, machine: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = arguments(argv)
-    if args.worker:
-        return worker(args)
-    engines = args.engines.split(",")
-    if args.device != "cpu" or args.dtype != "fp32":
+def run(o: Options) -> str:
+    """`mtx bench decode`'s output: the table, or the harness's JSON result (one line)."""
+    engines = o.engines.split(",")
+    unknown = [e for e in engines if e not in (*ENGINES, *SEARCHES)]
+    if unknown:
+        raise MtxError(
+            f"--engines: {unknown[0]!r} is not one of {', '.join({**dict.fromkeys(ENGINES), **SEARCHES})}"
+        )
+    if o.dtype not in DTYPES:
+        raise MtxError(f"--dtype must be one of {', '.join(DTYPES)}, got {o.dtype!r}")
+    if o.device != "cpu" or o.dtype != "fp32":
         engines = [e for e in engines if e != "mtx-int8"]  # int8 weights: the CPU, fp32 only
-    lines = list(read_lines(args.src))
-    lines = lines[: args.lines] if args.lines else lines
-    overrides = ["decode.alpha=0", f"decode.dtype={args.dtype}"]
-    tr = Translator.from_checkpoint(args.checkpoint, overrides, device="cpu")
-    plan = batches(tr, lines, args.batch)
-    rows = results(args, engines, tr, lines, plan)
-    settings = {k: str(v) for k, v in vars(args).items() if k not in ("argv", "worker", "out")}
-    report = result("decode", {"results": rows}, **settings)
-    print(json.dumps(report) if args.json else table(rows, args, report["machine"]))
+    lines = list(read_lines(o.src))
+    lines = lines[: o.lines] if o.lines else lines
+    overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]
+    tr = Translator.from_checkpoint(o.checkpoint, overrides, device="cpu")
+    plan = batches(tr, lines, o.batch)
+    rows = results(o, engines, tr, lines, plan)
+    report = result("decode", {"results": rows}, **o.to_json())
+    return json.dumps(report) if o.json else table(rows, o, report["machine"])
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # one engine's process (race): WORK_DIR NAME
+    worker(Path(sys.argv[1]), sys.argv[2])

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+# The directory that holds the mtx package: its checkout, when mtx runs from one (as the
+# investigations of benchmarks/ do), where the commit measured is read.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -220,8 +222,13 @@ def machine() -> dict[str, Any]:
 
 def commit() -> str | None:
     """The commit of the tree being measured (with "-dirty" if it has uncommitted changes),
-    or None outside a git checkout."""
+    or None when mtx does not run from a git checkout (an installed copy)."""
     try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True
+        )
+        if top.returncode or Path(top.stdout.strip()).resolve() != ROOT:
+            return None
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
         )

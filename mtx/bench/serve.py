@@ -26,15 +26,15 @@ Only loopback is used, and every stage is bounded in requests and time.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import statistics
 import threading
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import (
+from mtx.bench.harness import (
     cpu_seconds,
     describe_machine,
     machine,
@@ -43,7 +43,8 @@ from benchmarks.harness import (
     timed,
     tree,
 )
-from benchmarks.server import Server
+from mtx.bench.server import Server
+from mtx.errors import MtxError
 
 MODES = {  # --set for each server
     "batched": [],
@@ -214,67 +215,66 @@ def memory_line(m: dict) -> str:
     )
 
 
-def serve_mode(args, mode: str, lines: list[str], expected: list[str], report: dict) -> None:
+@dataclass
+class Options:
+    """What `mtx bench serve` is asked for (its flags)."""
+
+    checkpoint: Path
+    src: Path  # sentences to send, one per line
+    lines: int = 0  # use the first N lines (0: all)
+    clients: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    lines_per_request: int = 1
+    requests: int = 1000  # at most, per client count
+    seconds: float = 60.0  # at most, per client count
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    memory_requests: int = 0  # the batched server's memory after this many more requests
+    sets: list[str] = field(default_factory=list)  # more --set for the servers
+    json: Path | None = None  # also write the JSON result here
+
+    def check(self) -> None:
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown:
+            raise MtxError(f"--modes: no mode {unknown[0]!r} (modes: {', '.join(MODES)})")
+
+
+def serve_mode(o: Options, mode: str, lines: list[str], expected: list[str], report: dict) -> None:
     """One server: its start, its agreement with the CLI, each client count, its memory."""
-    sets = [*MODES[mode], *args.set]
+    sets = [*MODES[mode], *o.sets]
     engine = ("--engine", "ctranslate2") if mode == "ctranslate2" else ()
     start = time.perf_counter()
-    with Server(args.checkpoint, *sets, "serve.max_queue=100000", args=engine) as server:
+    with Server(o.checkpoint, *sets, "serve.max_queue=100000", args=engine) as server:
         started = time.perf_counter() - start
         same = agreement(server, lines, expected)  # also the warm-up
         report.setdefault("same_as_cli", {})[mode] = same
         report.setdefault("start_s", {})[mode] = started
         print(f"{mode}: ready {started:.2f} s after its launch; {100 * same:.1f}% of lines "
               "the same as mtx translate", flush=True)  # fmt: skip
-        for n in args.client_counts:
-            r = load(server, lines, n, args.lines_per_request, args.requests, args.seconds)
+        for n in o.clients:
+            r = load(server, lines, n, o.lines_per_request, o.requests, o.seconds)
             report.setdefault(mode, []).append(r)
             print(row(mode, r, report["cli"]), flush=True)
-        if mode == "batched" and args.memory_requests:
-            m = memory_over(server, lines, args.lines_per_request, args.memory_requests)
+        if mode == "batched" and o.memory_requests:
+            m = memory_over(server, lines, o.lines_per_request, o.memory_requests)
             report["memory"] = m
             print(memory_line(m), flush=True)
         if server.stop() != 0:
             raise RuntimeError(f"the {mode} server did not exit 0")
 
 
-def arguments(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="mtx bench serve", description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", type=Path, required=True)
-    ap.add_argument("--src", type=Path, required=True)
-    ap.add_argument("--lines", type=int, default=0, help="Use the first N lines (0 = all).")
-    ap.add_argument("--clients", default="1,4,16,64")
-    ap.add_argument("--lines-per-request", type=int, default=1)
-    ap.add_argument("--requests", type=int, default=1000, help="At most, per client count.")
-    ap.add_argument("--seconds", type=float, default=60.0, help="At most, per client count.")
-    ap.add_argument("--modes", default="batched,one-decoder,unbatched,ctranslate2")
-    ap.add_argument("--memory-requests", type=int, default=0)
-    ap.add_argument("--set", action="append", default=[], help="More --set for the servers.")
-    ap.add_argument("--json", type=Path, help="Also write the JSON result here.")
-    args = ap.parse_args(argv)
-    args.client_counts = [int(x) for x in args.clients.split(",")]
-    unknown = [m for m in args.modes.split(",") if m not in MODES]
-    if unknown:
-        ap.error(f"--modes: no mode {unknown[0]!r} (modes: {', '.join(MODES)})")
-    return args
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = arguments(argv)
-    lines = args.src.read_text(encoding="utf-8").splitlines()
-    lines = lines[: args.lines] if args.lines else lines
-    report: dict = {"lines": len(lines), "lines_per_request": args.lines_per_request}
-    report["cli"], expected = cli_baseline(args.checkpoint, lines)
+def run(o: Options) -> None:
+    """`mtx bench serve`: each server's lines printed as they are measured, and the JSON
+    result written to `o.json` if given."""
+    o.check()
+    lines = o.src.read_text(encoding="utf-8").splitlines()
+    lines = lines[: o.lines] if o.lines else lines
+    report: dict = {"lines": len(lines), "lines_per_request": o.lines_per_request}
+    report["cli"], expected = cli_baseline(o.checkpoint, lines)
     cli = report["cli"]
     print(f"{describe_machine(machine())}\nmtx translate (one process): "
           f"{cli['sentences_s']:.1f} sentences/s, {cli['tokens_s']:.0f} target tokens/s\n"
           f"{COLUMNS}", flush=True)  # fmt: skip
-    for mode in args.modes.split(","):
-        serve_mode(args, mode, lines, expected, report)
-    if args.json:
-        out = result("serve", report, **{k: str(v) for k, v in vars(args).items()})
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    for mode in o.modes:
+        serve_mode(o, mode, lines, expected, report)
+    if o.json:
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(o).items()}
+        o.json.write_text(json.dumps(result("serve", report, **settings), indent=2) + "\n")

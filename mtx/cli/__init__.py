@@ -1,0 +1,31 @@
+"""The `mtx` command line. Each command parses its options, loads the config and calls one
+function: data.py (`prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
+`export`), decoding.py (`translate`, `evaluate`, `serve`), bench.py (`mtx bench ...`). The app
+and what they share are in app.py; the commands are registered here, in the order `mtx --help`
+lists them.
+"""
+
+from mtx.cli import bench, data, decoding, training
+from mtx.cli.app import app
+from mtx.cli.decoding import read_lines
+
+__all__ = ["app", "main", "read_lines"]
+
+for command in (
+    data.prepare,
+    training.train,
+    decoding.serve,
+    decoding.translate,
+    decoding.evaluate,
+    training.info,
+    training.plot,
+    training.export,
+    training.average,
+):
+    app.command()(command)
+app.add_typer(bench.bench_app, name="bench")
+app.command()(data.toy)
+
+
+def main() -> None:
+    app(prog_name="mtx")  # `python -m mtx` too shows `mtx` in its usage lines

@@ -1,0 +1,31 @@
+"""`mtx prepare` and `mtx toy`: the data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtx.cli.app import ConfigOpt, SetOpt, fail, load, log, run
+
+
+def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
+    """Load, clean, learn SentencePiece BPE and encode the data into RUN/prepared."""
+    from mtx.data.prepare import prepare as do_prepare
+
+    cfg = load(config, set)
+    run(do_prepare, cfg, log=log)
+
+
+def toy(
+    output: Annotated[Path, typer.Option(help="Prefix P: writes P.en and P.de.")],
+    split: Annotated[str, typer.Option(help="train, valid or test.")] = "test",
+) -> None:
+    """Write a split of the embedded synthetic corpus to plain-text files."""
+    from mtx.data import toy as toy_corpus
+
+    if split not in toy_corpus.SPLITS:
+        fail(f"--split must be one of {', '.join(toy_corpus.SPLITS)}, got {split!r}")
+    run(toy_corpus.write_split, split, output)
+    log(f"wrote {output}.en and {output}.de ({toy_corpus.SPLIT_SIZES[split]} pairs)")

@@ -1,0 +1,283 @@
+"""`mtx translate`, `mtx evaluate` and `mtx serve`: decoding with trained checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mtx.cli.app import (
+    CkptOpt,
+    ConfigOpt,
+    JsonOpt,
+    SetOpt,
+    checkpoint_paths,
+    fail,
+    log,
+    run,
+    setting_help,
+)
+from mtx.errors import MtxError
+from mtx.files import atomic_write_text
+
+BeamOpt = Annotated[int | None, typer.Option(help=setting_help("decode.beam"))]
+AlphaOpt = Annotated[float | None, typer.Option(help=setting_help("decode.alpha"))]
+BatchOpt = Annotated[
+    int | None, typer.Option("--batch-tokens", help=setting_help("decode.batch_tokens"))
+]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+DtypeOpt = Annotated[str | None, typer.Option(help=setting_help("decode.dtype"))]
+TgtLangOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The language to translate into: required when the model has several "
+        "(`mtx info` lists them)."
+    ),
+]
+NbestOpt = Annotated[
+    int,
+    typer.Option(
+        help="Print the N best hypotheses (N samples with --sample) of each line as "
+        "'LINE ||| TRANSLATION ||| SCORE ||| LOG-PROBABILITY'."
+    ),
+]
+StoppingOpt = Annotated[str | None, typer.Option(help=setting_help("decode.stopping"))]
+SampleOpt = Annotated[
+    bool, typer.Option("--sample", help="Sample each token instead of searching.")
+]
+TemperatureOpt = Annotated[float | None, typer.Option(help=setting_help("decode.temperature"))]
+TopKOpt = Annotated[int | None, typer.Option(help=setting_help("decode.top_k"))]
+TopPOpt = Annotated[float | None, typer.Option(help=setting_help("decode.top_p"))]
+SeedOpt = Annotated[int | None, typer.Option(help=setting_help("decode.seed"))]
+ChunkOpt = Annotated[int, typer.Option(help="Most lines translated together from the stream.")]
+AttentionDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Write each line's encoder-decoder attention here: NNNNNN.png (averaged over "
+        "layers and heads) and NNNNNN.json (subwords, weights, alignment)."
+    ),
+]
+EveryHeadOpt = Annotated[
+    bool, typer.Option("--every-head", help="With --attention-dir: also each layer and head.")
+]
+STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
+
+
+def read_lines(stream) -> Iterator[str]:
+    """Lines of a binary stream, split on "\\n" only, decoded as UTF-8 (invalid bytes replaced)."""
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
+
+
+def _translator(
+    checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang=None, **decode
+):
+    """A Translator into `tgt_lang`; options given on the command line override the
+    checkpoint's decode.*."""
+    from mtx.decode.translator import Translator
+
+    overrides = list(set or [])
+    options = dict(beam=beam, alpha=alpha, batch_tokens=batch_tokens, **decode)
+    overrides += [f"decode.{key}={value}" for key, value in options.items() if value is not None]
+    paths = checkpoint_paths(checkpoint, config, set)
+    translator = run(Translator.from_checkpoints, paths, overrides, device)
+    return run(translator.into, tgt_lang)
+
+
+def serve(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    host: Annotated[
+        str | None, typer.Option(help=setting_help("serve.host", "the config's"))
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help=setting_help("serve.port", "the config's"))
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="mtx (exact, the default) or ctranslate2 (an export; not exact).")
+    ] = "mtx",
+    ct2_dir: Annotated[
+        Path | None,
+        typer.Option(help="ctranslate2: the export to use (default CKPT.ct2, made if missing)."),
+    ] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Serve translations over HTTP: POST /translate, /health, /ready, /info, /metrics, a page."""
+    from mtx.serve.main import serve as do_serve
+
+    overrides = list(set or [])
+    overrides += [f"serve.{k}={v}" for k, v in (("host", host), ("port", port)) if v is not None]
+    paths = checkpoint_paths(checkpoint, config, set)
+    run(do_serve, paths, overrides, engine, device, ct2_dir, log)
+
+
+def translate(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    beam: BeamOpt = None,
+    alpha: AlphaOpt = None,
+    batch_tokens: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    tgt_lang: TgtLangOpt = None,
+    nbest: NbestOpt = 1,
+    stopping: StoppingOpt = None,
+    sample: SampleOpt = False,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    seed: SeedOpt = None,
+    chunk_lines: ChunkOpt = 512,
+    attention_dir: AttentionDirOpt = None,
+    every_head: EveryHeadOpt = False,
+) -> None:
+    """Translate stdin to stdout, one line per line, in order, as the input arrives."""
+    if attention_dir is not None and checkpoint and len(checkpoint) > 1:
+        fail("--attention-dir shows one model's attention: give one --checkpoint")
+    if every_head and attention_dir is None:
+        fail("--every-head needs --attention-dir")
+    sampling = dict(sampling=True if sample else None, temperature=temperature, top_k=top_k)
+    translator = _translator(
+        checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype,
+        stopping=stopping, top_p=top_p, seed=seed, **sampling,
+    )  # fmt: skip
+    lines = read_lines(sys.stdin.buffer)
+    sources: deque[str] = deque()  # lines read but not yet written (bounded by the stream)
+    if attention_dir is not None:
+        lines = _recorded(lines, sources)
+    # the settings are checked here, before any input is read or any file written
+    stream = run(translator.hypotheses_stream, lines, chunk_lines, STREAM_IDLE_S, nbest)
+    if attention_dir is not None:
+        from mtx.plot import _pyplot
+
+        run(_pyplot)  # a missing matplotlib fails before any work
+        run(attention_dir.mkdir, parents=True, exist_ok=True)
+    run(write_translations, translator, stream, nbest, attention_dir, every_head, sources)
+
+
+def write_translations(translator, stream, nbest: int, attention_dir, every_head, sources):
+    """The translations of `stream` to stdout as they come (with `nbest` > 1, as 'LINE |||
+    TEXT ||| SCORE ||| LOG-PROBABILITY'), and each line's attention into `attention_dir` if
+    given (`sources`: the lines read but not yet written)."""
+    out = sys.stdout
+    try:
+        for number, hyps in enumerate(stream):
+            if attention_dir is not None:
+                from mtx.plot import write_attention
+
+                record = translator.cross_attention(sources.popleft(), hyps[0].tokens)
+                write_attention(attention_dir, number + 1, record, every_head)
+            for h in hyps:
+                text = translator.detokenize(h.tokens)
+                if nbest > 1:
+                    text = f"{number} ||| {text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
+                out.write(text + "\n")
+            out.flush()
+    except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _recorded(lines: Iterator[str], seen: deque) -> Iterator[str]:
+    for line in lines:
+        seen.append(line)
+        yield line
+
+
+def _read_text(path: Path) -> list[str]:
+    from mtx.data.sources import read_lines as read_file_lines
+
+    if not path.is_file():
+        raise MtxError(f"file not found: {path}")
+    return list(read_file_lines(path))
+
+
+def evaluate(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    src: Annotated[Path | None, typer.Option(help="Source file to translate.")] = None,
+    ref: Annotated[Path | None, typer.Option(help="Reference translations.")] = None,
+    hyp: Annotated[
+        Path | None, typer.Option(help="Translations to score (no model needed).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="valid or test split of the run's prepared data.")
+    ] = None,
+    output: Annotated[Path | None, typer.Option(help="Also write the translations here.")] = None,
+    beam: BeamOpt = None,
+    alpha: AlphaOpt = None,
+    batch_tokens: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    tgt_lang: TgtLangOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Score translations with sacreBLEU (BLEU, chrF), translating first if given a model.
+    --split scores each of the split's sets (each direction of a multilingual model)."""
+    from mtx.evaluate import score
+
+    if hyp is not None:
+        if ref is None:
+            fail("--hyp needs --ref")
+        results = {"": run(score, run(_read_text, hyp), run(_read_text, ref))}
+    else:
+        translator = _translator(
+            checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype
+        )
+        if split is not None:
+            sets = run(_split_sets, translator.cfg, split)
+        elif src is not None and ref is not None:
+            sets = [("", None, run(_read_text, src), run(_read_text, ref))]
+        else:
+            fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
+        results, all_hyps = {}, []
+        for name, lang, sources, refs in sets:
+            into = run(translator.into, lang) if lang and translator.tags else translator
+            hyps = run(into.translate, sources)
+            results[name] = run(score, hyps, refs)
+            all_hyps += hyps
+        if output is not None:
+            run(atomic_write_text, output, "".join(h + "\n" for h in all_hyps))
+    _print_scores(results, json_out)
+
+
+def _print_scores(results: dict[str, dict], json_out: bool) -> None:
+    """One set's scores as sacreBLEU prints them; several, each under its name, and their
+    mean (in JSON: {"sets": {NAME: scores}, "bleu": mean, "chrf": mean})."""
+    if len(results) > 1:
+        mean = {
+            k: round(sum(r[k] for r in results.values()) / len(results), 2)
+            for k in ("bleu", "chrf")
+        }
+    if json_out:
+        one = next(iter(results.values()))
+        typer.echo(json.dumps(one if len(results) == 1 else {"sets": results} | mean))
+        return
+    for name, result in results.items():
+        indent = "  " if len(results) > 1 else ""
+        if len(results) > 1:
+            typer.echo(f"{name}:")
+        typer.echo(indent + result["bleu_detail"])
+        typer.echo(f"{indent}chrF2 = {result['chrf']:.2f}")
+        typer.echo(f"{indent}signature: {result['signature']}")
+    if len(results) > 1:
+        typer.echo(
+            f"mean over {len(results)} sets: BLEU {mean['bleu']:.2f}, chrF2 {mean['chrf']:.2f}"
+        )
+
+
+def _split_sets(cfg, split: str) -> list[tuple[str, str | None, list[str], list[str]]]:
+    """(name, target language, sources, references) of each set of a prepared split."""
+    from mtx.data.prepared import load_sets
+
+    if split not in ("train", "valid", "test"):
+        raise MtxError(f"--split must be train, valid or test, got {split!r}")
+    return [(s.name, s.tgt_lang, s.ds["src"], s.ds["tgt"]) for s in load_sets(cfg, split)]
