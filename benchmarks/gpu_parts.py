@@ -52,9 +52,9 @@ class Sizes:
             self.data = [f"data.train={d}/train", f"data.valid={d}/val", f"data.test={d}/test2016"]
             self.model = {"base": [], "big": []}
             self.run = []
-            self.bench_tokens, self.bench_steps = 25000, 20
+            self.bench_tokens, self.bench_steps = 25000, 100  # 200 updates: the loss check
             self.minutes, self.steps = args.minutes, 0
-            self.batches, self.decode_lines = (32, 128, 512), 0
+            self.batches, self.decode_lines = tuple(map(int, args.batches.split(","))), 0
             self.precision = "bf16"
             self.compile_backend = []
         self.config = "configs/toy.yaml" if args.smoke else "configs/multi30k.yaml"
@@ -102,11 +102,13 @@ def part_prepare(args, sizes: Sizes) -> dict:
 
 
 # The training variants raced for each model: their settings over the defaults (bf16 autocast,
-# eager). "graphs": static batch shapes, each a CUDA graph (train.static_shapes with
+# eager). "static": eager over fixed batch shapes (the reference the graphs variants' losses are
+# compared with: their batches are not eager's). "graphs": static batch shapes, each a CUDA graph (train.static_shapes with
 # compile_mode reduce-overhead; on the CPU's smoke run, traced without graphs). The names
 # are what --variants and --train-variant take.
 VARIANTS = {
     "eager": [],
+    "static": ["train.static_shapes=true"],
     "compiled": ["train.compile=true"],
     "bf16-weights": ["train.precision=bf16-weights"],
     "compiled+graphs": ["train.compile=true", "train.static_shapes=true", "GRAPHS"],
@@ -297,7 +299,7 @@ def part_decode(args, sizes: Sizes) -> dict:
     from mtx.decode.translator import Translator
 
     device = "cpu" if sizes.smoke else "cuda"
-    ckpt = RunDir(args.work / "train").best
+    ckpt = args.checkpoint or RunDir(args.work / "train").best
     sets = [f"decode.dtype={sizes.precision}"]
     tr = Translator.from_checkpoint(ckpt, sets, device=device)
     ids = sorted((tr.encode(x) for x in decode_lines(args, sizes)), key=len)

@@ -68,8 +68,14 @@ def arguments(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--train-variant", default="eager", help="the train part's variant (gpu_parts.VARIANTS)"
     )
+    ap.add_argument("--checkpoint", type=Path, help="the decode part's model (default: train's)")
+    ap.add_argument("--batches", default="32,128,512", help="the decode part's batch sizes")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds")
     ap.add_argument("--budget", type=float, default=530, help="seconds for all parts")
+    ap.add_argument(
+        "--limit", action="append", default=[], metavar="PART=SECONDS",
+        help="a part's own time limit in place of LIMITS' (repeatable)",
+    )  # fmt: skip
     ap.add_argument("--part", help=argparse.SUPPRESS)  # runs one part in this process
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # the part's, epoch s
     return ap.parse_args(argv)
@@ -101,7 +107,8 @@ def limits(args, name: str, later: list[str], deadline: float) -> tuple[float, f
     """(the most, the least) seconds part `name` gets: its own limit, or what the deadline
     leaves after the least that the `later` parts need."""
     train = args.minutes * 60
-    most = LIMITS.get(name, train + 300)
+    own = LIMITS | {k: float(v) for k, v in (x.split("=", 1) for x in args.limit)}
+    most = own.get(name, train + 300)
     reserve = sum(LEAST.get(p, train + 60) for p in later)
     return min(most, deadline - time.time() - reserve), LEAST.get(name, train + 60)
 
@@ -121,6 +128,25 @@ def entries(part: dict):
     return ((k, v) for k, v in part.items() if k not in ("part_seconds", "error"))
 
 
+def agreement(losses: list[float], reference: list[float]) -> dict:
+    """How closely a variant's per-update losses follow the reference's over the same batches
+    from the same seed: the largest relative difference of one update's loss, and that of the
+    mean over the last 20 updates."""
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses, reference)]
+    last, ref = losses[-20:], reference[-20:]
+    return {
+        "updates": len(rel),
+        "max_rel": max(rel),
+        "last20_rel": abs(sum(last) - sum(ref)) / abs(sum(ref)),
+    }
+
+
+def reference_of(label: str) -> str:
+    """The variant whose batches `label`'s are: static shapes' or eager's (itself for those)."""
+    model, name = label.split(" ", 1)
+    return f"{model} static" if "graphs" in name or name == "static" else f"{model} eager"
+
+
 def bench_rows(part: dict):
     for label, r in entries(part):
         if "error" in r:
@@ -128,6 +154,13 @@ def bench_rows(part: dict):
             continue
         mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") else ""
         mfu += f", {r['vs_eager']:.2f}x eager" if r.get("vs_eager") else ""
+        ref = part.get(reference_of(label), {})
+        if ref.get("losses") and r.get("losses") and ref is not r:
+            a = agreement(r["losses"], ref["losses"])
+            mfu += (
+                f", loss vs {reference_of(label).split(' ', 1)[1]} over {a['updates']} updates: "
+                f"max {a['max_rel']:.2%}, last 20 {a['last20_rel']:.2%}"
+            )
         compiling = (
             f", compile {r['compile_seconds']:.0f} s, {r['timed_compilations']} compilations "
             "while timed" if r["compile"] else ""
@@ -224,6 +257,7 @@ def main(argv=None) -> None:
     args.out = args.out.resolve()
     args.work = (args.work or args.out / "work").resolve()
     args.data = args.data.resolve() if args.data else None
+    args.checkpoint = args.checkpoint.resolve() if args.checkpoint else None
     args.argv = [*(sys.argv[1:] if argv is None else argv), "--out", str(args.out)]
     args.argv += ["--work", str(args.work)] + (["--data", str(args.data)] if args.data else [])
     sizes = gpu_parts.Sizes(args)

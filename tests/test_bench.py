@@ -213,7 +213,8 @@ def test_bench_reference_script_runs_and_reports_the_ratio(tmp_path, prepared):
 def test_the_warm_up_cycles_through_the_timed_updates():
     """Work done once per batch shape must be over before the clock starts: every update the
     warm-up runs is one of the timed ones, and with warm-up >= steps each timed one is seen;
-    updates are numbered on from 1, and each repeat runs every timed update once."""
+    updates are numbered on from 1, and each repeat runs every timed update once; every
+    update's loss per target token comes back, in order."""
     seen = []
 
     class Step:  # what timed_updates calls, recording instead of training
@@ -221,9 +222,13 @@ def test_the_warm_up_cycles_through_the_timed_updates():
 
         def __call__(self, group, number):
             seen.append((number, [id(b) for b in group]))
+            return types.SimpleNamespace(loss=torch.tensor(float(number)), tgt_tokens=4)
 
     updates = [[{}, {}] for _ in range(3)]  # 3 updates of 2 distinct batches
-    timing, warmup_seconds, compiles = timed_updates(Step(), updates, warmup=4, repeats=2)
+    timing, warmup_seconds, compiles, losses = timed_updates(
+        Step(), updates, warmup=4, repeats=2
+    )
+    assert losses == [n / 4 for n in range(1, 11)]
     warm, timed = seen[:4], seen[4:]
     assert [n for n, _ in seen] == list(range(1, 11))
     assert [g for _, g in warm] == [[id(b) for b in u] for u in updates + updates[:1]]

@@ -21,8 +21,8 @@ ROOT = Path(__file__).parent.parent
 def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_report", "--smoke", "--out",
-         str(tmp_path / "out"), "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=600,
+         str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--budget", "900"],
+        capture_output=True, text=True, timeout=1000,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -37,6 +37,12 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
         assert r["tokens_per_s"] > 0 and r["vs_eager"] > 0, name
         assert r["compile"] == ("compiled" in name) and r.get("timed_compilations", 0) == 0
     assert bench["base bf16-weights"]["precision"] == "bf16-weights"
+    for name, r in bench.items():  # every update's loss, warm-up included, for the loss check
+        assert len(r["losses"]) == 2 * 3 and all(math.isfinite(x) for x in r["losses"]), name
+    for name in ("compiled", "compiled+graphs"):  # traced, torch's kernels: the same losses
+        ref = bench[report.reference_of(f"base {name}")]
+        assert report.agreement(bench[f"base {name}"]["losses"], ref["losses"])["max_rel"] < 1e-4
+    assert report.reference_of("base compiled+graphs") == "base static"
     assert all(p["top"] for name, p in parts["profile"].items() if name != "part_seconds")
     train = parts["train"]
     assert train["steps"] == 8 and train["logged_tokens_per_s"] > 0 and 0 <= train["test"]["bleu"]
@@ -53,7 +59,9 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     assert len(parts["oom"]["oom_records"]) == 1 and parts["oom"]["last_step"] == 8
     table = (tmp_path / "out" / "report.md").read_text()
     assert table == out.stdout[out.stdout.index("environment:") :]
-    assert table.count("\n| ") == 22 and "failed" not in table
+    assert table.count("\n| ") == 23 and "failed" not in table
+    assert table.count("loss vs eager over 6 updates") == 2  # compiled, bf16 weights
+    assert table.count("loss vs static over 6 updates") == 2  # the graphs variants
 
 
 def test_each_part_leaves_the_later_parts_the_least_they_need():
@@ -66,6 +74,8 @@ def test_each_part_leaves_the_later_parts_the_least_they_need():
     assert most == report.LIMITS["prepare"]  # its own limit when time is plenty
     most, least = report.limits(args, "oom", ["profile"], now + 40)
     assert most < least  # 40 s left, the profile needs 45: the oom part is skipped
+    args = report.arguments(["--out", "x", "--limit", "decode=150"])
+    assert report.limits(args, "decode", ["bench"], now + 1000)[0] == 150  # its own, given
 
 
 def test_an_unknown_variant_is_refused_in_one_line(tmp_path):
@@ -79,6 +89,6 @@ def test_an_unknown_variant_is_refused_in_one_line(tmp_path):
         assert (
             out.stderr.strip()
             .splitlines()[-1]
-            .startswith("--variants/--train-variant: unknown fast; variants: eager, compiled")
+            .startswith("--variants/--train-variant: unknown fast; variants: eager, static, compiled")
         )
         assert not (tmp_path / "report.json").exists()

@@ -192,7 +192,9 @@ def bench(cfg: Config, options: Options | None = None) -> dict:
     step = build_step(cfg, make_model(cfg.model, vocab_size).to(device), device)
     updates = [batches[i * U : (i + 1) * U] for i in range(o.steps)]
     with PeakMemory() as host:
-        timing, warmup_seconds, compiles = timed_updates(step, updates, o.warmup, o.repeats)
+        timing, warmup_seconds, compiles, losses = timed_updates(
+            step, updates, o.warmup, o.repeats
+        )
     timed_batches = [b for group in updates for b in group]
     figures = speed(cfg, timed_batches, o, vocab_size, timing.median, step)
     return (
@@ -208,24 +210,29 @@ def bench(cfg: Config, options: Options | None = None) -> dict:
             "compile_seconds": compiles["compile_seconds"],
             "compilations": compiles["compilations"],
             "timed_compilations": compiles["timed_compilations"],
+            "losses": losses,
         }
     )
 
 
 def timed_updates(step: Step, updates: list[list[Batch]], warmup: int, repeats: int):
     """(the timing of `repeats` passes over `updates`, the warm-up's seconds, what was
-    compiled). The warm-up runs `warmup` updates cycling through the timed ones, so that work
+    compiled, each update's loss per target token). The warm-up runs `warmup` updates cycling through the timed ones, so that work
     done once per new batch shape (attention plans, compiled graphs) is over before the clock
     starts, as it is within minutes of real training, where the same shapes come back every
-    epoch. Updates are numbered on from 1 (the schedule's step), warm-up included."""
+    epoch. Updates are numbered on from 1 (the schedule's step), warm-up included. The losses
+    (of every update, warm-up included: two variants' runs over the same batches from the same
+    seed can be compared) are copied on the device and read once the clock has stopped."""
     device = step.precision.device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     number = [0]
+    losses: list[tuple[torch.Tensor, int]] = []
 
     def run(groups: list[list[Batch]]) -> None:
         for group in groups:
             number[0] += 1
-            step(group, number[0])
+            stats = step(group, number[0])
+            losses.append((stats.loss.detach().clone(), stats.tgt_tokens))  # a graph's output
 
     warm = [updates[i % len(updates)] for i in range(warmup)]
     warm_timing, _ = timed(lambda: run(warm), repeats=1, warmup=0, sync=sync)
@@ -239,7 +246,8 @@ def timed_updates(step: Step, updates: list[list[Batch]], warmup: int, repeats: 
         "compilations": after["compilations"],
         "timed_compilations": after["compilations"] - before["compilations"],
     }
-    return timing, warm_timing.median, compiles
+    per_token = [float(loss) / max(tokens, 1) for loss, tokens in losses]
+    return timing, warm_timing.median, compiles, per_token
 
 
 def speed(cfg: Config, timed_batches: list[Batch], o: Options, vocab_size: int, seconds: float,
