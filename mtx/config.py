@@ -292,7 +292,7 @@ class TrainConfig:
         "and activations, fp32 master weights in Adam: train/master.py)",
     )
     compile: Literal["auto", "true", "false"] = setting(
-        "false", "torch.compile the step: auto (on CUDA only; experimental), true or false"
+        "auto", "torch.compile the step: auto (on CUDA only), true or false"
     )
     compile_backend: Literal["inductor", "aot_eager", "eager"] = setting(
         "inductor",
@@ -366,7 +366,7 @@ class DecodeConfig:
         "k_finished", "when a beam search ends a sentence (decode/search.py)"
     )
     search: Literal["shrinking", "static", "graphs", "auto"] = setting(
-        "shrinking",
+        "auto",
         "shrinking: sentences leave the batch as they end (decode/search.py); static: fixed "
         "rows over a preallocated cache (decode/static.py); graphs: static, each step a CUDA "
         "graph (CUDA only); auto: graphs on CUDA, else shrinking. static and graphs take "

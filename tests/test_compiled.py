@@ -147,7 +147,7 @@ def test_train_compile_takes_auto_true_or_false():
     assert compiled.wanted("true", torch.device("cpu"))
     assert not compiled.wanted("false", torch.device("cuda"))
     assert load_config(None, ["train.compile=true"]).train.compile == "true"  # YAML's boolean
-    assert load_config(None, []).train.compile == "false"  # eager until measured on a GPU
+    assert load_config(None, []).train.compile == "auto"  # compiled on CUDA: measured on an H100
     with pytest.raises(MtxError, match="train.compile must be auto, true or false"):
         load_config(None, ["train.compile=sometimes"])
     with pytest.raises(MtxError, match="train.compile_mode must be default, reduce-overhead or"):

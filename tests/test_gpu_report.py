@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import gpu_parts
 from benchmarks import gpu_report as report
+from benchmarks.gpu_report import agreement, reference_of
 
 ROOT = Path(__file__).parent.parent
 
@@ -40,9 +41,9 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     for name, r in bench.items():  # every update's loss, warm-up included, for the loss check
         assert len(r["losses"]) == 2 * 3 and all(math.isfinite(x) for x in r["losses"]), name
     for name in ("compiled", "compiled+graphs"):  # traced, torch's kernels: the same losses
-        ref = bench[report.reference_of(f"base {name}")]
-        assert report.agreement(bench[f"base {name}"]["losses"], ref["losses"])["max_rel"] < 1e-4
-    assert report.reference_of("base compiled+graphs") == "base static"
+        ref = bench[reference_of(f"base {name}")]
+        assert agreement(bench[f"base {name}"]["losses"], ref["losses"])["max_rel"] < 1e-4
+    assert reference_of("base compiled+graphs") == "base static"
     assert all(p["top"] for name, p in parts["profile"].items() if name != "part_seconds")
     train = parts["train"]
     assert train["steps"] == 8 and train["logged_tokens_per_s"] > 0 and 0 <= train["test"]["bleu"]
