@@ -225,9 +225,7 @@ def test_the_warm_up_cycles_through_the_timed_updates():
             return types.SimpleNamespace(loss=torch.tensor(float(number)), tgt_tokens=4)
 
     updates = [[{}, {}] for _ in range(3)]  # 3 updates of 2 distinct batches
-    timing, warmup_seconds, compiles, losses = timed_updates(
-        Step(), updates, warmup=4, repeats=2
-    )
+    timing, warmup_seconds, compiles, losses = timed_updates(Step(), updates, warmup=4, repeats=2)
     assert losses == [n / 4 for n in range(1, 11)]
     warm, timed = seen[:4], seen[4:]
     assert [n for n, _ in seen] == list(range(1, 11))

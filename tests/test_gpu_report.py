@@ -90,6 +90,8 @@ def test_an_unknown_variant_is_refused_in_one_line(tmp_path):
         assert (
             out.stderr.strip()
             .splitlines()[-1]
-            .startswith("--variants/--train-variant: unknown fast; variants: eager, static, compiled")
+            .startswith(
+                "--variants/--train-variant: unknown fast; variants: eager, static, compiled"
+            )
         )
         assert not (tmp_path / "report.json").exists()

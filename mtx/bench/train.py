@@ -192,9 +192,7 @@ def bench(cfg: Config, options: Options | None = None) -> dict:
     step = build_step(cfg, make_model(cfg.model, vocab_size).to(device), device)
     updates = [batches[i * U : (i + 1) * U] for i in range(o.steps)]
     with PeakMemory() as host:
-        timing, warmup_seconds, compiles, losses = timed_updates(
-            step, updates, o.warmup, o.repeats
-        )
+        timing, warmup_seconds, compiles, losses = timed_updates(step, updates, o.warmup, o.repeats)
     timed_batches = [b for group in updates for b in group]
     figures = speed(cfg, timed_batches, o, vocab_size, timing.median, step)
     return (
