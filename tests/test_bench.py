@@ -325,7 +325,7 @@ def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run
     assert all(r["peak_pss_bytes"] > r["peak_pss_anon_bytes"] > 0 for r in runs)
 
 
-@pytest.mark.parametrize("name", ["train", "decode", "serve", "prepare"])
+@pytest.mark.parametrize("name", ["train", "decode", "score", "serve", "prepare"])
 def test_every_bench_command_is_a_typer_command_with_the_same_help(name):
     """`mtx bench X --help` looks and behaves alike for every benchmark: Typer's usage line and
     options table; a flag it does not know is refused in one usage error, before any work."""

@@ -1,11 +1,11 @@
 """The `mtx` command line. Each command parses its options, loads the config and calls one
 function: data.py (`prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
-`export`), decoding.py (`translate`, `evaluate`, `serve`), bench.py (`mtx bench ...`). The app
-and what they share are in app.py; the commands are registered here, in the order `mtx --help`
-lists them.
+`export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`), bench.py
+(`mtx bench ...`). The app and what they share are in app.py; the commands are registered
+here, in the order `mtx --help` lists them.
 """
 
-from mtx.cli import bench, data, decoding, training
+from mtx.cli import bench, data, decoding, scoring, training
 from mtx.cli.app import app
 from mtx.cli.decoding import read_lines
 
@@ -17,6 +17,7 @@ for command in (
     decoding.serve,
     decoding.translate,
     decoding.evaluate,
+    scoring.score,
     training.info,
     training.plot,
     training.export,

@@ -1,4 +1,4 @@
-"""`mtx bench train|decode|serve|prepare`: the benchmarks of mtx/bench/, each a Typer command
+"""`mtx bench train|decode|score|serve|prepare`: the benchmarks of mtx/bench/, each a Typer command
 whose flags make that benchmark's `Options`. `mtx bench --config C ...` is `mtx bench train
 --config C ...`."""
 
@@ -12,7 +12,7 @@ import typer
 from mtx.cli.app import ConfigOpt, JsonOpt, SetOpt, fail, load, run
 
 bench_app = typer.Typer(
-    help="The benchmarks of mtx/bench/: train, decode, serve, prepare. "
+    help="The benchmarks of mtx/bench/: train, decode, score, serve, prepare. "
     "`mtx bench --config C ...` is `mtx bench train --config C ...`.",
     invoke_without_command=True,
 )
@@ -127,6 +127,29 @@ def bench_decode(
         rounds, stopping, json_out,
     )  # fmt: skip
     typer.echo(run(decode.run, options))
+
+
+@bench_app.command("score")
+def bench_score(
+    checkpoint: CheckpointOpt,
+    src: SrcOpt,
+    tgt: Annotated[Path | None, typer.Option(help="Their targets (default: beside --src).")] = None,
+    lines: LinesOpt = 0,
+    beam: Annotated[
+        list[int] | None, typer.Option(min=1, help="A beam size (repeatable; default 4 and 1).")
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, help="CPU threads.")] = 2,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    rounds: Annotated[int, typer.Option(min=1, help="Timed runs of each: the median.")] = 3,
+    json_out: JsonOpt = False,
+) -> None:
+    """`mtx score` against translating the same lines, and real pairs against shuffled ones."""
+    from mtx.bench import score
+
+    options = score.Options(
+        checkpoint, src, tgt, lines, beam or [4, 1], threads, device, rounds, json_out
+    )
+    typer.echo(run(score.run, options))
 
 
 @bench_app.command("serve")

@@ -90,11 +90,17 @@ class Ensemble:
         return EnsembleCache([m.new_cache() for m in self.models])
 
     def decode(
-        self, tgt_in: Tensor, memory: list[Tensor] | None, masks: Masks, cache: EnsembleCache
+        self,
+        tgt_in: Tensor,
+        memory: list[Tensor] | None,
+        masks: Masks,
+        cache: EnsembleCache | None = None,
     ) -> Tensor:
-        """(N, T) decoder inputs -> (N, T, V) log of the mean of the models' probabilities."""
+        """(N, T) decoder inputs -> (N, T, V) log of the mean of the models' probabilities
+        (without `cache`: the whole of `tgt_in` at once, as in scoring)."""
         lprobs = []
-        for i, (m, part) in enumerate(zip(self.models, cache.parts)):
+        parts = [None] * len(self.models) if cache is None else cache.parts
+        for i, (m, part) in enumerate(zip(self.models, parts)):
             logits = m.decode(tgt_in, None if memory is None else memory[i], masks.masks[i], part)
             lprobs.append(torch.log_softmax(logits.float(), dim=-1))
         stacked = torch.stack(lprobs)  # (M, N, T, V)

@@ -1,0 +1,117 @@
+"""Forced decoding: the log-probability a model (or an ensemble) gives a target sentence.
+
+    scorer = Scorer(Translator.from_checkpoint("runs/multi30k/checkpoints/best.pt"))
+    scorer.score(["A man rides a bike."], ["Ein Mann fährt Fahrrad."])  # [Score(...)]
+
+For each pair, log p(y | x) = sum_t log p(y_t | x, y_<t) over the target's subwords and EOS,
+read from one forward pass of the decoder over the whole target (teacher forcing): no search,
+so a batch costs about what one step of training does without the backward pass. An ensemble
+scores with the log of the mean of its models' probabilities, as it translates
+(ensemble.py).
+
+A pair's score does not depend on the other pairs: each source is padded to a length of its
+own and each target too (tokens.py's `padded_length`), a batch holds pairs of one (source,
+target) padded shape only, so every pair is computed with the shapes it has alone, and the
+sum over a target's tokens is taken on the host in float64, token by token in order. On the
+CPU the model's products give each row the same numbers in any batch (model/rows.py,
+model/packed.py), so a pair's score is the same alone and in any batch, bit for bit (tested);
+on a GPU, as in translation, up to rounding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from mtx.data.batching import pad
+from mtx.errors import MtxError
+from mtx.tokens import BOS_ID, EOS_ID, padded_length
+
+
+@dataclass
+class Score:
+    """What a model gives one (source, target) pair."""
+
+    total: float  # log p(target | source), natural log, EOS included
+    tokens: int  # target tokens scored: its subwords and EOS
+    per_token: list[float]  # log p of each target token, in order
+
+    @property
+    def mean(self) -> float:
+        """The mean log-probability per target token (minus the cross-entropy)."""
+        return self.total / self.tokens
+
+
+class Scorer:
+    """Scores pairs with a Translator's model, device, vocabulary and target language."""
+
+    def __init__(self, translator) -> None:  # decode/translator.py's Translator
+        self.tr = translator
+        self.limit = translator.model.cfg.max_positions
+
+    def target_ids(self, line: str, number: int) -> list[int]:
+        """A target line's ids with EOS; refused if longer than the model's positions."""
+        ids = self.tr.sp.encode(" ".join(line.split())) + [EOS_ID]
+        if len(ids) > self.limit:
+            raise MtxError(
+                f"line {number + 1}: the target has {len(ids)} tokens with EOS, more than the "
+                f"{self.limit} positions the model takes"
+            )
+        return ids
+
+    def score(self, sources: list[str], targets: list[str]) -> list[Score]:
+        """The score of each (source, target) pair, in input order."""
+        if len(sources) != len(targets):
+            raise MtxError(f"{len(sources)} sources but {len(targets)} targets")
+        self.tr.check_language()
+        src = [self.tr._encode(line) for line in sources]
+        tgt = [self.target_ids(line, i) for i, line in enumerate(targets)]
+        return self.score_ids(src, tgt)
+
+    def score_ids(self, src: list[list[int]], tgt: list[list[int]]) -> list[Score]:
+        """The score of each pair of ids (sources as the translator encodes them, targets
+        ending with EOS), in input order."""
+        out: list[Score | None] = [None] * len(src)
+        for rows in self.batches(src, tgt):
+            for i, score in zip(rows, self.forced(src, tgt, rows)):
+                out[i] = score
+        return out  # type: ignore[return-value]
+
+    def batches(self, src: list[list[int]], tgt: list[list[int]]) -> list[list[int]]:
+        """Row indices in batches of one padded (source, target) shape, shortest first, each
+        at most `decode.batch_tokens` padded tokens of both sides (at least one pair)."""
+        shapes: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, (s, t) in enumerate(zip(src, tgt)):
+            shapes[(padded_length(len(s), self.limit), padded_length(len(t), self.limit))].append(i)
+        budget = self.tr.cfg.decode.batch_tokens
+        out = []
+        for (S, T), rows in sorted(shapes.items()):
+            per = max(1, budget // (S + T))
+            out += [rows[k : k + per] for k in range(0, len(rows), per)]
+        return out
+
+    @torch.no_grad()
+    def forced(self, src: list[list[int]], tgt: list[list[int]], rows: list[int]) -> list[Score]:
+        """One forward pass over the pairs `rows` (of one padded shape): their scores."""
+        model, device = self.tr.model, self.tr.device
+        S = padded_length(len(src[rows[0]]), self.limit)
+        T = padded_length(len(tgt[rows[0]]), self.limit)
+        source = pad([src[i] for i in rows], length=S).to(device)
+        tgt_in = pad([tgt[i][:-1] for i in rows], prefix=BOS_ID, length=T).to(device)
+        tgt_out = pad([tgt[i] for i in rows], length=T).to(device)
+        memory, mask = model.encode(source)
+        out = model.decode(tgt_in, memory, mask)  # (B, T, V) logits, or log-probabilities
+        lprobs = out.float() if getattr(model, "gives_log_probs", False) else None
+        if lprobs is None:
+            lprobs = torch.log_softmax(out.float(), dim=-1)
+        picked = lprobs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1).double().cpu()
+        scores = []
+        for r, i in enumerate(rows):
+            per_token = picked[r, : len(tgt[i])].tolist()
+            total = 0.0
+            for x in per_token:  # in order, in float64: the same sum in any batch
+                total += x
+            scores.append(Score(total, len(per_token), per_token))
+        return scores
