@@ -66,6 +66,20 @@ AttentionDirOpt = Annotated[
 EveryHeadOpt = Annotated[
     bool, typer.Option("--every-head", help="With --attention-dir: also each layer and head.")
 ]
+InputOpt = Annotated[
+    Path | None, typer.Option(help="Translate this file's lines instead of stdin's.")
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --input: write the translations here, chunk by chunk, with a progress bar; "
+        "a killed run continues with --resume."
+    ),
+]
+ResumeOpt = Annotated[
+    bool,
+    typer.Option("--resume", help="Continue the --output a killed run began (the same output)."),
+]
 STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 
 
@@ -138,18 +152,30 @@ def translate(
     chunk_lines: ChunkOpt = 512,
     attention_dir: AttentionDirOpt = None,
     every_head: EveryHeadOpt = False,
+    input: InputOpt = None,
+    output: OutputOpt = None,
+    resume: ResumeOpt = False,
 ) -> None:
-    """Translate stdin to stdout, one line per line, in order, as the input arrives."""
+    """Translate stdin to stdout, one line per line, in order, as the input arrives; or a
+    corpus, --input into --output, resumable (--resume) after a kill."""
     if attention_dir is not None and checkpoint and len(checkpoint) > 1:
         fail("--attention-dir shows one model's attention: give one --checkpoint")
     if every_head and attention_dir is None:
         fail("--every-head needs --attention-dir")
+    if (output is not None or resume) and (input is None or attention_dir is not None):
+        fail("--output and --resume take --input (a file: read again to resume), no attention")
     sampling = dict(sampling=True if sample else None, temperature=temperature, top_k=top_k)
+    options = dict(dtype=dtype, stopping=stopping, top_p=top_p, seed=seed, **sampling)
     translator = _translator(
-        checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype,
-        stopping=stopping, top_p=top_p, seed=seed, **sampling,
-    )  # fmt: skip
-    lines = read_lines(sys.stdin.buffer)
+        checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, **options
+    )
+    if output is not None:
+        said = dict(beam=beam, alpha=alpha, tgt_lang=tgt_lang, **options)
+        said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
+        paths = checkpoint_paths(checkpoint, config, set)
+        corpus = (input, output, resume, nbest, chunk_lines)
+        return _translate_corpus(translator, *corpus, paths, said)
+    lines = read_lines(sys.stdin.buffer) if input is None else run(_file_lines, input)
     sources: deque[str] = deque()  # lines read but not yet written (bounded by the stream)
     if attention_dir is not None:
         lines = _recorded(lines, sources)
@@ -161,6 +187,40 @@ def translate(
         run(_pyplot)  # a missing matplotlib fails before any work
         run(attention_dir.mkdir, parents=True, exist_ok=True)
     run(write_translations, translator, stream, nbest, attention_dir, every_head, sources)
+
+
+def _file_lines(path: Path) -> Iterator[str]:
+    from mtx.data.sources import read_lines as read_file_lines
+
+    if not path.is_file():
+        raise MtxError(f"file not found: {path}")
+    return read_file_lines(path)
+
+
+def _translate_corpus(translator, input, output, resume, nbest, chunk_lines, paths, said):
+    """--input into --output (corpus.py), resuming it with --resume; a summary on stderr."""
+    from mtx.decode.corpus import Record, translate_corpus
+
+    if not input.is_file():
+        fail(f"file not found: {input}")
+    settings = [x for x in said if not x.startswith("decode.batch_tokens=")]
+    settings.append(f"device={translator.device.type}")  # batches change nothing; devices may
+    record = Record(
+        str(input.resolve()), input.stat().st_size, [str(Path(p).resolve()) for p in paths],
+        settings, nbest,
+    )  # fmt: skip
+
+    def fmt(number: int, hyps) -> str:
+        texts = [translator.detokenize(h.tokens) for h in hyps]
+        if nbest == 1:
+            return texts[0] + "\n"
+        return "".join(
+            f"{number} ||| {t} ||| {h.score:.6f} ||| {h.log_prob:.6f}\n"
+            for t, h in zip(texts, hyps)
+        )
+
+    written = run(translate_corpus, translator, input, output, record, fmt, resume, chunk_lines)
+    log(f"translated {written:,} lines into {output}")
 
 
 def write_translations(translator, stream, nbest: int, attention_dir, every_head, sources):

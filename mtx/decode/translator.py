@@ -253,17 +253,18 @@ class Translator:
         chunk_lines: int = 512,
         idle: float | None = None,
         nbest: int = 1,
+        first_line: int = 0,
     ) -> Iterator[list[Hypothesis]]:
-        """`translate_ids` over an endless iterable, chunk by chunk (stream.py's `chunks`).
-        The settings are checked when it is called, before any line is read."""
+        """`translate_ids` over an endless iterable, chunk by chunk (stream.py's `chunks`),
+        its first line numbered `first_line` (sampling's seeds). The settings are checked when
+        it is called, before any line is read."""
         self.check_nbest(nbest)
         self.check_language()
-        return self._stream(lines, chunk_lines, idle, nbest)
+        return self._stream(lines, chunk_lines, idle, nbest, first_line)
 
     def _stream(
-        self, lines: Iterable[str], chunk_lines: int, idle: float | None, nbest: int
+        self, lines: Iterable[str], chunk_lines: int, idle: float | None, nbest: int, first: int
     ) -> Iterator[list[Hypothesis]]:
-        first = 0
         for chunk in chunks(lines, chunk_lines, idle):
             yield from self._translate_ids(chunk, nbest, first)
             first += len(chunk)
