@@ -261,6 +261,8 @@ class Resume:
     optimizer: dict[str, Any]  # Adam's state_dict
     scaler: dict[str, Any] | None  # fp16's loss scaler, None for other precisions
     process_rngs: list[tuple[Tensor, list[Tensor]]]  # (CPU, CUDA) RNG states of each process
+    # train.ema: the trained weights (the checkpoint's `model` is then their moving average)
+    raw_model: dict[str, Tensor] | None = None
 
 
 @dataclass
@@ -356,6 +358,8 @@ def _to_payload(c: Checkpoint) -> dict[str, Any]:
             "cuda_rng": r.process_rngs[0][1],
             "process_rngs": r.process_rngs,
         }
+        if r.raw_model is not None:
+            payload["raw_model"] = r.raw_model
     return payload
 
 
@@ -394,7 +398,9 @@ def _from_payload(payload: Any, path: Path) -> Checkpoint:
     resume = None
     if "optimizer" in payload:
         rngs = get("process_rngs") or [(payload["rng"], payload["cuda_rng"])]
-        resume = Resume(payload["optimizer"], get("scaler"), [tuple(r) for r in rngs])
+        resume = Resume(
+            payload["optimizer"], get("scaler"), [tuple(r) for r in rngs], get("raw_model")
+        )
     init, averaged, manifest = get("init_from"), get("averaged_from"), get("manifest")
     try:
         config = from_dict(payload["config"])

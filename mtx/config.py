@@ -333,6 +333,13 @@ class TrainConfig:
     freeze: list[Part] = setting(
         [], "parts left as they are: embeddings (shared with the output layer), encoder, decoder"
     )
+    ema: float = setting(
+        0.0,
+        "exponential moving average of the weights: its decay per update (e.g. 0.9999; 0: "
+        "off); validation, best.pt and every checkpoint's weights are the average "
+        "(train/ema.py)",
+        FRACTION,
+    )
     threads: int = setting(0, "CPU threads for torch (0: torch's default)", NOT_NEGATIVE)
     dist_timeout: float = setting(
         60.0,
@@ -343,6 +350,8 @@ class TrainConfig:
 
     def check(self) -> None:
         t = self
+        if t.ema and t.precision == "bf16-weights":
+            raise MtxError("train.ema averages fp32 weights: it does not take bf16-weights")
         if t.best_metric == "bleu" and t.bleu_every == 0:
             raise MtxError("train.best_metric bleu needs train.bleu_every above 0")
         if set(t.freeze) == set(PARTS):

@@ -27,6 +27,7 @@ from mtx.checkpoint import Checkpoint, Resume, RunDir
 from mtx.errors import MtxError
 from mtx.files import remove_stale_temporaries
 from mtx.train.distributed import Dist
+from mtx.train.ema import Ema
 from mtx.train.metrics import truncate_metrics
 from mtx.train.state import TrainState
 
@@ -41,22 +42,30 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None  # fp16's loss scaler; None for other precisions
     state: TrainState  # the run's position and the bookkeeping of validations
+    ema: Ema | None = None  # train.ema's moving average of the weights
 
     def save(self, header: Checkpoint, rngs: list) -> tuple[Checkpoint, Checkpoint]:
         """(the weights-only checkpoint, the resumable one) of the parts as they are now;
         `header` holds what every checkpoint of the run shares, `rngs` every process's RNG
-        state."""
-        weights = dataclasses.replace(
-            header, model=self.model.state_dict(), position=self.state.state_dict()
-        )
+        state. With train.ema the weights are the average, and the resumable checkpoint keeps
+        the trained ones beside them."""
+        trained = self.model.state_dict()
+        model = self.ema.weights(self.model) if self.ema else trained
+        weights = dataclasses.replace(header, model=model, position=self.state.state_dict())
         scaler = self.scaler.state_dict() if self.scaler else None
-        resume = Resume(self.optimizer.state_dict(), scaler, rngs)
+        raw = trained if self.ema else None
+        resume = Resume(self.optimizer.state_dict(), scaler, rngs, raw)
         return weights, dataclasses.replace(weights, resume=resume)
 
     def load(self, path: str, ckpt: Checkpoint) -> None:
-        """Every part from a resumable checkpoint (`path` names it in the error)."""
+        """Every part from a resumable checkpoint (`path` names it in the error). A checkpoint
+        written without train.ema, resumed with it, starts the average at its weights; one
+        written with it, resumed without, continues from the trained weights."""
+        raw = ckpt.resume.raw_model
         try:
-            self.model.load_state_dict(ckpt.model)
+            self.model.load_state_dict(raw if raw is not None else ckpt.model)
+            if self.ema:
+                self.ema.load_state_dict(ckpt.model)
             self.optimizer.load_state_dict(ckpt.resume.optimizer)
         except (RuntimeError, ValueError, KeyError):
             raise MtxError(

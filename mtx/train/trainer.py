@@ -11,6 +11,7 @@ within train.dist_timeout seconds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -31,6 +32,7 @@ from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
 from mtx.train import compiled, data, init
 from mtx.train.distributed import Dist, fingerprint
+from mtx.train.ema import Ema
 from mtx.train.faults import OutOfMemory, StopSignals, check_nonfinite
 from mtx.train.metrics import MetricsLog, Window, summary_writer
 from mtx.train.resume import Parts, prepare_run_dir, restore, save_checkpoints
@@ -81,7 +83,8 @@ class Trainer:
             torch.manual_seed(cfg.train.seed + dist.rank)  # but its own dropout
         self.step = build_step(cfg, self.model, self.device, dist.world, dist.joined, self.say)
         self.state = TrainState()
-        self.parts = Parts(self.model, self.step.optimizer, self.step.scaler, self.state)
+        ema = Ema(self.model, cfg.train.ema) if cfg.train.ema else None  # after freezing
+        self.parts = Parts(self.model, self.step.optimizer, self.step.scaler, self.state, ema)
         if start is not None:
             init.load_optimizer(self.step.optimizer, self.state, start, cfg.train)
         # what every checkpoint of the run holds beside the weights and the position
@@ -243,13 +246,16 @@ class Trainer:
                 "tokens; skipped them"
             )
 
-        return self.oom.run(
+        stats = self.oom.run(
             lambda: self.step(batches, number, ntokens),
             number,
             self.step.optimizer,
             self.device,
             report,
         )
+        if stats is not None and self.parts.ema is not None:
+            self.parts.ema.update(self.model)
+        return stats
 
     def say(self, message: str) -> None:
         if self.dist.main:
@@ -294,15 +300,17 @@ class Trainer:
         number = self.state.step // t.valid_every  # validations so far, this one included
         bleu = t.bleu_every and (last or number % t.bleu_every == 0)
         per_set, all_hyps, bleu_seconds = {}, [], 0.0
-        for v in self.valid_sets:
-            per_set[v.name] = validate(model, v.ds, cfg, precision, self.dist)
-            if bleu:
-                bleu_start = time.monotonic()
-                args = (v.ds, self.header.spm_model, cfg, precision, self.dist, v.tgt_lang)
-                scores, hyps = valid_bleu(model, *args)
-                per_set[v.name] |= scores
-                all_hyps += hyps
-                bleu_seconds += time.monotonic() - bleu_start
+        ema = self.parts.ema  # train.ema: the average is validated
+        with ema.swapped(self.model) if ema else contextlib.nullcontext():
+            for v in self.valid_sets:
+                per_set[v.name] = validate(model, v.ds, cfg, precision, self.dist)
+                if bleu:
+                    bleu_start = time.monotonic()
+                    args = (v.ds, self.header.spm_model, cfg, precision, self.dist, v.tgt_lang)
+                    scores, hyps = valid_bleu(model, *args)
+                    per_set[v.name] |= scores
+                    all_hyps += hyps
+                    bleu_seconds += time.monotonic() - bleu_start
         result = combine(per_set, t.best_valid)
         if bleu:
             if self.dist.main:  # the sets' translations one after the other, as prepared
