@@ -1,6 +1,6 @@
 """The `mtx` command line. Each command parses its options, loads the config and calls one
 function: data.py (`prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
-`export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`), bench.py
+`export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`), bench.py
 (`mtx bench ...`). The app and what they share are in app.py; the commands are registered
 here, in the order `mtx --help` lists them.
 """
@@ -18,6 +18,7 @@ for command in (
     decoding.translate,
     decoding.evaluate,
     scoring.score,
+    scoring.distill,
     training.info,
     training.plot,
     training.export,

@@ -1,4 +1,5 @@
-"""`mtx score`: the log-probability a model gives each (source, target) pair (decode/score.py)."""
+"""`mtx score`: the log-probability a model gives each (source, target) pair (decode/score.py);
+`mtx distill`: a teacher's translations of a corpus, scored and filtered (decode/distill.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from typing import Annotated
 
 import typer
 
-from mtx.cli.app import CkptOpt, ConfigOpt, JsonOpt, SetOpt, run
-from mtx.cli.decoding import BatchOpt, DeviceOpt, DtypeOpt, TgtLangOpt, _translator, read_lines
+from mtx.cli.app import CkptOpt, ConfigOpt, JsonOpt, SetOpt, checkpoint_paths, fail, log, run
+from mtx.cli.decoding import (
+    BatchOpt,
+    BeamOpt,
+    ChunkOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ResumeOpt,
+    TgtLangOpt,
+    _translate_corpus,
+    _translator,
+    read_lines,
+)
 from mtx.errors import MtxError
 
 
@@ -84,3 +96,64 @@ def score(
         sys.stdout.flush()
     except BrokenPipeError:  # `mtx score ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def distill(
+    checkpoint: CkptOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    src: Annotated[Path | None, typer.Option(help="The training sources to translate.")] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option(help="Where the translations and the corpus go.")
+    ] = None,
+    drop_worst: Annotated[
+        float,
+        typer.Option(help="Drop this fraction of the pairs: those of highest cross-entropy."),
+    ] = 0.05,
+    resume: ResumeOpt = False,
+    beam: BeamOpt = None,
+    batch_tokens: BatchOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    tgt_lang: TgtLangOpt = None,
+    chunk_lines: ChunkOpt = 512,
+) -> None:
+    """Sequence-level distillation data: the teacher (--checkpoint, several for an ensemble)
+    translates --src, scores its translations and drops the --drop-worst fraction of highest
+    cross-entropy; DIR/distilled.SRC and DIR/distilled.TGT are a corpus for `mtx prepare`
+    (data.train: DIR/distilled), DIR/distill.json the counts and the threshold."""
+    from mtx.decode.distill import distill as run_distill
+
+    if src is None or output_dir is None:
+        fail("mtx distill needs --src and --output-dir")
+    if not 0 <= drop_worst < 1:
+        fail(f"--drop-worst must be in [0, 1), got {drop_worst}")
+    translator = _translator(
+        checkpoint, config, set, beam, None, batch_tokens, device, tgt_lang, dtype=dtype
+    )
+    data = translator.cfg.data
+    langs = (data.src_lang, tgt_lang or data.tgt_lang)
+    if not all(langs):
+        fail("the teacher's config names no src_lang/tgt_lang: give --tgt-lang")
+    paths = checkpoint_paths(checkpoint, config, set)
+    said = dict(beam=beam, tgt_lang=tgt_lang, dtype=dtype)
+    said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
+
+    def translate(output: Path) -> None:  # a finished translation is resumed: nothing to do
+        corpus = (src, output, resume or output.exists(), 1, chunk_lines)
+        _translate_corpus(translator, *corpus, paths, said)
+
+    teacher = [str(Path(p).resolve()) for p in paths]
+    r = run(run_distill, translator, src, output_dir, langs, drop_worst, translate, teacher)
+    report(r, langs, output_dir)
+
+
+def report(r, langs: tuple[str, str], output_dir: Path) -> None:
+    """What `mtx distill` did, in two lines on stderr."""
+    above = r.threshold_cross_entropy
+    threshold = "" if above is None else f" (cross-entropy above {above:.3f})"
+    log(f"kept {r.kept:,} of {r.pairs:,} pairs, dropped {r.dropped:,}{threshold}")
+    log(
+        f"corpus: {r.corpus}.{{{langs[0]},{langs[1]}}} (data.train: {r.corpus}); "
+        f"{output_dir / 'distill.json'}"
+    )

@@ -6,15 +6,16 @@ The output holds one line per input line (with --nbest N, N lines 'LINE ||| TEXT
 LOG-PROBABILITY' per input line, LINE counted from 0 over the whole input), written chunk by
 chunk, each chunk flushed to disk before the next is translated, with a progress bar and ETA
 on stderr. Beside it, OUTPUT.progress.json records what the run translates (the input's path
-and size, the checkpoints, the settings, nbest) until the run ends.
+and size, the checkpoints, the settings, nbest).
 
 `--resume` continues a killed run: the output's complete lines are kept (an input line counts
 when all its N lines end in a newline), whatever a kill left after them is cut, those input
 lines are skipped, and translation goes on from the next. Since a line's translation depends
 on that line alone (translator.py: not on its batch, its neighbours or, with sampling, on
 anything but the seed and its line number), the continued file is the same, line for line, as
-one written without interruption (tested with kill -9). Resuming with another input,
-checkpoint, setting or nbest than the record says is refused in one line.
+one written without interruption (tested with kill -9). Resuming a finished run translates
+nothing more; resuming with another input, checkpoint, setting or nbest than the record says
+is refused in one line.
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ def start(output: Path, record: Record, resume: bool) -> int:
         return 0
     if not saved.is_file():
         raise MtxError(
-            f"{output}: no {saved.name} beside it, so nothing says how it was begun (a "
-            "finished run removes it): remove the output to translate again"
+            f"{output}: no {saved.name} beside it, so nothing says how it was begun: remove "
+            "the output to translate again"
         )
     before = json.loads(saved.read_text())
     for key, value in asdict(record).items():
@@ -134,7 +135,6 @@ def translate_corpus(
         flush(f, pending)
         bar.update(len(pending))
         written += len(pending)
-    Record.path(output).unlink(missing_ok=True)
     return written
 
 
