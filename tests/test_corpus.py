@@ -44,6 +44,9 @@ def wait_for_lines(proc, path, n: int) -> bool:
     return False
 
 
+# slow: three kill -9 and four processes translating 300 lines (a multi-process loop); the
+# in-process test below checks the same cut-and-continue rule on every CI run
+@pytest.mark.slow
 def test_a_corpus_translation_killed_and_resumed_writes_the_uninterrupted_file(toy_run, tmp_path):
     src = source(tmp_path)
     done = translate(toy_run, src, tmp_path / "ref.de")
