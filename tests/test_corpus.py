@@ -11,7 +11,8 @@ from dataclasses import asdict
 import pytest
 
 from mtx.data import toy
-from mtx.decode.corpus import Record, complete, count_lines, translate_corpus
+from mtx.data.sources import count_lines
+from mtx.decode.corpus import Record, complete, translate_corpus
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 

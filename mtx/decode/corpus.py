@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mtx.data.sources import read_lines
+from mtx.data.sources import count_lines, read_lines
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 
@@ -48,16 +48,6 @@ class Record:
     @staticmethod
     def path(output: Path) -> Path:
         return output.with_name(output.name + ".progress.json")
-
-
-def count_lines(path: Path) -> int:
-    """Lines of a file as read_lines reads them (a last line without a newline counts)."""
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
 
 
 def complete(output: Path, per_line: int) -> int:
