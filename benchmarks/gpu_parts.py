@@ -101,16 +101,17 @@ def part_prepare(args, sizes: Sizes) -> dict:
     return {"seconds": timing.median, "vocab_size": manifest.vocab_size}
 
 
-# The training variants raced for each model: their settings over the defaults (bf16 autocast,
-# eager). "static": eager over fixed batch shapes (the reference the graphs variants' losses are
-# compared with: their batches are not eager's). "graphs": static batch shapes, each a CUDA graph (train.static_shapes with
-# compile_mode reduce-overhead; on the CPU's smoke run, traced without graphs). The names
-# are what --variants and --train-variant take.
+# The training variants raced for each model: their settings over the defaults (bf16 autocast;
+# each says whether it compiles). "static": eager over fixed batch shapes (the reference the
+# graphs variants' losses are compared with: their batches are not eager's). "graphs": static
+# batch shapes, each a CUDA graph (train.static_shapes with compile_mode reduce-overhead; on
+# the CPU's smoke run, traced without graphs). The names are what --variants and
+# --train-variant take.
 VARIANTS = {
-    "eager": [],
-    "static": ["train.static_shapes=true"],
+    "eager": ["train.compile=false"],  # explicit: train.compile's default (auto) compiles on CUDA
+    "static": ["train.static_shapes=true", "train.compile=false"],
     "compiled": ["train.compile=true"],
-    "bf16-weights": ["train.precision=bf16-weights"],
+    "bf16-weights": ["train.precision=bf16-weights", "train.compile=false"],
     "compiled+graphs": ["train.compile=true", "train.static_shapes=true", "GRAPHS"],
     "bf16-weights+compiled+graphs": [
         "train.precision=bf16-weights", "train.compile=true", "train.static_shapes=true", "GRAPHS",
