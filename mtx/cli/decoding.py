@@ -201,8 +201,7 @@ def _translate_corpus(translator, input, output, resume, nbest, chunk_lines, pat
     """--input into --output (corpus.py), resuming it with --resume; a summary on stderr."""
     from mtx.decode.corpus import Record, translate_corpus
 
-    if not input.is_file():
-        fail(f"file not found: {input}")
+    run(_file_lines, input)  # a missing input: one line, before anything is written
     settings = [x for x in said if not x.startswith("decode.batch_tokens=")]
     settings.append(f"device={translator.device.type}")  # batches change nothing; devices may
     record = Record(
