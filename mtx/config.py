@@ -174,6 +174,16 @@ class ModelConfig:
     n_heads: int = setting(8, "attention heads; d_k = d_v = d_model / n_heads", POSITIVE)
     encoder_layers: int = setting(6, "encoder stack depth", POSITIVE)
     decoder_layers: int = setting(6, "decoder stack depth", POSITIVE)
+    decoder_d_ff: int = setting(
+        0,
+        "feed-forward inner width of the decoder layers (0: d_ff); students narrow it",
+        NOT_NEGATIVE,
+    )
+    decoder_self: Literal["attention", "ssru"] = setting(
+        "attention",
+        "how a decoder layer reads the positions before it: self-attention (the paper) or an "
+        "SSRU, a simpler simple recurrent unit (Kim et al. 2019; fast students' decoders)",
+    )
     dropout: float = setting(
         0.1, "on sublayer outputs and on embedding + position sums (the paper's)", FRACTION
     )
@@ -218,7 +228,7 @@ class ModelConfig:
                 f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
                 "direction of the bidirectional encoder has d_model / 2 units)"
             )
-        for key in ("norm", "positions", "init"):
+        for key in ("norm", "positions", "init", "decoder_d_ff", "decoder_self"):
             value, default = getattr(m, key), getattr(ModelConfig, key)
             if value != default:
                 raise MtxError(f"model.{key} ({value}) is a transformer setting; model.arch is rnn")

@@ -137,9 +137,11 @@ def architecture(m: ModelConfig) -> str:
             f"{m.attention} attention, shared embeddings"
         )
     relative = m.positions == "relative"
+    decoder_ff = f" (decoder {m.decoder_d_ff})" if m.decoder_d_ff else ""
     return (
         f"transformer {m.norm}-norm, {m.encoder_layers}+{m.decoder_layers} layers, "
-        f"d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, shared embeddings, "
+        f"d_model {m.d_model}, d_ff {m.d_ff}{decoder_ff}, {m.n_heads} heads, shared embeddings, "
         f"{m.positions} positions"
         + (f" (distances clipped at {m.max_relative_position})" if relative else "")
+        + (", SSRU decoder layers" if m.decoder_self == "ssru" else "")
     )

@@ -47,6 +47,17 @@ def test_forward_flops_equal_what_torch_counts(src_len, tgt_len, positions):
     assert counter.get_total_flops() == 4 * forward_flops(cfg, 70, src_len, tgt_len)
 
 
+def test_a_students_forward_flops_equal_what_torch_counts():
+    """An SSRU decoder with a narrow feed-forward layer (model/ssru.py)."""
+    cfg = tiny_model_config(d_model=64, d_ff=96, encoder_layers=3, decoder_layers=1,
+                            decoder_d_ff=40, decoder_self="ssru")  # fmt: skip
+    model = Transformer(cfg, vocab_size=70).eval()
+    src, tgt = torch.randint(4, 70, (4, 7)), torch.randint(4, 70, (4, 6))
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        model(src, tgt)
+    assert counter.get_total_flops() == 4 * forward_flops(cfg, 70, 7, 6)
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("score", ATTENTION_SCORES)
 def test_rnn_forward_flops_equal_what_torch_counts(cell, score):

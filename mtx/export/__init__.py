@@ -3,6 +3,10 @@
 - `hf`: a Hugging Face `transformers` MarianMT directory (marian.py).
 - `ctranslate2`: a CTranslate2 model directory (ct2.py).
 
+Both hold the paper's Transformer and the students' narrower decoder feed-forward layers
+(`model.decoder_d_ff`); neither holds the SSRU decoder layer (`model.decoder_self: ssru`), pre-norm,
+learned or relative positions, or the recurrent baseline: those are refused, in one line.
+
 The directory is written beside its final name and renamed when complete, so an export that
 fails leaves nothing. It also gets `mtx.json`: the checkpoint's config, data manifest, step
 and mtx version, so an exported model still says what it is, and a multilingual model's
@@ -46,6 +50,11 @@ def export(
         raise MtxError(
             f"{path}: export supports the paper's Transformer only (post-norm, sinusoidal "
             f"positions); this model has {found}"
+        )
+    if cfg.model.decoder_self != "attention":
+        raise MtxError(
+            f"{path}: --format {fmt} has no SSRU decoder layer (model.decoder_self="
+            f"{cfg.model.decoder_self}); mtx translate and mtx serve run this model"
         )
     model, spm_proto = checkpoint_model(ckpt, cfg, path), ckpt.spm_model
     tmp = output.with_name(output.name + ".tmp")

@@ -64,7 +64,7 @@ def marian_config(cfg: Config, vocab_size: int):
         encoder_attention_heads=m.n_heads,
         decoder_attention_heads=m.n_heads,
         encoder_ffn_dim=m.d_ff,
-        decoder_ffn_dim=m.d_ff,
+        decoder_ffn_dim=m.decoder_d_ff or m.d_ff,
         max_position_embeddings=m.max_positions,
         activation_function="relu",
         dropout=m.dropout,

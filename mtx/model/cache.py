@@ -24,7 +24,9 @@ holds one of these per model (decode/ensemble.py).
 A Transformer decoder layer's attention reads and writes its own part, a `LayerCache`
 (`GrowingLayer` or `StaticLayer`): `length` (positions decoded before this step), `append(k,
 v, mask)` (this step's keys and values in; what the queries attend over out) and
-`memory(project, memory)` (the encoder output's keys and values, computed once).
+`memory(project, memory)` (the encoder output's keys and values, computed once). A layer whose
+self-attention is an SSRU (model/ssru.py) keeps its cell instead of keys and values:
+`cell()` and `keep_cell(cell, positions)`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class LayerCache(Protocol):
     def memory(self, project: Project, memory: Tensor | Groups | None) -> KeysValues:
         """The keys and values of the encoder output, `project(memory)` the first time."""
 
+    def cell(self) -> Tensor | None:
+        """An SSRU's cell (N, d) after the positions decoded so far; None before the first."""
+
+    def keep_cell(self, cell: Tensor, positions: int) -> None:
+        """The SSRU's cell after this step's `positions` positions."""
+
 
 class GrowingLayer:
     """One decoder layer's growing cache."""
@@ -72,18 +80,27 @@ class GrowingLayer:
     def __init__(self) -> None:
         self.k: Tensor | None = None  # (N, H, t, d_k) self-attention keys of the positions so far
         self.v: Tensor | None = None
+        self.state: Tensor | None = None  # (N, d) an SSRU's cell, in place of k and v
         self.memory_k: Tensor | Groups | None = None  # (B, H, S, d_k) encoder output's keys
         self.memory_v: Tensor | Groups | None = None
+        self.positions = 0
 
     @property
     def length(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
+        return self.positions
 
     def append(self, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple:
+        self.positions += k.size(2)
         if self.k is not None:
             k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         self.k, self.v = k, v
         return k, v, mask
+
+    def cell(self) -> Tensor | None:
+        return self.state
+
+    def keep_cell(self, cell: Tensor, positions: int) -> None:
+        self.state, self.positions = cell, self.positions + positions
 
     def memory(self, project: Project, memory: Tensor | Groups | None) -> KeysValues:
         if self.memory_k is None:  # contiguous once, not copied at every step
@@ -107,6 +124,8 @@ class GrowingCache:
         for layer in self.layers:
             if layer.k is not None:
                 layer.k, layer.v = layer.k.index_select(0, rows), layer.v.index_select(0, rows)
+            if layer.state is not None:
+                layer.state = layer.state.index_select(0, rows)
 
     def select(self, sentences: Tensor) -> None:
         for layer in self.layers:
@@ -118,9 +137,10 @@ class GrowingCache:
 class StaticLayer:
     """One decoder layer's part of a `StaticCache`."""
 
-    def __init__(self, owner: StaticCache, k: Tensor, v: Tensor) -> None:
+    def __init__(self, owner: StaticCache, k: Tensor, v: Tensor, state: Tensor | None) -> None:
         self.owner = owner
         self.k, self.v = k, v  # (N, H, L, d_k), written at owner.position
+        self.state = state  # (N, d) an SSRU's cell (k and v then hold no positions)
         self.memory_k: Tensor | None = None  # (B, H, S, d_k), written by `write_memory`
         self.memory_v: Tensor | None = None
 
@@ -142,6 +162,13 @@ class StaticLayer:
     def memory(self, project: Project, memory: Tensor | Groups | None) -> KeysValues:
         return self.memory_k, self.memory_v
 
+    def cell(self) -> Tensor:
+        return self.state  # zero before the first position (`StaticCache.restart`)
+
+    def keep_cell(self, cell: Tensor, positions: int) -> None:
+        assert positions == 1, "a static cache decodes one position at a time"
+        self.state.copy_(cell)
+
     def write_memory(self, k: Tensor, v: Tensor) -> None:
         """The encoder output's keys and values, in place where the tensors exist (a captured
         CUDA graph reads these very tensors)."""
@@ -155,8 +182,8 @@ class StaticLayer:
 class StaticCache:
     """A Transformer decoder's cache allocated once for a whole search: per layer, the
     self-attention keys and values (N, H, L, d_k), written in place at `position` (a () long
-    tensor on the device), and the encoder output's keys and values, written before the first
-    step. A step's shapes then depend only on its window (below), and it touches the same
+    tensor on the device), or with `ssru_width` d an SSRU's cell (N, d), and the encoder
+    output's keys and values, written before the first step. A step's shapes then depend only on its window (below), and it touches the same
     memory every time, so that a CUDA graph can replay it (decode/static.py).
 
     A step at position t attends over, and reorders, the first `window(t)` positions: with
@@ -168,7 +195,15 @@ class StaticCache:
     WINDOW = 16
 
     def __init__(
-        self, layers: int, rows: int, H: int, length: int, d_k: int, full: bool, like: Tensor
+        self,
+        layers: int,
+        rows: int,
+        H: int,
+        length: int,
+        d_k: int,
+        full: bool,
+        like: Tensor,
+        ssru_width: int = 0,
     ) -> None:
         kw = {"dtype": like.dtype, "device": like.device}
         self.size, self.full = length, full
@@ -176,11 +211,13 @@ class StaticCache:
         self.slots = torch.arange(length, device=like.device)
         self.visible = self.slots == 0  # (L,) True at the positions written so far
         self.window_length = 1  # positions the current step reads (a host int)
+        kept = 0 if ssru_width else length  # an SSRU keeps no keys and values
         self.layers = [
             StaticLayer(
                 self,
-                torch.zeros(rows, H, length, d_k, **kw),
-                torch.zeros(rows, H, length, d_k, **kw),
+                torch.zeros(rows, H, kept, d_k, **kw),
+                torch.zeros(rows, H, kept, d_k, **kw),
+                torch.zeros(rows, ssru_width, **kw) if ssru_width else None,
             )
             for _ in range(layers)
         ]
@@ -204,6 +241,9 @@ class StaticCache:
     def reorder(self, rows: Tensor) -> None:
         """Keep rows `rows` of the keys and values written so far, in place."""
         for layer in self.layers:
+            if layer.state is not None:
+                layer.state.copy_(layer.state.index_select(0, rows))
+                continue
             for kv in (layer.k, layer.v):
                 part = kv[:, :, : self.window_length]
                 part.copy_(part.index_select(0, rows))
@@ -215,8 +255,11 @@ class StaticCache:
         self.position.add_(1)
 
     def restart(self) -> None:
-        """A new search over the same tensors: back to position 0."""
+        """A new search over the same tensors: back to position 0 (and SSRU cells to 0)."""
         self.position.zero_()
+        for layer in self.layers:
+            if layer.state is not None:
+                layer.state.zero_()
 
 
 class RecurrentState:

@@ -24,14 +24,16 @@ def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int)
         + 2 * 2 * S * R * d  # relative positions
         + 2 * 2 * d * f * S  # feed-forward
     )
+    if cfg.decoder_self == "ssru":
+        self_part = 2 * 2 * d * d * T  # the gate's and the input's products (model/ssru.py)
+    else:
+        self_part = 4 * 2 * d * d * T + 2 * 2 * T * T * d + 2 * 2 * T * R * d
     decoder = cfg.decoder_layers * (
-        4 * 2 * d * d * T
-        + 2 * 2 * T * T * d  # self-attention
-        + 2 * 2 * T * R * d
-        + 2 * 2 * d * d * T
-        + 2 * 2 * d * d * S
-        + 2 * 2 * T * S * d  # cross-attention
-        + 2 * 2 * d * f * T  # feed-forward
+        self_part
+        + 2 * 2 * d * d * T  # cross-attention: q and output projections
+        + 2 * 2 * d * d * S  # its k, v of the encoder output
+        + 2 * 2 * T * S * d  # its scores and weighted sums
+        + 2 * 2 * d * (cfg.decoder_d_ff or f) * T  # feed-forward
     )
     output = 2 * d * vocab_size * T  # shared pre-softmax projection
     return encoder + decoder + output

@@ -6,8 +6,10 @@ Each sublayer is, with `model.norm`:
 - post (the paper): LayerNorm(x + Dropout(Sublayer(x)))
 - pre (Wang et al. 2019, Xiong et al. 2020): x + Dropout(Sublayer(LayerNorm(x))); the stacks
   then end with a LayerNorm of their own (transformer.py).
-The feed-forward sublayer is FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3). With
-`model.positions: relative`, self-attention adds Shaw et al.'s relative terms (attention.py).
+The feed-forward sublayer is FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3), d_ff wide
+(`model.decoder_d_ff` in the decoder, when set). With `model.positions: relative`,
+self-attention adds Shaw et al.'s relative terms (attention.py). With `model.decoder_self:
+ssru`, a decoder layer's first sublayer is an SSRU (ssru.py) in place of self-attention.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.cache import LayerCache
 from mtx.model.packed import Packable
+from mtx.model.ssru import SSRU
 
 
 class FeedForward(Packable, nn.Module):
@@ -91,16 +94,20 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-            max_relative_position=relative_distance(cfg), init=cfg.init,
-        )  # fmt: skip
+        self.ssru = cfg.decoder_self == "ssru"
+        if self.ssru:
+            self.self_attn = SSRU(cfg.d_model, cfg.init)
+        else:
+            self.self_attn = MultiHeadAttention(
+                cfg.d_model, cfg.n_heads, cfg.attention_dropout,
+                max_relative_position=relative_distance(cfg), init=cfg.init,
+            )  # fmt: skip
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True, init=cfg.init
         )
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.init)
+        self.ffn = FeedForward(cfg.d_model, cfg.decoder_d_ff or cfg.d_ff, cfg.init)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.norm == "pre"
@@ -116,9 +123,12 @@ class DecoderLayer(nn.Module):
 
         With `cache` (incremental decoding): `x` holds only the newest position(s); keys and
         values of earlier positions are read from, and the new ones appended to, `cache`, and
-        the cross-attention keys/values of `memory` are computed once and kept there.
+        the cross-attention keys/values of `memory` are computed once and kept there. An SSRU
+        continues from the cell kept there instead.
         """
-        if cache is None:
+        if self.ssru:
+            mask, causal = None, False  # a recurrence is causal by construction
+        elif cache is None:
             mask, causal = None, True
         else:
             # New positions attend to every cached position and causally among themselves.
@@ -127,6 +137,8 @@ class DecoderLayer(nn.Module):
             causal = False
 
         def self_attention(h: Tensor) -> Tensor:
+            if self.ssru:
+                return self.self_attn(h, cache)
             return self.self_attn(h, mask=mask, causal=causal, cache=cache)
 
         def cross_attention(h: Tensor) -> Tensor:

@@ -7,6 +7,8 @@ Shape legend: B batch, S source length, T target length, d = d_model, V vocabula
 - Positions (`model.positions`): sinusoidal (section 3.5) or learned (section 3.5's
   alternative; one embedding per position) are added, then dropout (section 5.4); relative
   positions (Shaw et al. 2018) add nothing here and act inside self-attention (attention.py).
+- Students' shapes (`model.decoder_d_ff`, `model.decoder_self: ssru`, layers.py) change the
+  decoder only.
 - Post-norm encoder and decoder stacks (layers.py), or pre-norm (`model.norm: pre`), where
   each stack ends with a LayerNorm; the decoder is causally masked.
 
@@ -28,6 +30,7 @@ from mtx.model.groups import Groups
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
+from mtx.model.ssru import SSRU
 from mtx.tokens import PAD_ID
 
 
@@ -78,7 +81,7 @@ class Transformer(EncoderDecoder, nn.Module):
         if self.position_embed is not None:
             nn.init.normal_(self.position_embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
         for module in self.modules():
-            if isinstance(module, (MultiHeadAttention, FeedForward, nn.LayerNorm)):
+            if isinstance(module, (MultiHeadAttention, FeedForward, SSRU, nn.LayerNorm)):
                 module.reset_parameters()
 
     def embed_tokens(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
@@ -160,7 +163,9 @@ class Transformer(EncoderDecoder, nn.Module):
         """A cache of `length` positions for `rows` hypotheses, allocated once (dtype and
         device of `like`): see StaticCache."""
         H, d_k = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        return StaticCache(len(self.decoder_layers), rows, H, length, d_k, full, like)
+        ssru_width = self.cfg.d_model if self.cfg.decoder_self == "ssru" else 0
+        layers = len(self.decoder_layers)
+        return StaticCache(layers, rows, H, length, d_k, full, like, ssru_width)
 
     def fill_memory(self, cache: StaticCache, memory: Tensor) -> None:
         """Compute the cross-attention keys and values of `memory` (B, S, d) into `cache`, in

@@ -68,6 +68,15 @@ def architectures() -> list[dict]:
         for positions in ("sinusoidal", "learned", "relative"):
             out.append(dict(arch="transformer", norm=norm, positions=positions,
                             max_relative_position=4, encoder_layers=2, decoder_layers=2))  # fmt: skip
+    out.append(
+        dict(
+            arch="transformer",
+            decoder_self="ssru",
+            decoder_d_ff=24,
+            encoder_layers=3,
+            decoder_layers=1,
+        )
+    )  # fmt: skip (a student's shape: model/ssru.py)
     for cell in ("lstm", "gru"):
         for score in ATTENTION_SCORES:
             out.append(dict(arch="rnn", rnn_cell=cell, attention=score, encoder_layers=1,
@@ -114,7 +123,8 @@ def searches() -> tuple[list[str], int]:
         with torch.no_grad():
             model.embed.weight.mul_(3.0)  # sharper outputs: hypotheses of various lengths
         name = ", ".join(f"{v}" for k, v in values.items() if k in ("arch", "norm", "positions",
-                                                                     "rnn_cell", "attention"))  # fmt: skip
+                                                                     "rnn_cell", "attention",
+                                                                     "decoder_self"))  # fmt: skip
         for kind in kinds:
             model.pack(None if kind == "torch products" else kind)
             for search in ("beam", "greedy"):
