@@ -2,6 +2,8 @@
 cell in both decoder caches, both searches, batch independence, training and decoding from the
 CLI, and the exports that refuse it."""
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_model_config
@@ -188,3 +190,23 @@ def test_the_narrow_decoder_exports_to_marian_with_the_same_logits():
         theirs = hf(input_ids=src, attention_mask=src != PAD_ID, decoder_input_ids=tgt).logits
         torch.testing.assert_close(theirs, model(src, tgt), atol=1e-4, rtol=0)
 
+
+def test_the_decoding_race_puts_a_student_beside_its_teacher(runs, tmp_path):
+    """`mtx bench decode` with two checkpoints: each engine with each, on the same batches;
+    the export that cannot hold the SSRU is left out for the student, and said."""
+    src = tmp_path / "src.en"
+    src.write_text("a b c\nd e f g\nh\n" * 4, encoding="utf-8")
+    report = json.loads(
+        mtx("bench", "decode", "--checkpoint", runs["teacher"], "--checkpoint", runs["student"],
+            "--src", src, "--beam", "1", "--engines", "mtx,ct2", "--rounds", "1",
+            "--json").stdout.splitlines()[-1]
+    )  # fmt: skip
+    rows = {(r["model"], r["engine"]): r for r in report["results"]}
+    assert set(rows) == {("1:teacher", "mtx"), ("1:teacher", "ct2"), ("2:student", "mtx")}
+    assert all(r["lines"] == 12 for r in rows.values())
+    student, teacher = rows["2:student", "mtx"], rows["1:teacher", "mtx"]
+    assert student["speedup_vs_first"] == pytest.approx(
+        student["sentences_per_s"] / teacher["sentences_per_s"]
+    )
+    [reason] = report["left_out"]
+    assert reason.startswith("ct2 with") and "has no SSRU decoder layer" in reason

@@ -1,6 +1,6 @@
 """Decoding speed race: mtx against Hugging Face MarianMT and CTranslate2 on the same weights.
 
-    mtx bench decode --checkpoint RUN/checkpoints/best.pt \
+    mtx bench decode --checkpoint RUN/checkpoints/best.pt [--checkpoint OTHER.pt] \
         --src ../shared/data/multi30k/test2016.en [--ref ...test2016.de] [--batch 32] \
         [--beam 4 --beam 1] [--threads 2] [--device cpu] [--dtype fp32] [--lines N] \
         [--rounds 2] [--stopping k_finished|exact] [--engines mtx,hf,...] [--json]
@@ -19,6 +19,12 @@ outputs), sacreBLEU against --ref (by default the source file with the target la
 suffix, where it exists) and the share of lines equal to mtx's output. Engines: mtx, mtx-int8 (`decode.dtype=int8`, CPU only), Hugging
 Face, CTranslate2 and CTranslate2 int8; named in --engines, mtx-static and mtx-graphs (mtx with
 `decode.search` static and graphs, decode/static.py; graphs on CUDA only).
+
+Several --checkpoint (a student and its teacher, say) race in the same rounds, on the same
+batches (they must share the SentencePiece model), each engine with each checkpoint, and each
+checkpoint's speed is also given as a ratio to the first's with the same engine and beam. An
+engine whose export cannot hold a checkpoint's model (an SSRU decoder) is left out for it, and
+the table says so.
 
 Stopping: Hugging Face (early_stopping=True) ends a sentence's beam search when K hypotheses
 have ended, as mtx's default `k_finished` does; CTranslate2 ends it as soon as its best
@@ -69,7 +75,7 @@ PEERS["mtx-graphs"] = ("mtx", "ct2")
 class Options:
     """What `mtx bench decode` is asked for (its flags)."""
 
-    checkpoint: Path
+    checkpoints: list[Path]  # the first is the one the others are compared with
     src: Path  # source sentences, one per line
     ref: Path | None = None  # reference translations, for BLEU (default: beside --src)
     lines: int = 0  # only the first N lines (0: all)
@@ -83,19 +89,20 @@ class Options:
     stopping: str = "k_finished"  # mtx's decode.stopping
     json: bool = False  # print the harness's JSON result instead of the table
 
-    def to_json(self) -> dict:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
-
     @classmethod
     def from_json(cls, values: dict) -> Options:
-        paths = {k: Path(values[k]) if values[k] else None for k in ("checkpoint", "src", "ref")}
-        return cls(**(values | paths))
+        paths = {k: Path(values[k]) if values[k] else None for k in ("src", "ref")}
+        return cls(**(values | paths | {"checkpoints": [Path(p) for p in values["checkpoints"]]}))
+
+    def to_json(self) -> dict:
+        out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        return out | {"checkpoints": [str(p) for p in self.checkpoints]}
 
 
-def runner(name: str, o: Options, work_dir: Path, work: dict):
-    """The function that runs one batch in engine `name`, its batches and its dtype. `work`:
-    the batches as (limit, line indices), and every line's mtx ids and SentencePiece pieces;
-    `work_dir` holds the exports."""
+def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
+    """The function that runs one batch in engine `name` with checkpoint number `model`, its
+    batches and its dtype. `work`: the batches as (limit, line indices), and every line's mtx
+    ids and SentencePiece pieces; `work_dir` holds the exports (MODEL/ENGINE)."""
     plan, ids, pieces = work["plan"], work["ids"], work["pieces"]
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[o.dtype]
@@ -103,7 +110,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict):
         dtype = "int8" if name == "mtx-int8" else o.dtype
         sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={o.stopping}"]
         sets.append(f"decode.search={SEARCHES[name]}")
-        tr = Translator.from_checkpoint(o.checkpoint, sets, device=o.device)
+        tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
 
         def run_mtx(src, limit, beam):
             tr.cfg.decode.beam = beam
@@ -115,7 +122,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict):
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # not a warning for every batch
-        hf = MarianMTModel.from_pretrained(work_dir / "hf")
+        hf = MarianMTModel.from_pretrained(work_dir / str(model) / "hf")
         hf = hf.to(o.device, torch_dtype).eval()
 
         def run_hf(src, limit, beam):
@@ -125,7 +132,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict):
     import ctranslate2
 
     model = ctranslate2.Translator(
-        str(work_dir / name),
+        str(work_dir / str(model) / name),
         device=o.device,
         intra_threads=o.threads,
         compute_type=ct2_type if name == "ct2" else ct2_int8_type,
@@ -138,15 +145,16 @@ def runner(name: str, o: Options, work_dir: Path, work: dict):
     return run_ct2, [([pieces[i] for i in idx], limit) for limit, idx in plan], model.compute_type
 
 
-def worker(work_dir: Path, name: str) -> None:
-    """Engine `name` in a process of its own, with no other engine's threads beside it (the
-    CTranslate2 process runs no torch model): every beam timed once by the harness after one
-    warm-up batch, the seconds and outputs written to WORK_DIR/NAME.json. `work_dir` holds
-    the options, the work (work.json) and the exports."""
+def worker(work_dir: Path, name: str, model: int) -> None:
+    """Engine `name` with checkpoint number `model` in a process of its own, with no other
+    engine's threads beside it (the CTranslate2 process runs no torch model): every beam timed
+    once by the harness after one warm-up batch, the seconds and outputs written to
+    WORK_DIR/MODEL-NAME.json. `work_dir` holds the options, the work (work.json) and the
+    exports."""
     o = Options.from_json(json.loads((work_dir / "options.json").read_text()))
     torch.set_num_threads(o.threads)
     work = json.loads((work_dir / "work.json").read_text())
-    run, inputs, dtype = runner(name, o, work_dir, work)
+    run, inputs, dtype = runner(name, o, work_dir, work, model)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     report = {"dtype": dtype, "beams": {}}
     for beam in o.beams:
@@ -156,15 +164,37 @@ def worker(work_dir: Path, name: str) -> None:
             lambda b=batches: [ids for batch in b for ids in run(*batch)], 1, 0, sync
         )
         report["beams"][str(beam)] = {"seconds": timing.median, "outputs": outputs}
-    (work_dir / f"{name}.json").write_text(json.dumps(report))
+    (work_dir / f"{model}-{name}.json").write_text(json.dumps(report))
+
+
+EXPORTS = {"hf": ("hf", None), "ct2": ("ctranslate2", None), "ct2-int8": ("ctranslate2", "int8")}
+
+
+def exported(o: Options, engines: list[str], tmp: Path) -> tuple[list[tuple[int, str]], list]:
+    """Each checkpoint's exports for the peers' engines, into TMP/MODEL/ENGINE: the (model,
+    engine) pairs to race and the reasons of those left out (an export refused)."""
+    runs, left_out = [], []
+    for model, checkpoint in enumerate(o.checkpoints):
+        for name in engines:
+            if name in EXPORTS:
+                try:
+                    export(
+                        checkpoint, *EXPORTS[name][:1], tmp / str(model) / name, EXPORTS[name][1]
+                    )
+                except MtxError as e:
+                    left_out.append(f"{name} with {checkpoint}: {e}")
+                    continue
+            runs.append((model, name))
+    return runs, left_out
 
 
 def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan) -> dict:
-    """Every engine's rounds, each in a process of its own: {(engine, beam): [seconds of
-    each round]}, the first round's outputs, and each engine's dtype."""
-    seconds: dict[tuple[str, int], list[float]] = {}
-    outputs: dict[tuple[str, int], list[list[int]]] = {}
-    dtypes: dict[str, str] = {}
+    """Every engine's rounds with every checkpoint, each in a process of its own: {(model,
+    engine, beam): [seconds of each round]}, the first round's outputs, each engine's dtype
+    and the engines left out."""
+    seconds: dict[tuple[int, str, int], list[float]] = {}
+    outputs: dict[tuple[int, str, int], list[list[int]]] = {}
+    dtypes: dict[tuple[int, str], str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = {
             "plan": plan,
@@ -174,21 +204,17 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
         (Path(tmp) / "work.json").write_text(json.dumps(work))
         (Path(tmp) / "options.json").write_text(json.dumps(o.to_json()))
         (Path(tmp) / "spm.model").write_bytes(tr.sp.serialized_model_proto())
-        if "hf" in engines:
-            export(o.checkpoint, "hf", Path(tmp) / "hf")
-        for name, quantization in (("ct2", None), ("ct2-int8", "int8")):
-            if name in engines:
-                export(o.checkpoint, "ctranslate2", Path(tmp) / name, quantization)
+        runs, left_out = exported(o, engines, Path(tmp))
         for r in range(o.rounds):  # every other round in reverse: noise falls on all
-            for name in engines if r % 2 == 0 else engines[::-1]:
-                command = [sys.executable, "-m", "mtx.bench.decode", tmp, name]
+            for model, name in runs if r % 2 == 0 else runs[::-1]:
+                command = [sys.executable, "-m", "mtx.bench.decode", tmp, name, str(model)]
                 subprocess.run(command, check=True)
-                report = json.loads((Path(tmp) / f"{name}.json").read_text())
-                dtypes[name] = report["dtype"]
+                report = json.loads((Path(tmp) / f"{model}-{name}.json").read_text())
+                dtypes[model, name] = report["dtype"]
                 for beam, run in report["beams"].items():
-                    seconds.setdefault((name, int(beam)), []).append(run["seconds"])
-                    outputs.setdefault((name, int(beam)), run["outputs"])
-    return {"seconds": seconds, "outputs": outputs, "dtypes": dtypes}
+                    seconds.setdefault((model, name, int(beam)), []).append(run["seconds"])
+                    outputs.setdefault((model, name, int(beam)), run["outputs"])
+    return {"seconds": seconds, "outputs": outputs, "dtypes": dtypes, "left_out": left_out}
 
 
 def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, reference) -> dict:
@@ -216,48 +242,67 @@ def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, refer
     }
 
 
-def results(o: Options, engines, tr, lines, plan) -> list[dict]:
+def label(o: Options, model: int) -> str:
+    """A checkpoint's name in the table: its run directory's (RUN/checkpoints/best.pt)."""
+    path = o.checkpoints[model]
+    name = path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+    return name if len(o.checkpoints) == 1 else f"{model + 1}:{name}"
+
+
+def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]]:
     order = [i for _, idx in plan for i in idx]
     ref = o.ref or o.src.with_suffix("." + tr.cfg.data.tgt_lang)
     refs = list(read_lines(ref))[: len(lines)] if ref.exists() else None
     raced = race(o, engines, tr, lines, plan)
     rows = []
     for beam in o.beams:
-        for name in engines:
-            key = (name, beam)
-            row = {"engine": name, "dtype": raced["dtypes"][name], "beam": beam}
-            row["batch"] = o.batch
-            mtx_out = raced["outputs"].get(("mtx", beam))
-            timing = Timing(raced["seconds"][key])
-            rows.append(row | score(tr, order, refs, timing, raced["outputs"][key], mtx_out))
-    by = {(r["engine"], r["beam"]): r for r in rows}
+        for model, name in raced["dtypes"]:
+            row = {"model": label(o, model), "engine": name, "beam": beam, "batch": o.batch}
+            row["dtype"] = raced["dtypes"][model, name]
+            mtx_out = raced["outputs"].get((model, "mtx", beam))
+            timing = Timing(raced["seconds"][model, name, beam])
+            outputs = raced["outputs"][model, name, beam]
+            rows.append(row | score(tr, order, refs, timing, outputs, mtx_out))
+    by = {(r["model"], r["engine"], r["beam"]): r for r in rows}
+    first = label(o, 0)
     for r in rows:
         for peer in PEERS.get(r["engine"], ()):
-            if (peer, r["beam"]) in by:
-                r[f"speedup_vs_{peer}"] = r["tokens_per_s"] / by[(peer, r["beam"])]["tokens_per_s"]
-    return rows
+            if (r["model"], peer, r["beam"]) in by:
+                other = by[r["model"], peer, r["beam"]]
+                r[f"speedup_vs_{peer}"] = r["tokens_per_s"] / other["tokens_per_s"]
+        if r["model"] != first and (first, r["engine"], r["beam"]) in by:
+            other = by[first, r["engine"], r["beam"]]
+            r["speedup_vs_first"] = r["sentences_per_s"] / other["sentences_per_s"]
+    return rows, raced["left_out"]
 
 
-def table(rows: list[dict], o: Options, machine: dict) -> str:
+def table(rows: list[dict], left_out: list[str], o: Options, machine: dict) -> str:
+    several = len(o.checkpoints) > 1
     out = [
         f"{rows[0]['lines']} lines, batches of {o.batch}, device {o.device}, "
         f"{o.dtype}, threads {o.threads}; {describe_machine(machine)}",
-        "| engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |",
-        "|---|---|---|---|---|---|---|",
+        "| model | engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same = "-" if r["same_as_mtx"] is None else f"{100 * r['same_as_mtx']:.1f}%"
         bleu = "-" if r["bleu"] is None else f"{r['bleu']:.2f}"
         out.append(
-            f"| {r['engine']} | {r['beam']} | {r['seconds']:.2f} | {r['sentences_per_s']:.1f} "
-            f"| {r['tokens_per_s']:.0f} | {bleu} | {same} |"
+            f"| {r['model']} | {r['engine']} | {r['beam']} | {r['seconds']:.2f} "
+            f"| {r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {bleu} | {same} |"
         )
     for r in rows:
+        who = f"{r['model']} " if several else ""
         for peer in PEERS.get(r["engine"], ()):
             if f"speedup_vs_{peer}" in r:
                 ratio = r[f"speedup_vs_{peer}"]
-                out.append(f"{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
-    return "\n".join(out)
+                out.append(f"{who}{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
+        if "speedup_vs_first" in r:
+            out.append(
+                f"{r['model']} / {label(o, 0)} sentences/s, {r['engine']}, beam {r['beam']}: "
+                f"{r['speedup_vs_first']:.2f}x"
+            )
+    return "\n".join(out + [f"left out: {reason}" for reason in left_out])
 
 
 def run(o: Options) -> str:
@@ -275,12 +320,17 @@ def run(o: Options) -> str:
     lines = list(read_lines(o.src))
     lines = lines[: o.lines] if o.lines else lines
     overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]
-    tr = Translator.from_checkpoint(o.checkpoint, overrides, device="cpu")
+    tr = Translator.from_checkpoint(o.checkpoints[0], overrides, device="cpu")
+    for path in o.checkpoints[1:]:
+        if Translator.from_checkpoint(path, device="cpu").sp.serialized_model_proto() != (
+            tr.sp.serialized_model_proto()
+        ):
+            raise MtxError(f"{path}: another SentencePiece model than {o.checkpoints[0]}'s")
     plan = batches(tr, lines, o.batch)
-    rows = results(o, engines, tr, lines, plan)
-    report = result("decode", {"results": rows}, **o.to_json())
-    return json.dumps(report) if o.json else table(rows, o, report["machine"])
+    rows, left_out = results(o, engines, tr, lines, plan)
+    report = result("decode", {"results": rows, "left_out": left_out}, **o.to_json())
+    return json.dumps(report) if o.json else table(rows, left_out, o, report["machine"])
 
 
-if __name__ == "__main__":  # one engine's process (race): WORK_DIR NAME
-    worker(Path(sys.argv[1]), sys.argv[2])
+if __name__ == "__main__":  # one engine's process (race): WORK_DIR NAME MODEL
+    worker(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))

@@ -95,7 +95,13 @@ LinesOpt = Annotated[int, typer.Option(min=0, help="Only the first N lines (0: a
 
 @bench_app.command("decode")
 def bench_decode(
-    checkpoint: CheckpointOpt,
+    checkpoint: Annotated[
+        list[Path],
+        typer.Option(
+            help="The checkpoint to decode with; repeat it to race several (a student and its "
+            "teacher) on the same batches."
+        ),
+    ],
     src: SrcOpt,
     ref: Annotated[
         Path | None, typer.Option(help="Reference translations, for BLEU (default: beside --src).")
