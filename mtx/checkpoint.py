@@ -437,11 +437,13 @@ def last_step_checkpoints(run: Path, n: int) -> list[Path]:
     return found[:n]
 
 
-def average(paths: list[Path]) -> Checkpoint:
+def average(paths: list[Path], raw: bool = False) -> Checkpoint:
     """A weights-only checkpoint whose parameters are the mean of those of `paths`.
     Checkpoints are read one at a time (memory holds one plus the float64 sums). They must
     share the model config and the vocabulary; config, vocabulary and data manifest are taken
-    from the newest (highest step)."""
+    from the newest (highest step). With `raw`, the weights that a run with `train.ema`
+    trained (kept beside the moving average in its resumable checkpoints) are averaged
+    instead: those of the same run without the average."""
     if not paths:
         raise MtxError("no checkpoints to average")
     sums: dict[str, Tensor] = {}
@@ -449,7 +451,8 @@ def average(paths: list[Path]) -> Checkpoint:
     sources = []
     for path in paths:
         ckpt = Checkpoint.load(path)
-        weights, ckpt.model, ckpt.resume = ckpt.model, {}, None  # let the optimizer state go
+        weights = _raw_weights(path, ckpt) if raw else ckpt.model
+        ckpt.model, ckpt.resume = {}, None  # let the optimizer state go
         if first is None:
             first = ckpt
             sums = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
@@ -474,6 +477,15 @@ def average(paths: list[Path]) -> Checkpoint:
         position=Position(step=newest.step),
         averaged_from=sources,
     )
+
+
+def _raw_weights(path: Path, ckpt: Checkpoint) -> dict[str, Tensor]:
+    if ckpt.resume is None or ckpt.resume.raw_model is None:
+        raise MtxError(
+            f"{path}: holds no raw weights (only the resumable checkpoints of a run with "
+            "train.ema do: last.pt, step-N.pt)"
+        )
+    return ckpt.resume.raw_model
 
 
 def _check_averageable(path, first_path, ckpt, first, weights, sums) -> None:

@@ -12,7 +12,7 @@ from mtx.errors import MtxError
 from mtx.train.ema import Ema
 from mtx.train.trainer import quiet, train
 from tests.conftest import run_config
-from tests.helpers.common import assert_same_parameters, records
+from tests.helpers.common import assert_same_parameters, invoke, mtx, records
 from tests.test_step import HostWaits
 
 
@@ -74,6 +74,13 @@ def test_validation_scores_the_average(tmp_path, prepared):
     assert smoothed.resume.raw_model is not None and plain.resume.raw_model is None
     assert math.isfinite(result["valid_loss"])
     assert records(on, "valid")[-1]["valid_loss"] != records(off, "valid")[-1]["valid_loss"]
+    # `mtx average --raw`: the run without the average, from the run with it
+    mtx("average", on / "checkpoints" / "last.pt", "--raw", "--output", tmp_path / "raw.pt")
+    raw = Checkpoint.load(tmp_path / "raw.pt")
+    assert all(torch.equal(plain.model[k], raw.model[k]) for k in plain.model)
+    failed = invoke("average", off / "checkpoints" / "last.pt", "--raw", "--output", tmp_path / "x")
+    assert failed.exit_code != 0 and "holds no raw weights" in failed.output
+    assert not (tmp_path / "x").exists()
 
 
 def test_ema_settings_are_checked_in_one_line():

@@ -97,6 +97,13 @@ def average(
         int | None,
         typer.Option(min=1, help="Average the N newest step-N.pt checkpoints of the run."),
     ] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            help="Average the trained weights that a run with train.ema keeps beside the "
+            "moving average (resumable checkpoints only): the run without the average."
+        ),
+    ] = False,
 ) -> None:
     """Average checkpoints' parameters (the paper averaged the last 5 base / 20 big)."""
     from mtx import checkpoint as ckpt
@@ -109,7 +116,7 @@ def average(
         paths = inputs
     if any(output.resolve() == p.resolve() for p in paths):
         fail(f"--output {output} is one of the checkpoints being averaged")
-    averaged = run(ckpt.average, paths)
+    averaged = run(ckpt.average, paths, raw)
     run(averaged.save, output)
     steps = ", ".join(str(s.step) for s in averaged.averaged_from)
     log(f"averaged {len(paths)} checkpoints (steps {steps}) into {output}")
