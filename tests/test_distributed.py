@@ -4,6 +4,7 @@ all in one (a shared disk).
 
 - 2 processes train exactly as 1 process accumulating 2 batches per update (bit-identical);
 - only rank 0 writes the run's files, and the job resumes, stops and restarts from them alone;
+- the moving average of the weights (train.ema) too, resumed exactly;
 - a worker SIGKILLed at a random step, with torchrun's --max-restarts, ends like an
   uninterrupted job;
 - different prepared data, a dead process and a hung process end the job with one line.
@@ -121,6 +122,33 @@ def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepar
         assert all(0 < r["padding"] < 1 for r in records(two, "train"))
         assert "2 process(es), gloo" in err
         assert_rank1_wrote_nothing(root)
+
+
+def test_smoothed_weights_train_on_two_machines_as_on_one_and_resume_exactly(tmp_path, prepared):
+    """train.ema under torchrun: the average moves on every process alike (each averages the
+    weights the all-reduce made equal), rank 0 checkpoints it with the raw weights beside it,
+    and a job stopped at step 4 and resumed ends as one process that never stopped."""
+    settings = ["train.ema=0.9", "train.update_freq=2", *SAME]
+    one = tmp_path / "one"
+    threads = torch.get_num_threads()
+    try:
+        train(run_config(one, prepared, "train.max_steps=8", *settings), log=lambda *_: None)
+    finally:
+        torch.set_num_threads(threads)
+    root = tmp_path / "two"
+    job_config(root, prepared, "train.max_steps=4", *settings[:1], *SAME)
+    code, err = finish(torchrun(root))
+    assert code == 0, err[-3000:]
+    job_config(root, prepared, "train.max_steps=8", *settings[:1], *SAME)
+    code, err = finish(torchrun(root, "--resume"))
+    assert code == 0, err[-3000:]
+    ours, theirs = one / "checkpoints", run_dir(root) / "checkpoints"
+    for name in ("last.pt", "best.pt"):
+        assert_same_parameters(ours / name, theirs / name)
+    raw, resumed = last(one).resume.raw_model, last(run_dir(root)).resume.raw_model
+    assert all(torch.equal(raw[k], resumed[k]) for k in raw)
+    assert any(not torch.equal(raw[k], last(one).model[k]) for k in raw)  # an average indeed
+    assert_rank1_wrote_nothing(root)
 
 
 @pytest.mark.slow
