@@ -108,7 +108,15 @@ def test_bad_yaml_names_the_file(tmp_path):
 
 def test_shipped_configs_load():
     names = sorted(p.stem for p in (Path(__file__).parents[1] / "configs").glob("*.yaml"))
-    assert {"toy", "toy-both-ways", "multi30k", "finetune", "base", "big"} <= set(names)
+    assert {
+        "toy",
+        "toy-both-ways",
+        "multi30k",
+        "multi30k-student",
+        "finetune",
+        "base",
+        "big",
+    } <= set(names)
     for name in names:
         load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
     finetune = load_config(Path(__file__).parents[1] / "configs" / "finetune.yaml")

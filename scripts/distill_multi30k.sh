@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Sequence-level distillation on Multi30k en->de, the tables of BENCHMARKS.md ("Small, fast
+# models"): a teacher (configs/multi30k.yaml), its translations of the training sources
+# filtered by cross-entropy (`mtx distill`), and one student (configs/multi30k-student.yaml:
+# a one-layer SSRU decoder) trained for the same updates on the distilled corpus and on the
+# original one, each with train.ema. Run from the project root:
+#
+#   bash scripts/distill_multi30k.sh                 (trains the teacher first)
+#   TEACHER=CKPT bash scripts/distill_multi30k.sh    (a teacher trained already)
+#
+# Steps whose output exists are not run again. Prints one JSON line of scores per model,
+# weights (the moving average, or the raw weights of the same run) and test set, then the
+# decoding race of the teacher and the student on test2016.
+set -euo pipefail
+WORK=${WORK:-runs/distill}
+M30K=${M30K:-../shared/data/multi30k}
+MTX=${MTX:-python -m mtx}
+TEACHER_STEPS=${TEACHER_STEPS:-1300}
+STUDENT_STEPS=${STUDENT_STEPS:-400}
+EMA=${EMA:-0.99}   # a horizon of 100 updates: the runs here are short
+
+if [ -z "${TEACHER:-}" ]; then
+  T=(--set "run_dir=$WORK/teacher" --set "data.train=$M30K/train" --set "data.valid=$M30K/val"
+     --set "data.test=$M30K/test2016" --set train.warmup_steps=500
+     --set "train.max_steps=$TEACHER_STEPS")
+  if [ ! -e "$WORK/teacher/checkpoints/best.pt" ]; then
+    $MTX prepare --config configs/multi30k.yaml "${T[@]}"
+    $MTX train --config configs/multi30k.yaml "${T[@]}"
+  fi
+  TEACHER=$WORK/teacher/checkpoints/best.pt
+fi
+
+if [ ! -e "$WORK/distilled/distill.json" ]; then
+  $MTX distill --checkpoint "$TEACHER" --src "$M30K/train.en" --output-dir "$WORK/distilled" \
+    --drop-worst 0.05 --resume
+fi
+cat "$WORK/distilled/distill.json"
+
+for data in original distilled; do
+  train_set=$M30K/train
+  [ "$data" = distilled ] && train_set=$WORK/distilled/distilled
+  S=(--set "run_dir=$WORK/student-$data" --set "data.train=$train_set"
+     --set "data.valid=$M30K/val" --set "data.test=$M30K/test2016"
+     --set "train.max_steps=$STUDENT_STEPS" --set train.warmup_steps=300
+     --set "train.valid_every=$STUDENT_STEPS" --set "train.ema=$EMA")
+  if [ ! -e "$WORK/student-$data/checkpoints/last.pt" ]; then
+    $MTX prepare --config configs/multi30k-student.yaml "${S[@]}" --set "data.spm_model=$TEACHER"
+    $MTX train --config configs/multi30k-student.yaml "${S[@]}"
+  fi
+  # the same run's weights without the moving average (train.ema keeps them beside it)
+  [ -e "$WORK/student-$data/raw.pt" ] || $MTX average "$WORK/student-$data/checkpoints/last.pt" \
+    --raw --output "$WORK/student-$data/raw.pt"
+done
+
+for ckpt in "$TEACHER" "$WORK"/student-{original,distilled}/checkpoints/last.pt \
+            "$WORK"/student-{original,distilled}/raw.pt; do
+  for test in test2016 test2017; do
+    echo "$ckpt $test $($MTX evaluate --checkpoint "$ckpt" --src "$M30K/$test.en" \
+      --ref "$M30K/$test.de" --json)"
+  done
+done
+
+$MTX bench decode --checkpoint "$TEACHER" \
+  --checkpoint "$WORK/student-distilled/checkpoints/last.pt" --src "$M30K/test2016.en" \
+  --engines mtx,mtx-int8,ct2-int8 --threads 2 --rounds 2
