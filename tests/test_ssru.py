@@ -55,6 +55,25 @@ def test_the_ssru_computes_the_papers_equations(init):
     assert torch.autograd.gradcheck(ssru, (x[:, :4].clone().requires_grad_(),))
 
 
+def test_the_recurrence_runs_in_float32_under_bf16_products():
+    """Rounding does not pile up along the positions: the cell is float32 in both caches."""
+    torch.manual_seed(0)
+    m = Transformer(tiny_model_config(**STUDENT), 40).eval().to(torch.bfloat16)
+    src, tgt = sources(2, 5, 40), torch.full((2, 1), BOS_ID)
+    with torch.no_grad():
+        memory, mask = m.encode(src)
+        cache = m.new_cache()
+        out = m.decode(tgt, memory, mask, cache)
+        static = m.new_static_cache(2, 4, True, memory)
+        assert out.dtype == torch.bfloat16 and memory.dtype == torch.bfloat16
+    assert cache.layers[0].state.dtype == static.layers[0].state.dtype == torch.float32
+    x = torch.randn(2, 6, 32, dtype=torch.bfloat16)
+    ssru = m.decoder_layers[0].self_attn
+    w = ssru.proj.weight.float()
+    want = paper_ssru(x.float(), w[:32], ssru.gate_bias.float(), w[32:])
+    torch.testing.assert_close(ssru(x).float(), want, rtol=0.02, atol=0.02)
+
+
 @pytest.fixture(scope="module")
 def student():
     """A random student-shaped Transformer whose outputs end at varied lengths."""

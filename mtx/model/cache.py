@@ -182,8 +182,8 @@ class StaticLayer:
 class StaticCache:
     """A Transformer decoder's cache allocated once for a whole search: per layer, the
     self-attention keys and values (N, H, L, d_k), written in place at `position` (a () long
-    tensor on the device), or with `ssru_width` d an SSRU's cell (N, d), and the encoder
-    output's keys and values, written before the first step. A step's shapes then depend only on its window (below), and it touches the same
+    tensor on the device), or with `ssru_width` d an SSRU's cell (N, d, float32 as its
+    recurrence), and the encoder output's keys and values, written before the first step. A step's shapes then depend only on its window (below), and it touches the same
     memory every time, so that a CUDA graph can replay it (decode/static.py).
 
     A step at position t attends over, and reorders, the first `window(t)` positions: with
@@ -217,7 +217,7 @@ class StaticCache:
                 self,
                 torch.zeros(rows, H, kept, d_k, **kw),
                 torch.zeros(rows, H, kept, d_k, **kw),
-                torch.zeros(rows, ssru_width, **kw) if ssru_width else None,
+                torch.zeros(rows, ssru_width, device=like.device) if ssru_width else None,
             )
             for _ in range(layers)
         ]

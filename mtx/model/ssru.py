@@ -14,7 +14,9 @@ W_f and W are one (2d, d) product (the paper's W x has no bias). Training runs t
 position by position, as decoding does, with the same operations, each of them one whose
 elements do not depend on the batch (model/rows.py: its sigmoid, not torch's; no fused
 multiply-add). The cell of the positions decoded so
-far lives in the decoder cache (model/cache.py), one row per hypothesis.
+far lives in the decoder cache (model/cache.py), one row per hypothesis. The recurrence runs in
+float32 (at least) whatever the products' precision (bf16 on a GPU), so that rounding does not pile up
+along the positions.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class SSRU(Packable, nn.Module):
     def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
         """(B, T, d) -> (B, T, d). With `cache`, x holds the positions after those cached:
         the recurrence starts from the cached cell and leaves its last cell there."""
-        gate, inputs = self.project("proj", x).chunk(2, dim=-1)
+        h = self.project("proj", x)
+        gate, inputs = h.to(torch.promote_types(h.dtype, torch.float32)).chunk(2, dim=-1)
         forget = sigmoid(gate + self.gate_bias.to(gate.dtype))
         update = (1 - forget) * inputs
         cell = None if cache is None else cache.cell()
@@ -61,8 +64,8 @@ class SSRU(Packable, nn.Module):
             cell = torch.zeros_like(update[:, 0])
         cells = []
         for t in range(x.size(1)):
-            cell = forget[:, t] * cell.to(update.dtype) + update[:, t]
+            cell = forget[:, t] * cell + update[:, t]
             cells.append(cell)
         if cache is not None:
             cache.keep_cell(cell, x.size(1))
-        return torch.relu(torch.stack(cells, dim=1))
+        return torch.relu(torch.stack(cells, dim=1)).to(x.dtype)
