@@ -183,8 +183,9 @@ class StaticCache:
     """A Transformer decoder's cache allocated once for a whole search: per layer, the
     self-attention keys and values (N, H, L, d_k), written in place at `position` (a () long
     tensor on the device), or with `ssru_width` d an SSRU's cell (N, d, float32 as its
-    recurrence), and the encoder output's keys and values, written before the first step. A step's shapes then depend only on its window (below), and it touches the same
-    memory every time, so that a CUDA graph can replay it (decode/static.py).
+    recurrence), and the encoder output's keys and values, written before the first step. A
+    step's shapes then depend only on its window (below), and it touches the same memory
+    every time, so that a CUDA graph can replay it (decode/static.py).
 
     A step at position t attends over, and reorders, the first `window(t)` positions: with
     `full`, t + 1 rounded up to a multiple of WINDOW, those not yet written masked
