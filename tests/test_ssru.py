@@ -172,9 +172,10 @@ def runs(tmp_path_factory, prepared):
     layer) on the same prepared data: their best checkpoints."""
     root = tmp_path_factory.mktemp("students")
     shape = ["model.decoder_self=ssru", "model.decoder_d_ff=16", "model.encoder_layers=2"]
-    for name, extra in (("teacher", []), ("student", shape)):
+    names = {"teacher": [], "student": shape, "narrow": shape[1:]}  # narrow: no SSRU
+    for name, extra in names.items():
         train(run_config(root / name, prepared, "train.max_steps=30", *extra), log=quiet)
-    return {name: root / name / "checkpoints" / "best.pt" for name in ("teacher", "student")}
+    return {name: root / name / "checkpoints" / "best.pt" for name in names}
 
 
 def test_a_student_trains_translates_scores_and_is_refused_by_the_exports(runs, tmp_path):
@@ -194,6 +195,26 @@ def test_a_student_trains_translates_scores_and_is_refused_by_the_exports(runs, 
         with pytest.raises(MtxError, match=f"--format {fmt} has no SSRU decoder layer"):
             export(best, fmt, tmp_path / fmt)
         assert not (tmp_path / fmt).exists()
+
+
+def test_the_narrow_decoder_exports_to_ctranslate2_with_the_same_scores(runs, tmp_path):
+    import ctranslate2
+
+    export(runs["narrow"], "ctranslate2", tmp_path / "ct2")
+    tr = Translator.from_checkpoint(runs["narrow"], device="cpu")
+    assert tr.model.decoder_layers[0].ffn.fc1.out_features == 16
+    ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    lines = ["a b c", "d e f g", "h"]
+    ours = tr.translate_ids(lines)
+    targets = [[tr.sp.id_to_piece(i) for i in h[0].tokens] for h in ours]
+    scored = ct2.score_batch([tr.sp.encode(line, out_type=str) for line in lines], targets)
+    with torch.no_grad():
+        for line, hyp, result in zip(lines, ours, scored):
+            src = torch.tensor([tr.encode(line)])
+            tgt = torch.tensor([[BOS_ID, *hyp[0].tokens]])
+            lprobs = torch.log_softmax(tr.model(src, tgt)[0], -1)
+            expected = lprobs[torch.arange(tgt.size(1)), [*hyp[0].tokens, EOS_ID]]
+            torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
 
 
 def test_the_narrow_decoder_exports_to_marian_with_the_same_logits():

@@ -4,8 +4,9 @@
 - `ctranslate2`: a CTranslate2 model directory (ct2.py).
 
 Both hold the paper's Transformer and the students' narrower decoder feed-forward layers
-(`model.decoder_d_ff`); neither holds the SSRU decoder layer (`model.decoder_self: ssru`), pre-norm,
-learned or relative positions, or the recurrent baseline: those are refused, in one line.
+(`model.decoder_d_ff`); neither holds the SSRU decoder layer (`model.decoder_self: ssru`),
+pre-norm, learned or relative positions, or the recurrent baseline: those are refused, in one
+line (docs/export.md has the table).
 
 The directory is written beside its final name and renamed when complete, so an export that
 fails leaves nothing. It also gets `mtx.json`: the checkpoint's config, data manifest, step
