@@ -16,8 +16,8 @@ WORK=${WORK:-runs/distill}
 M30K=${M30K:-../shared/data/multi30k}
 MTX=${MTX:-python -m mtx}
 TEACHER_STEPS=${TEACHER_STEPS:-1300}
-STUDENT_STEPS=${STUDENT_STEPS:-400}
-EMA=${EMA:-0.99}   # a horizon of 100 updates: the runs here are short
+STUDENT_STEPS=${STUDENT_STEPS:-1300}
+EMA=${EMA:-0.995}   # a horizon of 200 updates: the runs here are short
 
 if [ -z "${TEACHER:-}" ]; then
   T=(--set "run_dir=$WORK/teacher" --set "data.train=$M30K/train" --set "data.valid=$M30K/val"
@@ -41,7 +41,7 @@ for data in original distilled; do
   [ "$data" = distilled ] && train_set=$WORK/distilled/distilled
   S=(--set "run_dir=$WORK/student-$data" --set "data.train=$train_set"
      --set "data.valid=$M30K/val" --set "data.test=$M30K/test2016"
-     --set "train.max_steps=$STUDENT_STEPS" --set train.warmup_steps=300
+     --set "train.max_steps=$STUDENT_STEPS" --set train.warmup_steps=500
      --set "train.valid_every=$STUDENT_STEPS" --set "train.ema=$EMA")
   if [ ! -e "$WORK/student-$data/checkpoints/last.pt" ]; then
     $MTX prepare --config configs/multi30k-student.yaml "${S[@]}" --set "data.spm_model=$TEACHER"
