@@ -2,7 +2,7 @@
 # Sequence-level distillation on Multi30k en->de, the tables of BENCHMARKS.md ("Small, fast
 # models"): a teacher (configs/multi30k.yaml), its translations of the training sources
 # filtered by cross-entropy (`mtx distill`), and one student (configs/multi30k-student.yaml:
-# a one-layer SSRU decoder) trained for the same updates on the distilled corpus and on the
+# a one-layer SSRU decoder) trained for the same updates (800) on the distilled corpus and on the
 # original one, each with train.ema. Run from the project root:
 #
 #   bash scripts/distill_multi30k.sh                 (trains the teacher first)
@@ -16,7 +16,7 @@ WORK=${WORK:-runs/distill}
 M30K=${M30K:-../shared/data/multi30k}
 MTX=${MTX:-python -m mtx}
 TEACHER_STEPS=${TEACHER_STEPS:-1300}
-STUDENT_STEPS=${STUDENT_STEPS:-1300}
+STUDENT_STEPS=${STUDENT_STEPS:-800}
 EMA=${EMA:-0.995}   # a horizon of 200 updates: the runs here are short
 
 if [ -z "${TEACHER:-}" ]; then
