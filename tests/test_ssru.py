@@ -10,7 +10,7 @@ from conftest import tiny_model_config
 
 from mtx.checkpoint import Checkpoint
 from mtx.config import Config, load_config
-from mtx.decode.search import beam_search, greedy_search
+from mtx.decode.search import beam_search
 from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
@@ -22,7 +22,7 @@ from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 from mtx.train.trainer import quiet, train
 from tests.conftest import run_config
 from tests.helpers.common import mtx
-from tests.test_static import sources
+from tests.test_static import both_searches, sources
 
 STUDENT = dict(decoder_self="ssru", decoder_d_ff=24, encoder_layers=3, decoder_layers=2)
 
@@ -122,11 +122,7 @@ def test_both_searches_find_the_same_hypotheses_with_an_ssru_decoder(student, fu
     preallocated ones: the same n-best lists bit for bit, beam 4 and greedy."""
     src = sources(11, 9, 40)
     for K in (4, 1):
-        static = StaticSearch(student, K, 0.6, 1.0, 30, 100, full=full)(src, nbest=K)
-        if K > 1:
-            shrinking = beam_search(student, src, K, 0.6, 1.0, 30, 100, nbest=K)
-        else:
-            shrinking = [[h] for h in greedy_search(student, src, 1.0, 30, 100)]
+        static, shrinking = both_searches(student, src, K, full)
         assert static == shrinking
         assert len({len(h.tokens) for hyps in static for h in hyps}) > 3
     search = StaticSearch(student, 4, 0.6, 1.0, 30, 100)
@@ -249,4 +245,4 @@ def test_the_decoding_race_puts_a_student_beside_its_teacher(runs, tmp_path):
         student["sentences_per_s"] / teacher["sentences_per_s"]
     )
     [reason] = report["left_out"]
-    assert reason.startswith("ct2 with") and "has no SSRU decoder layer" in reason
+    assert reason.startswith(f"ct2: {runs['student']}: --format ctranslate2 has no SSRU")

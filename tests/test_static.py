@@ -50,6 +50,15 @@ def same(a, b, tolerance: float) -> bool:
     )
 
 
+def both_searches(model, src, K: int, full: bool) -> tuple[list, list]:
+    """The n-best lists (K of them) of the static and the shrinking search, beam K (1: greedy),
+    alpha 0.6, output limits 1.0 x source + 30, at most 100."""
+    static = StaticSearch(model, K, 0.6, 1.0, 30, 100, full=full)(src, nbest=K)
+    if K > 1:
+        return static, beam_search(model, src, K, 0.6, 1.0, 30, 100, nbest=K)
+    return static, [[h] for h in greedy_search(model, src, 1.0, 30, 100)]
+
+
 @pytest.mark.parametrize("full", [False, True])
 def test_static_beam_and_greedy_find_what_the_shrinking_search_finds(model, full):
     """Every hypothesis of the n-best lists, beam 4 and greedy: attending over the written
@@ -57,11 +66,7 @@ def test_static_beam_and_greedy_find_what_the_shrinking_search_finds(model, full
     rounded otherwise (within 1e-4)."""
     src = sources(11, 9, 40)
     for K in (4, 1):
-        static = StaticSearch(model, K, 0.6, 1.0, 30, 100, full=full)(src, nbest=K)
-        if K > 1:
-            shrinking = beam_search(model, src, K, 0.6, 1.0, 30, 100, nbest=K)
-        else:
-            shrinking = [[h] for h in greedy_search(model, src, 1.0, 30, 100)]
+        static, shrinking = both_searches(model, src, K, full)
         assert static == shrinking if not full else same(static, shrinking, 1e-4)
         lengths = {len(h.tokens) for hyps in static for h in hyps}
         assert len(lengths) > 3 and max(lengths) > 2 * StaticCache.WINDOW  # several windows

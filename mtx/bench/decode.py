@@ -177,12 +177,11 @@ def exported(o: Options, engines: list[str], tmp: Path) -> tuple[list[tuple[int,
     for model, checkpoint in enumerate(o.checkpoints):
         for name in engines:
             if name in EXPORTS:
+                fmt, quantization = EXPORTS[name]
                 try:
-                    export(
-                        checkpoint, *EXPORTS[name][:1], tmp / str(model) / name, EXPORTS[name][1]
-                    )
-                except MtxError as e:
-                    left_out.append(f"{name} with {checkpoint}: {e}")
+                    export(checkpoint, fmt, tmp / str(model) / name, quantization)
+                except MtxError as e:  # it names the checkpoint
+                    left_out.append(f"{name}: {e}")
                     continue
             runs.append((model, name))
     return runs, left_out
