@@ -13,10 +13,10 @@ length decoded so far, where self-attention reads every earlier position's keys 
 W_f and W are one (2d, d) product (the paper's W x has no bias). Training runs the recurrence
 position by position, as decoding does, with the same operations, each of them one whose
 elements do not depend on the batch (model/rows.py: its sigmoid, not torch's; no fused
-multiply-add). The cell of the positions decoded so
-far lives in the decoder cache (model/cache.py), one row per hypothesis. The recurrence runs in
-float32 (at least) whatever the products' precision (bf16 on a GPU), so that rounding does not pile up
-along the positions.
+multiply-add). The cell of the positions decoded so far lives in the decoder cache
+(model/cache.py), one row per hypothesis. The recurrence runs in float32 (at least) whatever
+the products' precision (bf16 on a GPU), so that rounding does not pile up along the
+positions.
 """
 
 from __future__ import annotations
