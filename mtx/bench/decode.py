@@ -187,10 +187,18 @@ def exported(o: Options, engines: list[str], tmp: Path) -> tuple[list[tuple[int,
     return runs, left_out
 
 
-def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan) -> dict:
-    """Every engine's rounds with every checkpoint, each in a process of its own: {(model,
-    engine, beam): [seconds of each round]}, the first round's outputs, each engine's dtype
-    and the engines left out."""
+@dataclass
+class Raced:
+    """What the rounds gave, keyed by (checkpoint number, engine[, beam])."""
+
+    seconds: dict[tuple[int, str, int], list[float]]  # of each round
+    outputs: dict[tuple[int, str, int], list[list[int]]]  # the first round's
+    dtypes: dict[tuple[int, str], str]  # each engine's, in the order raced
+    left_out: list[str]  # the engines an export refused, and why
+
+
+def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan) -> Raced:
+    """Every engine's rounds with every checkpoint, each in a process of its own."""
     seconds: dict[tuple[int, str, int], list[float]] = {}
     outputs: dict[tuple[int, str, int], list[list[int]]] = {}
     dtypes: dict[tuple[int, str], str] = {}
@@ -213,7 +221,7 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
                 for beam, run in report["beams"].items():
                     seconds.setdefault((model, name, int(beam)), []).append(run["seconds"])
                     outputs.setdefault((model, name, int(beam)), run["outputs"])
-    return {"seconds": seconds, "outputs": outputs, "dtypes": dtypes, "left_out": left_out}
+    return Raced(seconds, outputs, dtypes, left_out)
 
 
 def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, reference) -> dict:
@@ -255,12 +263,12 @@ def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]
     raced = race(o, engines, tr, lines, plan)
     rows = []
     for beam in o.beams:
-        for model, name in raced["dtypes"]:
+        for model, name in raced.dtypes:
             row = {"model": label(o, model), "engine": name, "beam": beam, "batch": o.batch}
-            row["dtype"] = raced["dtypes"][model, name]
-            mtx_out = raced["outputs"].get((model, "mtx", beam))
-            timing = Timing(raced["seconds"][model, name, beam])
-            outputs = raced["outputs"][model, name, beam]
+            row["dtype"] = raced.dtypes[model, name]
+            mtx_out = raced.outputs.get((model, "mtx", beam))
+            timing = Timing(raced.seconds[model, name, beam])
+            outputs = raced.outputs[model, name, beam]
             rows.append(row | score(tr, order, refs, timing, outputs, mtx_out))
     by = {(r["model"], r["engine"], r["beam"]): r for r in rows}
     first = label(o, 0)
@@ -272,7 +280,7 @@ def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]
         if r["model"] != first and (first, r["engine"], r["beam"]) in by:
             other = by[first, r["engine"], r["beam"]]
             r["speedup_vs_first"] = r["sentences_per_s"] / other["sentences_per_s"]
-    return rows, raced["left_out"]
+    return rows, raced.left_out
 
 
 def table(rows: list[dict], left_out: list[str], o: Options, machine: dict) -> str:
