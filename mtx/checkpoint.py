@@ -74,6 +74,11 @@ class PreparedFiles:
     def cache(self) -> Path:
         return self.dir / "cache"
 
+    @property
+    def dropped(self) -> Path:
+        """Every pair the cleaning dropped, with its reason (data/filtering.py)."""
+        return self.dir / "dropped.tsv"
+
     def split(self, name: str) -> Path:
         """A split's `datasets` folder: train, valid or test."""
         return self.dir / name

@@ -109,6 +109,57 @@ class CorpusConfig:
 
 
 @dataclass
+class CleanConfig:
+    """data.clean: the rules that drop noisy training pairs (mtx/data/clean.py, docs/data.md);
+    each drop is counted by its reason and written to RUN/prepared/dropped.tsv."""
+
+    langid: float = setting(
+        0.5,
+        "drop a pair when a side is identified (py3langid) as another language than declared "
+        "with at least this probability (0: off)",
+        Range(0, 1),
+    )
+    copy: float = setting(
+        0.9,
+        "drop a pair when at least this share of the target's normalised words are the "
+        "source's: an untranslated copy (0: off)",
+        Range(0, 1),
+    )
+    numbers: bool = setting(True, "drop a pair whose two sides hold different numbers")
+    nontext: bool = setting(
+        True, "drop a pair with control, replacement, private-use or unassigned characters"
+    )
+    markup: bool = setting(
+        True, "drop a pair with HTML entities, tags that do not nest, or different tags"
+    )
+    max_nonletters: float = setting(
+        0.5,
+        "drop a pair when more than this share of a side's characters (spaces aside) are "
+        "not letters (1: off)",
+        Range(0, 1),
+    )
+    dual_forward: str = setting(
+        "",
+        "dual conditional cross-entropy filtering: a checkpoint translating src_lang -> "
+        "tgt_lang, trained on clean data (empty: off)",
+    )
+    dual_backward: str = setting(
+        "",
+        "its backward model, tgt_lang -> src_lang (empty: dual_forward, which must then "
+        "translate both ways, with language tags)",
+    )
+    dual_threshold: float = setting(
+        0.0,
+        "keep pairs whose dual score |H_f - H_b| + (H_f + H_b) / 2 (nats per token) is at "
+        "most this (0: use dual_keep)",
+        NOT_NEGATIVE,
+    )
+    dual_keep: float = setting(
+        0.9, "without dual_threshold: the share of pairs kept, the best-scored", Range(0, 1, True)
+    )
+
+
+@dataclass
 class DataConfig:
     """What `mtx prepare` reads and how it encodes it."""
 
@@ -140,7 +191,12 @@ class DataConfig:
     max_ratio: float = setting(
         3.0, "drop training pairs whose length ratio exceeds this", AT_LEAST_1
     )
-    dedup: bool = setting(False, "drop exact duplicate training pairs")
+    dedup: Literal["false", "true", "normalised"] = setting(
+        "normalised",
+        "drop repeated training pairs: true, exact repeats; normalised, also those that "
+        "differ only in case, punctuation and whitespace (the first is kept)",
+    )
+    clean: CleanConfig = field(default_factory=CleanConfig, metadata={"section": True})
     spm_sample: int = setting(
         2_000_000, "sentences sampled to train SentencePiece (0: all)", NOT_NEGATIVE
     )
@@ -521,7 +577,7 @@ SECTIONS = ("data", "model", "train", "decode", "serve")
 
 def _is_key(f: dataclasses.Field) -> bool:
     """Whether a dataclass field is a config key or section (not bookkeeping like `given`)."""
-    return "doc" in f.metadata or f.name in SECTIONS
+    return "doc" in f.metadata or "section" in f.metadata or f.name in SECTIONS
 
 
 def _plain(value: Any) -> Any:
@@ -547,6 +603,8 @@ def check_fields(settings: Any, prefix: str) -> None:
     choices or range."""
     hints = typing.get_type_hints(type(settings))
     for f in dataclasses.fields(settings):
+        if "section" in f.metadata:  # a section inside a section: data.clean
+            check_fields(getattr(settings, f.name), f"{prefix}{f.name}.")
         if "doc" not in f.metadata:
             continue
         key, value, tp = prefix + f.name, getattr(settings, f.name), hints[f.name]

@@ -52,6 +52,7 @@ TINY_RUN = [
     "train.bleu_every=0",  # validation by loss only; the BLEU tests turn it on
     "train.device=cpu",
     "data.vocab_size=200",
+    "data.clean.langid=0",  # as configs/toy.yaml: the toy corpus is not natural language
 ]
 
 

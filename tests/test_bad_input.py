@@ -58,6 +58,7 @@ def corpus(tmp_path: Path, problem: str) -> list[str]:
         f"data.test={tmp_path / 'good'}",
         "data.vocab_size=40",
         "data.max_len=100",
+        "data.dedup=false",  # GOOD repeats its pairs on purpose
         "train.max_tokens=512",
     ]
 

@@ -221,3 +221,35 @@ def bench_prepare(
         pairs, workers.split(","), work, data, config, sample_every, json_file
     )
     typer.echo(run(prepare.run, options))
+
+
+@bench_app.command("clean")
+def bench_clean(
+    out: Annotated[
+        Path, typer.Option(help="Prefix of the noisy corpus written: OUT.de/.en/.kind.")
+    ],
+    data: Annotated[Path, typer.Option(help="Multi30k's plain-text files.")] = Path(
+        "../shared/data/multi30k"
+    ),
+    third: Annotated[
+        list[Path] | None,
+        typer.Option(help="Third-language captions line-aligned with Multi30k's train (repeat)."),
+    ] = None,
+    noise: Annotated[float, typer.Option(min=0.0, max=0.9, help="Share of noise in the whole.")] = (
+        1 / 3
+    ),
+    seed: Annotated[int, typer.Option(help="Seed of the noise.")] = 1,
+    run_dir: Annotated[Path | None, typer.Option(help="Where `mtx prepare` runs.")] = None,
+    config: Annotated[Path, typer.Option(help="The config `mtx prepare` runs with.")] = Path(
+        "configs/multi30k.yaml"
+    ),
+    set: SetOpt = None,
+    json_file: JsonFileOpt = None,
+) -> None:
+    """The cleaning rules on Multi30k with known noise: each rule's precision and recall."""
+    from mtx.bench import clean
+
+    options = clean.Options(
+        out, data, third or [], noise, seed, run_dir, config, set or [], json_file
+    )
+    typer.echo(run(clean.run, options))

@@ -15,7 +15,13 @@ def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
     from mtx.data.prepare import prepare as do_prepare
 
     cfg = load(config, set)
-    run(do_prepare, cfg, log=log)
+    dual = None
+    if cfg.data.clean.dual_forward:  # its models loaded (or refused) before any work
+        from mtx.decode.dual import DualCrossEntropy
+
+        dual = run(DualCrossEntropy, cfg.data.clean)
+        run(dual.check, cfg.data)
+    run(do_prepare, cfg, log=log, dual=dual)
 
 
 def toy(

@@ -1,51 +1,238 @@
-"""Cleaning of parallel text, reported as counts of what was dropped and why.
+"""Cleaning of parallel text: the rules, each a setting of `data.clean` (or of `data`), each
+drop counted by its reason.
 
-Text level (before SentencePiece): strip whitespace, drop pairs with an empty side, optionally
-drop exact duplicates. Token level (after encoding, training split only): drop pairs longer than
-`max_len` subwords on either side or whose length ratio exceeds `max_ratio`.
+Whitespace is stripped and collapsed on every side of every split first. Then each training
+pair meets the rules below in this order, and the first that fires is its reason (a pair is
+dropped, and counted, once):
+
+    empty       a side is empty (validation pairs too)
+    nontext     a side holds characters that are not text: control characters, U+FFFD (a
+                decoding failure), private-use or unassigned code points (clean.nontext)
+    markup      a side holds an HTML/XML entity, or tags that do not nest, or the two sides'
+                tags differ (clean.markup)
+    nonletters  more than clean.max_nonletters of a side's characters (spaces aside) are not
+                letters: digits, punctuation, symbols
+    copy        the target is the source, or nearly: at least clean.copy of the target's
+                normalised words are also the source's (in a multiset)
+    numbers     the numbers on one side are not those on the other (clean.numbers; digits of
+                every script read as ASCII, "1,000" = "1.000" = "1000")
+    langid      a side is identified as another language than the one declared, with at least
+                clean.langid probability (py3langid: mtx/data/langid.py)
+    duplicate   the pair was met before (data.dedup: true, as is; normalised, after case,
+                punctuation and whitespace are normalised)
+
+and, after encoding, `length_reason`: too_long (over data.max_len subwords) and ratio (over
+data.max_ratio). Every rule but `duplicate` looks at one pair alone, so they run in
+data.workers processes and the result is the same for any number of them; duplicates are
+then found in one pass in order (the first occurrence is kept).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
+import re
+import sys
+import unicodedata
 from collections import Counter
+from dataclasses import dataclass
+
+# characters that are not text: control characters (tab and newline are whitespace, gone by
+# now), surrogates, private use, unassigned, and U+FFFD (a decoding failure upstream)
+_NONTEXT_CATEGORIES = {"Cc", "Cs", "Co", "Cn"}
+_TAG = re.compile(r"</?([A-Za-z][A-Za-z0-9]*)\b[^<>]*?(/?)>")
+_ENTITY = re.compile(r"&(?:#\d+|#[xX][0-9a-fA-F]+|[A-Za-z][A-Za-z0-9]{1,30});")
+_NUMBER = re.compile(r"\d+(?:[.,\u00a0\u202f' ]\d+)*")
+_NOT_WORD = re.compile(r"[^\w\s]|_")
+_NONLETTER = re.compile(r"[^\w\s]|[\d_]")  # marks too: see nonletter_share
+_DIGIT = re.compile(r"\d")
+# every decimal digit of every script -> its ASCII digit
+_DIGITS = {
+    c: str(unicodedata.digit(chr(c)))
+    for c in range(sys.maxunicode + 1)
+    if unicodedata.category(chr(c)) == "Nd"
+}
 
 
-class TextCleaner:
-    """A batched `datasets.map` function; `counts` says how many pairs each rule dropped and
-    `dedup_seconds` how long deduplicating took."""
+def collapse(text: str) -> str:
+    """Whitespace stripped and collapsed to single spaces (every split, every side)."""
+    return " ".join(text.split())
 
-    def __init__(self, drop_empty: bool, dedup: bool) -> None:
-        self.drop_empty = drop_empty
-        self.dedup = dedup
-        self.seen: set[bytes] = set()
-        self.counts: Counter[str] = Counter()
-        self.dedup_seconds = 0.0
 
-    def __call__(self, batch: dict[str, list[str]]) -> dict[str, list[str]]:
-        self.counts["read"] += len(batch["src"])
-        pairs = [
-            (" ".join(s.split()), " ".join(t.split())) for s, t in zip(batch["src"], batch["tgt"])
-        ]
-        if self.drop_empty:
-            kept = [(s, t) for s, t in pairs if s and t]
-            self.counts["empty"] += len(pairs) - len(kept)
-            pairs = kept
-        if self.dedup:
-            start = time.perf_counter()
-            pairs = [p for p in pairs if self._first(*p)]
-            self.dedup_seconds += time.perf_counter() - start
-        return {"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}
+def normalise(text: str) -> str:
+    """What two sides or two pairs are compared by: case folded, punctuation and symbols
+    removed, whitespace collapsed (NFKC first, so that width and ligature variants agree)."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(_NOT_WORD.sub(" ", text.casefold()).split())
 
-    def _first(self, src: str, tgt: str) -> bool:
-        """Whether the pair is seen for the first time (counting it as a duplicate if not)."""
-        key = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=12).digest()
-        if key in self.seen:
-            self.counts["duplicate"] += 1
-            return False
-        self.seen.add(key)
+
+def has_nontext(text: str) -> bool:
+    if "\ufffd" in text:
         return True
+    if text.isprintable():  # the fast path: every character is text
+        return False
+    return any(unicodedata.category(c) in _NONTEXT_CATEGORIES for c in text)
+
+
+def tags(text: str) -> list[str] | None:
+    """The tags of a side as "<b>", "</b>", "<br/>" in order, or None if they do not nest."""
+    found, stack = [], []
+    for m in _TAG.finditer(text):
+        name, closing, empty = m.group(1).lower(), m.group(0).startswith("</"), m.group(2)
+        found.append(f"<{'/' if closing else ''}{name}{'/' if empty else ''}>")
+        if empty:
+            continue
+        if closing:
+            if not stack or stack.pop() != name:
+                return None
+        else:
+            stack.append(name)
+    return None if stack else found
+
+
+def markup_reason(src: str, tgt: str) -> bool:
+    """Whether a pair holds broken markup: an entity (escaped text), tags that do not nest,
+    or tags that differ between the sides (the same balanced tags on both sides pass)."""
+    if "&" in src + tgt and (_ENTITY.search(src) or _ENTITY.search(tgt)):
+        return True
+    if "<" not in src + tgt:
+        return False
+    s, t = tags(src), tags(tgt)
+    return s is None or t is None or s != t
+
+
+def nonletter_share(text: str) -> float:
+    """The share of a side's characters, spaces aside, that are not letters (nor marks);
+    whitespace is collapsed to single spaces by now."""
+    chars = len(text) - text.count(" ")
+    if not chars:
+        return 0.0
+    found = _NONLETTER.findall(text)
+    if len(found) > 0.2 * chars:  # combining marks (Indic vowel signs) are letters' parts
+        found = [c for c in found if not unicodedata.category(c).startswith("M")]
+    return len(found) / chars
+
+
+def copy_share(src: str, tgt: str) -> float:
+    """The share of the target's words that are also the source's (a multiset intersection),
+    both sides normalised: 1 for a copy, near 1 for a copy with a few edits."""
+    words = tgt.split()
+    if not words:
+        return 0.0
+    source = set(src.split())
+    if sum(w in source for w in words) < 0.5 * len(words):  # the fast path: far from a copy
+        return sum(w in source for w in words) / len(words)
+    t = Counter(words)
+    common = t & Counter(src.split())
+    return sum(common.values()) / sum(t.values())
+
+
+def numbers(text: str) -> Counter[str]:
+    """The numbers of a side, each as its ASCII digits without separators."""
+    return Counter(
+        re.sub(r"\D", "", m.group(0).translate(_DIGITS)).lstrip("0") or "0"
+        for m in _NUMBER.finditer(text)
+    )
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The per-pair rules of the training split, as data.clean sets them (0 or False: off)."""
+
+    nontext: bool = True
+    markup: bool = True
+    max_nonletters: float = 0.5
+    copy: float = 0.9
+    numbers: bool = True
+    langid: float = 0.5
+    src_lang: str = ""
+    tgt_lang: str = ""
+
+    def reason(self, src: str, tgt: str, lid=None, norm: tuple[str, str] | None = None) -> str:
+        """Why the pair (whitespace collapsed, neither side empty) is dropped, or ""; `lid`
+        identifies languages (mtx/data/langid.py) when the langid rule is on, `norm` is the
+        pair normalised (computed here if not given)."""
+        if self.nontext and (has_nontext(src) or has_nontext(tgt)):
+            return "nontext"
+        if self.markup and markup_reason(src, tgt):
+            return "markup"
+        if self.max_nonletters < 1 and (
+            nonletter_share(src) > self.max_nonletters or nonletter_share(tgt) > self.max_nonletters
+        ):
+            return "nonletters"
+        if self.copy and copy_share(*(norm or (normalise(src), normalise(tgt)))) >= self.copy:
+            return "copy"
+        if (
+            self.numbers
+            and (_DIGIT.search(src) or _DIGIT.search(tgt))
+            and (numbers(src) != numbers(tgt))
+        ):
+            return "numbers"
+        if (
+            self.langid
+            and lid is not None
+            and (
+                lid.other(src, self.src_lang, self.langid)
+                or lid.other(tgt, self.tgt_lang, self.langid)
+            )
+        ):
+            return "langid"
+        return ""
+
+
+class PairCleaner:
+    """A batched `datasets.map` function (with indices) over raw pairs: whitespace collapsed,
+    a `reason` column ("" to keep) from the empty rule and `rules` (None: the empty rule
+    alone), a `line` column (the pair's 1-based line in its source) and, with `dedup`
+    ("true": the pair as is, "normalised": after `normalise`), a `key` column that
+    `Duplicates` compares. It pickles without its language identifier: each worker process
+    loads one, itself."""
+
+    def __init__(self, drop_empty: bool, rules: Rules | None, dedup: str = "false") -> None:
+        self.drop_empty, self.rules, self.dedup, self.lid = drop_empty, rules, dedup, None
+
+    def __getstate__(self) -> dict:
+        return self.__dict__ | {"lid": None}
+
+    def __call__(self, batch: dict[str, list[str]], indices: list[int]) -> dict[str, list]:
+        src = [collapse(s) for s in batch["src"]]
+        tgt = [collapse(t) for t in batch["tgt"]]
+        if self.rules is not None and self.rules.langid and self.lid is None:
+            from mtx.data.langid import LanguageId
+
+            self.lid = LanguageId()
+        reasons, keys = [], []
+        for s, t in zip(src, tgt):
+            norm = (normalise(s), normalise(t)) if self.dedup == "normalised" else None
+            reasons.append(self.reason(s, t, norm))
+            if self.dedup != "false":
+                keys.append(pair_key(*(norm or (s, t))))
+        out = {"src": src, "tgt": tgt, "reason": reasons, "line": [i + 1 for i in indices]}
+        return out | ({"key": keys} if self.dedup != "false" else {})
+
+    def reason(self, src: str, tgt: str, norm: tuple[str, str] | None) -> str:
+        if not (src and tgt):
+            return "empty" if self.drop_empty else ""
+        return self.rules.reason(src, tgt, self.lid, norm) if self.rules else ""
+
+
+def pair_key(src: str, tgt: str) -> bytes:
+    """12 bytes that two pairs share only if they are the same (a blake2b digest)."""
+    return hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=12).digest()
+
+
+class Duplicates:
+    """Which pairs were met before, by their `pair_key`, in the order they are offered (the
+    first is kept)."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def seen_before(self, key: bytes) -> bool:
+        if key in self.seen:
+            return True
+        self.seen.add(key)
+        return False
 
 
 def length_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:

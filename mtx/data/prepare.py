@@ -22,7 +22,6 @@ manifest are the same for any number of workers (tests/test_data.py).
 
 from __future__ import annotations
 
-import array
 import functools
 import hashlib
 import shutil
@@ -39,8 +38,9 @@ import sentencepiece as spm
 from mtx import __version__, corpora
 from mtx.checkpoint import Manifest, PreparedFiles, RunDir, SetRecord, SplitRecord, SpmSource
 from mtx.config import Config, DataConfig
-from mtx.data import sources, vocab
-from mtx.data.clean import TextCleaner, length_reason
+from mtx.data import filtering, sources, vocab
+from mtx.data.clean import PairCleaner
+from mtx.data.filtering import Dropped, DualScorer
 from mtx.device import cores
 from mtx.errors import MtxError
 from mtx.files import sha256_file
@@ -56,6 +56,7 @@ ENCODED = datasets.Features(
         "src_len": datasets.Value("int32"),
         "tgt_len": datasets.Value("int32"),
         "group": datasets.Value("int32"),
+        "line": datasets.Value("int64"),  # in its source: for dropped.tsv, not written
     }
 )
 
@@ -92,23 +93,8 @@ class Encoder:
             "src_len": [len(x) for x in src_ids],
             "tgt_len": [len(x) for x in tgt_ids],
             "group": [self.group] * len(src_ids),
+            "line": batch.get("line", [0] * len(src_ids)),  # 0: not from a file
         }
-
-
-def keep_by_length(ds: datasets.Dataset, max_len: int, max_ratio: float) -> tuple:
-    """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason). A source
-    tag counts as one of the source's subwords."""
-    counts: Counter[str] = Counter()
-    kept = array.array("q")  # 8 bytes a pair: millions of pairs stay small
-    lens = ds.select_columns(["src_len", "tgt_len"])
-    for start, batch in enumerate(lens.iter(batch_size=100_000)):
-        for i, (s, t) in enumerate(zip(batch["src_len"], batch["tgt_len"])):
-            reason = length_reason(s - 1, t - 1, max_len, max_ratio)  # EOS excluded
-            if reason:
-                counts[reason] += 1
-            else:
-                kept.append(start * 100_000 + i)
-    return (ds.select(np.frombuffer(kept, dtype=np.int64)) if counts else ds), counts
 
 
 def worker_count(setting: int, pairs: int) -> int:
@@ -149,15 +135,22 @@ def read_spm_model(path: str) -> tuple[bytes, SpmSource]:
     return proto, SpmSource(kind, str(p.resolve()), sha256_file(p))
 
 
-def prepare(cfg: Config, log=print) -> Path:
-    """Prepare the run's data; returns RUN/prepared."""
+def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
+    """Prepare the run's data; returns RUN/prepared. `dual` scores pairs for the dual
+    cross-entropy filter (decode/dual.py), which data.clean.dual_forward asks for."""
+    if cfg.data.clean.dual_forward and dual is None:
+        raise MtxError("data.clean.dual_forward is set but no scorer was given to prepare")
     final = RunDir.of(cfg).prepared
     tmp = final.with_name("prepared.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        manifest = _prepare_into(cfg, PreparedFiles(tmp), log)
+        dropped = Dropped(PreparedFiles(tmp).dropped)
+        try:
+            manifest = _prepare_into(cfg, PreparedFiles(tmp), dropped, dual, log)
+        finally:
+            dropped.close()
         manifest.write(PreparedFiles(tmp).manifest)
         if final.exists():
             shutil.rmtree(final)
@@ -172,14 +165,15 @@ def prepare(cfg: Config, log=print) -> Path:
     return final
 
 
-def _prepare_into(cfg: Config, out: PreparedFiles, log) -> Manifest:
+def _prepare_into(cfg: Config, out: PreparedFiles, dropped: Dropped, dual, log) -> Manifest:
     d = cfg.data
-    cache = out.cache
     given = read_spm_model(d.spm_model) if d.spm_model else None  # refused before any work
     seconds: Counter[str] = Counter()  # per stage, logged at the end
     groups = split_groups(d)
     texts = {
-        split: [_read_and_clean(g, split, d.dedup, cache, seconds, log) for g in groups[split]]
+        split: [
+            _read_and_clean(d, g, split, out, dropped, dual, seconds, log) for g in groups[split]
+        ]
         for split in groups
     }
 
@@ -221,9 +215,12 @@ def _prepare_into(cfg: Config, out: PreparedFiles, log) -> Manifest:
         parts = texts.pop(split)
         if not parts:
             continue  # no test set
-        entry = _encode_and_write(d, split, groups[split], parts, tag_of, out, seconds, log)
+        entry = _encode_and_write(
+            d, split, groups[split], parts, tag_of, out, dropped, seconds, log
+        )
         manifest.splits[split] = entry
-    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(out.cache, ignore_errors=True)
+    filtering.report(manifest.splits, log)
     log("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()))
     return manifest
 
@@ -241,29 +238,31 @@ def split_groups(d: DataConfig) -> dict[str, list[corpora.EvalSet]]:
 
 
 def _read_and_clean(
-    g: corpora.EvalSet, split: str, dedup: bool, cache: Path, seconds: Counter, log
-) -> tuple:
-    """(the part's cleaned pairs, counts of the pairs read and dropped by reason)."""
+    d: DataConfig, g: corpora.EvalSet, split: str, out: PreparedFiles, dropped: Dropped, dual,
+    seconds: Counter, log,
+) -> tuple:  # fmt: skip
+    """(the part's cleaned pairs, counts of the pairs read and dropped by reason). Training
+    pairs meet every rule of data.clean, validation pairs the empty rule, test pairs none."""
     label = split if g.single and split != "valid" else f"{split} {g.name}"
     log(f"{label}: loading {sources.describe(g.spec, g.src_lang, g.tgt_lang)}")
     start = time.perf_counter()
-    raw = sources.load_split(g.spec, g.src_lang, g.tgt_lang, SPLITS[split], cache)
+    raw = sources.load_split(g.spec, g.src_lang, g.tgt_lang, SPLITS[split], out.cache)
     seconds["read"] += time.perf_counter() - start
-    start = time.perf_counter()
-    cleaner = TextCleaner(drop_empty=split != "test", dedup=dedup and split == "train")
-    key = f"{split}-{g.name}"
-    text = raw.map(
-        cleaner,
-        batched=True,
-        new_fingerprint=f"clean-{key}",
-        cache_file_name=str(cache / f"clean-{key}.arrow"),
-    )
-    # the map's own reading and writing counts as cleaning; deduplication on its own
-    seconds["clean"] += time.perf_counter() - start - cleaner.dedup_seconds
-    seconds["dedup"] += cleaner.dedup_seconds
+    train = split == "train"
+    rules = filtering.rules(d, g.src_lang, g.tgt_lang, log) if train else None
+    cleaner = PairCleaner(split != "test", rules, d.dedup if train else "false")
+    where = f"{split}\t{g.name}"
+    workers = worker_count(d.workers, len(raw))
+    text, counts = filtering.clean_part(raw, cleaner, workers, out.cache, where, dropped, seconds)
+    if train and d.clean.dual_forward and len(text):
+        start = time.perf_counter()
+        langs = (g.src_lang, g.tgt_lang)
+        text, scored = filtering.dual_filter(text, d, langs, dual, where, dropped, log)
+        counts.update(scored)
+        seconds["dual"] += time.perf_counter() - start
     if split != "test" and len(text) == 0:
         raise MtxError(f"{_key(split, g)} ({g.spec}) has no usable pairs after cleaning")
-    return text, cleaner.counts
+    return text, counts
 
 
 def _key(split: str, g: corpora.EvalSet) -> str:
@@ -308,6 +307,7 @@ def _encode_and_write(
     parts: list[tuple],
     tag_of: dict[str, int],
     out: PreparedFiles,
+    dropped: Dropped,
     seconds,
     log,
 ) -> SplitRecord:
@@ -316,7 +316,7 @@ def _encode_and_write(
     encoded_parts, sets = [], []
     for k, (g, (text, counts)) in enumerate(zip(groups, parts)):
         tag = tag_of.get(g.tgt_lang, 0)
-        encoded, entry = _encode_part(d, split, k, g, text, counts, tag, out, seconds, log)
+        encoded, entry = _encode_part(d, split, k, g, text, counts, tag, out, dropped, seconds, log)
         encoded_parts.append(encoded)
         sets.append(entry)
     start = time.perf_counter()
@@ -325,7 +325,7 @@ def _encode_and_write(
         if len(encoded_parts) == 1
         else datasets.concatenate_datasets(encoded_parts)
     )
-    whole.save_to_disk(str(out.split(split)))
+    whole.remove_columns("line").save_to_disk(str(out.split(split)))
     total: Counter[str] = Counter()
     for s in sets:
         total.update(s.dropped)
@@ -342,7 +342,7 @@ def _encode_and_write(
     return entry
 
 
-def _encode_part(d, split, k, g, text, counts, tag, out, seconds, log) -> tuple:
+def _encode_part(d, split, k, g, text, counts, tag, out, dropped, seconds, log) -> tuple:
     """Part k of a split encoded in data.workers processes (its source starting with `tag`
     if not 0), its pairs too long dropped; returns it and its entry of the manifest."""
     start = time.perf_counter()
@@ -357,19 +357,21 @@ def _encode_part(d, split, k, g, text, counts, tag, out, seconds, log) -> tuple:
         cache_file_name=str(out.cache / f"encode-{split}-{k}.arrow"),
         desc=f"encoding {split}" + ("" if g.single else f" {g.name}"),
     )
-    dropped = dict(counts)
+    by_reason = dict(counts)
     if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
-        encoded, too_long = keep_by_length(encoded, d.max_len, d.max_ratio)
-        dropped |= too_long
+        encoded, too_long = filtering.keep_by_length(
+            encoded, d.max_len, d.max_ratio, f"{split}\t{g.name}", dropped
+        )
+        by_reason |= too_long
     seconds["encode"] += time.perf_counter() - start
     if split == "train" and len(encoded) == 0:
         raise MtxError(f"{_key(split, g)} ({g.spec}) is empty after cleaning (max_len {d.max_len})")
-    read = dropped.pop("read", 0)
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dropped.items()))
+    read = by_reason.pop("read", 0)
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items()))
     label = split if g.single and split != "valid" else f"{split} {g.name}"
     log(
         f"{label}: kept {len(encoded)} of {read} pairs"
-        + (f" (dropped: {reasons})" if dropped else "")
+        + (f" (dropped: {reasons})" if by_reason else "")
     )
     entry = SetRecord(
         name=g.name,
@@ -379,7 +381,7 @@ def _encode_part(d, split, k, g, text, counts, tag, out, seconds, log) -> tuple:
         files=sources.file_hashes(g.spec, g.src_lang, g.tgt_lang),
         read=read,
         kept=len(encoded),
-        dropped=dropped,
+        dropped=by_reason,
     )
     return encoded, entry
 

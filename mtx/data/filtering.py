@@ -1,0 +1,181 @@
+"""The rules of data/clean.py applied to a part of a split, with every dropped pair accounted
+for: counted by reason (the manifest's `dropped`, the table `mtx prepare` prints) and written
+once, with its reason, to RUN/prepared/dropped.tsv:
+
+    split  set  line  reason  source  target
+
+(`line`: the pair's 1-based line in its source, or its row in a hub dataset; the sides as
+the rules saw them, whitespace collapsed). The order: per-pair rules (in data.workers
+processes), duplicates (one pass, in order), the dual cross-entropy filter, then, after
+encoding, the length rules (`keep_by_length`).
+"""
+
+from __future__ import annotations
+
+import array
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from mtx.config import DataConfig
+from mtx.data.clean import Duplicates, PairCleaner, Rules, length_reason
+
+# (sources, targets, src_lang, tgt_lang) -> each pair's dual conditional cross-entropy score
+DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
+ORDER = ("empty", "nontext", "markup", "nonletters", "copy", "numbers", "langid", "duplicate",
+         "dual", "too_long", "ratio")  # fmt: skip
+
+
+class Dropped:
+    """dropped.tsv, written as the parts are cleaned."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by prepare)
+        self.file.write("split\tset\tline\treason\tsource\ttarget\n")
+
+    def write(self, where: str, line: int, reason: str, src: str, tgt: str) -> None:
+        self.file.write(f"{where}\t{line}\t{reason}\t{src}\t{tgt}\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def rules(d: DataConfig, src_lang: str, tgt_lang: str, log) -> Rules:
+    """The training split's per-pair rules, as data.clean sets them; a language the
+    identifier does not know is said and its side left unchecked."""
+    c = d.clean
+    if c.langid:
+        from mtx.data.langid import LanguageId
+
+        lid = LanguageId()
+        for lang in (src_lang, tgt_lang):
+            if not lid.knows(lang):
+                log(f"data.clean.langid: py3langid does not know {lang!r}; its side is not checked")
+    return Rules(c.nontext, c.markup, c.max_nonletters, c.copy, c.numbers, c.langid,
+                 src_lang, tgt_lang)  # fmt: skip
+
+
+def clean_part(
+    raw: datasets.Dataset,
+    cleaner: PairCleaner,
+    workers: int,
+    cache: Path,
+    where: str,
+    dropped: Dropped,
+    seconds: Counter,
+) -> tuple[datasets.Dataset, Counter]:
+    """(the part's kept pairs with their `line`, counts of the pairs read and dropped by
+    reason); every dropped pair written to `dropped` under `where` ("train\tNAME")."""
+    start = time.perf_counter()
+    key = where.replace("\t", "-")
+    marked = raw.map(
+        cleaner,
+        batched=True,
+        with_indices=True,
+        num_proc=workers if workers > 1 and len(raw) > 1 else None,
+        new_fingerprint=f"clean-{key}",
+        cache_file_name=str(cache / f"clean-{key}.arrow"),
+        desc=f"cleaning {where.split(chr(9))[0]}",
+    )
+    seconds["clean"] += time.perf_counter() - start
+    start = time.perf_counter()
+    counts: Counter[str] = Counter(read=len(marked))
+    kept, duplicates = array.array("q"), Duplicates()
+    for batch in marked.iter(batch_size=10_000):
+        keys = batch["key"] if "key" in batch else [None] * len(batch["src"])
+        for src, tgt, reason, line, key in zip(batch["src"], batch["tgt"], batch["reason"],
+                                               batch["line"], keys):  # fmt: skip
+            if not reason and key is not None and duplicates.seen_before(key):
+                reason = "duplicate"
+            if reason:
+                counts[reason] += 1
+                dropped.write(where, line, reason, src, tgt)
+            else:
+                kept.append(line - 1)
+    marked = marked.remove_columns([c for c in ("reason", "key") if c in marked.column_names])
+    seconds["dedup"] += time.perf_counter() - start
+    if len(kept) == len(marked):
+        return marked, counts
+    return marked.select(np.frombuffer(kept, dtype=np.int64)), counts
+
+
+def dual_filter(
+    text: datasets.Dataset,
+    d: DataConfig,
+    langs: tuple[str, str],
+    score: DualScorer,
+    where: str,
+    dropped: Dropped,
+    log,
+) -> tuple[datasets.Dataset, Counter]:
+    """The pairs whose dual conditional cross-entropy score is at most data.clean.dual_threshold
+    or, without one, the data.clean.dual_keep best-scored (ties kept by their order)."""
+    log(f"{where.split(chr(9))[0]}: scoring {len(text)} pairs both ways (data.clean.dual_*)")
+    scores = np.asarray(score(text["src"], text["tgt"], *langs), dtype=np.float64)
+    c = d.clean
+    if c.dual_threshold:
+        keep = scores <= c.dual_threshold
+    else:
+        n = int(round(c.dual_keep * len(scores)))
+        keep = np.zeros(len(scores), dtype=bool)
+        keep[np.argsort(scores, kind="stable")[:n]] = True
+    threshold = scores[keep].max() if keep.any() else float("nan")
+    log(
+        f"{where.split(chr(9))[0]}: dual cross-entropy kept {int(keep.sum())} of {len(scores)} "
+        f"pairs (score at most {threshold:.3f}; median {np.median(scores):.3f})"
+    )
+    drop = np.flatnonzero(~keep)
+    for row in text.select(drop).iter(batch_size=10_000) if len(drop) else ():
+        for src, tgt, line in zip(row["src"], row["tgt"], row["line"]):
+            dropped.write(where, line, "dual", src, tgt)
+    return text.select(np.flatnonzero(keep)), Counter(dual=len(drop))
+
+
+def keep_by_length(
+    ds: datasets.Dataset, max_len: int, max_ratio: float, where: str, dropped: Dropped
+) -> tuple[datasets.Dataset, Counter]:
+    """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason), the
+    dropped ones written to `dropped`. A source tag counts as one of the source's subwords."""
+    counts: Counter[str] = Counter()
+    kept, gone, reasons = array.array("q"), array.array("q"), []  # 8 bytes a pair
+    lens = ds.select_columns(["src_len", "tgt_len"])
+    for start, batch in enumerate(lens.iter(batch_size=100_000)):
+        for i, (s, t) in enumerate(zip(batch["src_len"], batch["tgt_len"])):
+            reason = length_reason(s - 1, t - 1, max_len, max_ratio)  # EOS excluded
+            if reason:
+                counts[reason] += 1
+                gone.append(start * 100_000 + i)
+                reasons.append(reason)
+            else:
+                kept.append(start * 100_000 + i)
+    if not counts:
+        return ds, counts
+    rows = ds.select(np.frombuffer(gone, dtype=np.int64)).select_columns(["src", "tgt", "line"])
+    for row, reason in zip(rows, reasons):
+        dropped.write(where, row["line"], reason, row["src"], row["tgt"])
+    return ds.select(np.frombuffer(kept, dtype=np.int64)), counts
+
+
+def report(splits: dict, log) -> None:
+    """Log the table of the pairs each rule dropped from each split (manifest SplitRecords)."""
+    log("pairs dropped, by rule (every one in dropped.tsv):")
+    dropped = {k: Counter(v.dropped, read=v.read) for k, v in splits.items()}
+    for line in table(dropped, {k: v.kept for k, v in splits.items()}):
+        log("  " + line)
+
+
+def table(dropped: dict[str, Counter], kept: dict[str, int]) -> list[str]:
+    """The lines of the table `mtx prepare` prints: pairs dropped by each rule, per split."""
+    splits = list(dropped)
+    reasons = [r for r in ORDER if any(dropped[s][r] for s in splits)]
+    reasons += sorted({r for s in splits for r in dropped[s]} - set(ORDER) - {"read"})
+    width = max([len(r) for r in reasons] + [8])
+    lines = [f"{'':{width}}" + "".join(f"{s:>10}" for s in splits)]
+    for label in ["read", *reasons]:
+        lines.append(f"{label:{width}}" + "".join(f"{dropped[s][label]:>10}" for s in splits))
+    lines.append(f"{'kept':{width}}" + "".join(f"{kept[s]:>10}" for s in splits))
+    return lines

@@ -1,0 +1,93 @@
+"""Dual conditional cross-entropy (Junczys-Dowmunt 2018, "Dual Conditional Cross-Entropy
+Filtering of Noisy Parallel Corpora"): `mtx prepare`'s filter for pairs that rules cannot
+judge, such as misaligned ones.
+
+A forward model (src -> tgt) and a backward model (tgt -> src), both trained on clean data,
+score each pair by forced decoding (score.py); with H_f = -log p(y | x) / |y| and
+H_b = -log p(x | y) / |x| (nats per token, EOS included),
+
+    score = |H_f - H_b| + (H_f + H_b) / 2
+
+is low when both models find the pair likely and agree about it. The forward model is
+data.clean.dual_forward; the backward one data.clean.dual_backward, or the same checkpoint
+when it translates both ways (a data.corpora model with language tags). A pair with a side
+longer than a model takes scores +inf (dropped by the filter).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from mtx import corpora
+from mtx.config import CleanConfig, DataConfig
+from mtx.data.clean import collapse
+from mtx.decode.score import Scorer
+from mtx.decode.translator import Translator
+from mtx.errors import MtxError
+from mtx.tokens import EOS_ID
+
+
+def _model(path: str, key: str) -> Translator:
+    if not Path(path).is_file():
+        raise MtxError(f"{key}: no such checkpoint: {path}")
+    return Translator.from_checkpoint(path)
+
+
+def _into(tr: Translator, lang: str, key: str, path: str) -> Scorer:
+    """A scorer of `tr` translating into `lang`, or a one-line error naming `key`."""
+    if lang not in tr.languages:
+        raise MtxError(
+            f"{key} {path} translates into {', '.join(tr.languages)}, not {lang}"
+            + ("" if key.endswith("backward") else " (set data.clean.dual_backward too)")
+        )
+    return Scorer(tr.into(lang) if tr.tags else tr)
+
+
+class DualCrossEntropy:
+    """The dual score of pairs of one direction: `scores(sources, targets, src_lang,
+    tgt_lang)`, as data/filtering.py's DualScorer. Both models are loaded here, once."""
+
+    def __init__(self, c: CleanConfig) -> None:
+        self.forward = _model(c.dual_forward, "data.clean.dual_forward")
+        self.paths = (c.dual_forward, c.dual_backward or c.dual_forward)
+        self.backward = (
+            _model(c.dual_backward, "data.clean.dual_backward") if c.dual_backward else self.forward
+        )
+
+    def scorers(self, src_lang: str, tgt_lang: str) -> tuple[Scorer, Scorer]:
+        """(forward, backward) for a direction, or a one-line error if a model cannot."""
+        fwd_key = "data.clean.dual_forward"
+        bwd_key = "data.clean.dual_backward" if self.paths[0] != self.paths[1] else fwd_key
+        forward = _into(self.forward, tgt_lang, fwd_key, self.paths[0])
+        return forward, _into(self.backward, src_lang, bwd_key, self.paths[1])
+
+    def check(self, d: DataConfig) -> None:
+        """Refuse, before any work, a direction of the training data the models cannot score."""
+        for c in corpora.corpora(d):
+            self.scorers(c.src_lang, c.tgt_lang)
+
+    def __call__(
+        self, sources: list[str], targets: list[str], src_lang: str, tgt_lang: str
+    ) -> list[float]:
+        forward, backward = self.scorers(src_lang, tgt_lang)
+        h_f = cross_entropies(forward, sources, targets)
+        h_b = cross_entropies(backward, targets, sources)
+        return [abs(f - b) + (f + b) / 2 for f, b in zip(h_f, h_b)]
+
+
+def cross_entropies(scorer: Scorer, sources: list[str], targets: list[str]) -> list[float]:
+    """-log p(target | source) per target token of each pair; +inf for a pair whose target
+    is longer than the model takes (its source is cut, as translation cuts it)."""
+    tr = scorer.tr
+    out = [math.inf] * len(sources)
+    src, tgt, rows = [], [], []
+    for i, (s, t) in enumerate(zip(sources, targets)):
+        ids = tr.sp.encode(collapse(t)) + [EOS_ID]
+        if len(ids) <= scorer.limit:
+            src.append(tr._encode(s))
+            tgt.append(ids)
+            rows.append(i)
+    for i, score in zip(rows, scorer.score_ids(src, tgt)):
+        out[i] = -score.mean
+    return out

@@ -1,0 +1,154 @@
+"""The cleaning rules of mtx/data/clean.py, each on pairs made for it, and the language
+identifier of mtx/data/langid.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtx.data.clean import (
+    Duplicates,
+    PairCleaner,
+    Rules,
+    copy_share,
+    has_nontext,
+    markup_reason,
+    nonletter_share,
+    normalise,
+    numbers,
+    pair_key,
+)
+from mtx.data.langid import LanguageId, code
+
+OFF = Rules(False, False, 1.0, 0.0, False, 0.0, "en", "de")
+CLEAN = ("A man rides a red bike down the street.", "Ein Mann fährt mit einem roten Fahrrad die Straße hinunter.")  # fmt: skip
+
+
+def only(**on) -> Rules:
+    """The rules with only those named on."""
+    values = dict(nontext=False, markup=False, max_nonletters=1.0, copy=0.0, numbers=False,
+                  langid=0.0, src_lang="en", tgt_lang="de")  # fmt: skip
+    return Rules(**(values | on))
+
+
+@pytest.fixture(scope="module")
+def lid():
+    return LanguageId()
+
+
+def test_a_clean_pair_passes_every_rule(lid):
+    assert Rules(src_lang="en", tgt_lang="de").reason(*CLEAN, lid) == ""
+
+
+@pytest.mark.parametrize(
+    "src, tgt",
+    [
+        ("A dog \ufffd runs.", "Ein Hund läuft."),  # a decoding failure
+        ("A dog runs.", "Ein Hund\x07 läuft."),  # a control character
+        ("A dog runs.", "Ein Hund \ue000 läuft."),  # private use
+        ("A dog runs.", "Ein Hund \U000e0080 läuft."),  # unassigned
+    ],
+)
+def test_characters_that_are_not_text_are_dropped(src, tgt):
+    assert only(nontext=True).reason(src, tgt) == "nontext"
+    assert only().reason(src, tgt) == ""
+
+
+def test_text_with_joiners_accents_and_other_scripts_is_text():
+    for text in ("Café naïve", "हिन्दी भाषा", "👨\u200d👩\u200d👧", "日本語の文。", "Straße"):
+        assert not has_nontext(text), text
+
+
+@pytest.mark.parametrize(
+    "src, tgt, broken",
+    [
+        ("Stone &amp; tile.", "Stein und Fliesen.", True),  # escaped text
+        ("A&#39;s dog.", "Ein Hund.", True),
+        ("<b>A dog.", "<b>Ein Hund.", True),  # not closed
+        ("A dog.</b>", "Ein Hund.</b>", True),  # not opened
+        ("<b>A dog.</b>", "Ein Hund.", True),  # on one side only
+        ("<b><i>A</b></i>", "<b><i>Ein</b></i>", True),  # do not nest
+        ("<b>A dog.</b>", "<b>Ein Hund.</b>", False),  # the same balanced tags: kept
+        ("A <br/> dog.", "Ein <br/> Hund.", False),
+        ("1 < 2 and 3 > 2", "1 < 2 und 3 > 2", False),  # not tags
+        ("Tom & Jerry", "Tom & Jerry", False),  # not an entity
+    ],
+)
+def test_markup_that_is_broken_is_dropped(src, tgt, broken):
+    assert markup_reason(src, tgt) is broken
+    assert only(markup=True).reason(src, tgt) == ("markup" if broken else "")
+
+
+def test_a_side_of_mostly_non_letters_is_dropped():
+    assert nonletter_share("A man.") == pytest.approx(1 / 5)
+    assert nonletter_share("1, 2, 3 ... 4!") == 1.0
+    assert nonletter_share("हिन्दी भाषा") == 0.0  # vowel signs are marks: part of letters
+    rules = only(max_nonletters=0.5)
+    assert rules.reason("A man.", "Ein Mann.") == ""
+    assert rules.reason("Results: 10-2, 3-1 (45%)", "Ergebnisse: 10-2, 3-1 (45%)") == "nonletters"
+    assert rules.reason("Front stroke swimming race.", "@@") == "nonletters"
+
+
+@pytest.mark.parametrize(
+    "tgt, copied",
+    [
+        ("A man rides a red bike down the street.", True),  # as is
+        ("A MAN RIDES A RED BIKE DOWN THE STREET !", True),  # case and punctuation
+        ("A man rides a blue bike down the street.", True),  # 8 of 9 words: nearly
+        ("Ein Mann fährt mit einem roten Fahrrad die Straße hinunter.", False),
+        ("a a a a a a a a a", False),  # a multiset: one "a" of the source is not nine
+    ],
+)
+def test_a_target_that_copies_the_source_is_dropped(tgt, copied):
+    src = CLEAN[0]
+    assert (copy_share(normalise(src), normalise(tgt)) >= 0.85) is copied
+    assert only(copy=0.85).reason(src, tgt) == ("copy" if copied else "")
+
+
+def test_numbers_must_match_in_any_script_and_notation():
+    assert numbers("1,000 and 3.5 or 007") == numbers("1.000 und 3,5 oder 7")
+    assert numbers("٣ dogs") == numbers("3 Hunde")  # Arabic-Indic digits
+    rules = only(numbers=True)
+    assert rules.reason("Two dogs.", "Zwei Hunde.") == ""
+    assert rules.reason("In 1999, 2 dogs.", "1999 zwei Hunde.") == "numbers"
+    assert rules.reason("Call 555-1234.", "Rufen Sie 555-1243 an.") == "numbers"
+    assert rules.reason("Room 12.", "Zimmer 12.") == ""
+
+
+def test_language_identification_drops_the_other_language(lid):
+    rules = only(langid=0.5)
+    assert rules.reason(*CLEAN, lid) == ""
+    french = "Un homme fait du vélo rouge dans la rue."
+    assert rules.reason(CLEAN[0], french, lid) == "langid"  # target not German
+    assert rules.reason(french, CLEAN[1], lid) == "langid"  # source not English
+    assert only(langid=0.5, src_lang="xx", tgt_lang="de").reason(french, CLEAN[1], lid) == ""
+    assert lid.identify(french)[0] == "fr"
+    assert code("pt_BR") == code("pt-BR") == "pt" and lid.knows("pt_BR")
+    assert not lid.knows("xx")
+
+
+def test_the_first_rule_that_fires_is_the_reason(lid):
+    # nontext, markup and copy all hold: the first in the documented order is given
+    pair = ("<b>A dog \ufffd.", "<b>A dog \ufffd.")
+    assert Rules(src_lang="en", tgt_lang="de").reason(*pair, lid) == "nontext"
+    assert Rules(nontext=False, src_lang="en", tgt_lang="de").reason(*pair, lid) == "markup"
+    assert OFF.reason(*pair, lid) == ""
+
+
+def test_the_cleaner_collapses_whitespace_numbers_lines_and_keys_duplicates():
+    cleaner = PairCleaner(True, OFF, "normalised")
+    batch = {"src": ["  a  b ", "", "A B!"], "tgt": ["c\td", "x", "C D"]}
+    out = cleaner(batch, [10, 11, 12])
+    assert out["src"] == ["a b", "", "A B!"] and out["tgt"] == ["c d", "x", "C D"]
+    assert out["reason"] == ["", "empty", ""]
+    assert out["line"] == [11, 12, 13]
+    assert out["key"][0] == out["key"][2] == pair_key("a b", "c d")
+    exact = PairCleaner(True, None, "true")(batch, [0, 1, 2])
+    assert exact["key"][0] != exact["key"][2]  # as is, they differ
+    assert "key" not in PairCleaner(True, None, "false")(batch, [0, 1, 2])
+    dup = Duplicates()
+    assert [dup.seen_before(k) for k in out["key"]] == [False, False, True]
+
+
+def test_the_test_split_cleaner_drops_nothing():
+    out = PairCleaner(False, None)({"src": ["", "a"], "tgt": ["x", ""]}, [0, 1])
+    assert out["reason"] == ["", ""]
