@@ -7,6 +7,7 @@ interrupted prepare never leaves data that `train` would accept):
     spm.model          the joint SentencePiece model: trained here, or the one data.spm_model
                        names (a SentencePiece model file, or a checkpoint, which embeds one)
     spm.vocab          its pieces, one per line with their id and score (for people to read)
+    dropped.tsv        every pair the cleaning dropped, with its reason (data/filtering.py)
     manifest.json      the data's description: sources, sha256 of local source files, counts of
                        read, kept and dropped pairs, sha256 of the kept pairs and of spm.model,
                        vocabulary size, where spm.model came from, mtx version (checkpoints
