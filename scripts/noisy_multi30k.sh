@@ -15,8 +15,8 @@
 #
 # THIRD: the French and Czech captions of Multi30k's training set (multi30k/dataset on
 # GitHub, data/task1/raw/train.{fr,cs}.gz, gunzipped); without them the noise has no third
-# language. Steps whose output exists are not run again. Prints the rules' table, then one
-# JSON line of test2016 scores per run.
+# language. Steps whose output exists are not run again; a training run stopped part way is
+# resumed. Prints the rules' table, then one JSON line of test2016 scores per run.
 set -euo pipefail
 WORK=${WORK:-runs/noisy}
 M30K=${M30K:-../shared/data/multi30k}
@@ -47,10 +47,10 @@ for run in "${runs[@]}"; do
               --set "data.clean.dual_forward=$WORK/clean/checkpoints/last.pt"
               --set "data.clean.dual_backward=$BACKWARD") ;;
   esac
-  if [ ! -e "$WORK/$run/checkpoints/last.pt" ]; then
-    $MTX prepare --config configs/multi30k.yaml "${S[@]}"
-    $MTX train --config configs/multi30k.yaml "${S[@]}"
-  fi
+  [ -e "$WORK/$run/prepared/manifest.json" ] || $MTX prepare --config configs/multi30k.yaml "${S[@]}"
+  resume=()  # a run stopped part way goes on; a finished one ends at once
+  [ -e "$WORK/$run/checkpoints/last.pt" ] && resume=(--resume)
+  $MTX train --config configs/multi30k.yaml "${S[@]}" "${resume[@]}"
 done
 for run in "${runs[@]}"; do
   echo "$run $($MTX evaluate --checkpoint "$WORK/$run/checkpoints/last.pt" \

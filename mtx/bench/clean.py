@@ -68,6 +68,7 @@ class Options:
     config: Path = Path("configs/multi30k.yaml")
     sets: list[str] = field(default_factory=list)
     json: Path | None = None
+    langid_lines: dict[str, Path] = field(default_factory=dict)  # language -> a file of it
 
 
 def _vary(rng: random.Random, text: str) -> str:
@@ -195,6 +196,51 @@ def rule_costs(pairs: list[tuple[str, str]]) -> dict[str, float]:
     return {k: v - costs["none"] if k != "none" else v for k, v in costs.items()}
 
 
+def _identifiers() -> dict:
+    """Each language identifier to race: name -> (load it, identify a line as a code)."""
+    from mtx.data.langid import LanguageId
+
+    found = {"py3langid": (LanguageId, lambda lid, line: lid.identify(line)[0])}
+    try:
+        from lingua import LanguageDetectorBuilder
+    except ImportError:  # pip install lingua-language-detector to race it too
+        return found
+
+    def lingua(low: bool):
+        builder = LanguageDetectorBuilder.from_all_languages()
+        return (
+            (builder.with_low_accuracy_mode() if low else builder)
+            .with_preloaded_language_models()
+            .build()
+        )
+
+    def code(detector, line: str) -> str:
+        found = detector.detect_language_of(line)
+        return found.iso_code_639_1.name.lower() if found is not None else ""
+
+    found["lingua (high accuracy)"] = (lambda: lingua(False), code)
+    found["lingua (low accuracy)"] = (lambda: lingua(True), code)
+    return found
+
+
+def langid_race(files: dict[str, Path]) -> list[dict]:
+    """Each identifier's share of lines identified as the language of their file, its lines
+    per second (one core, in this process) and its loading time."""
+    lines = [(line, lang) for lang, path in files.items()
+             for line in path.read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    rows = []
+    for name, (load, identify) in _identifiers().items():
+        start = time.perf_counter()
+        model = load()
+        loaded = time.perf_counter() - start
+        start = time.perf_counter()
+        right = sum(identify(model, line) == lang for line, lang in lines)
+        seconds = time.perf_counter() - start
+        rows.append({"identifier": name, "accuracy": right / len(lines),
+                     "lines_per_s": len(lines) / seconds, "load_seconds": loaded})  # fmt: skip
+    return rows
+
+
 def run(o: Options) -> str:
     """`mtx bench clean`: the tables (and the JSON result written to `o.json` if given)."""
     if not (o.data / "train.de").is_file():
@@ -209,6 +255,7 @@ def run(o: Options) -> str:
     costs = rule_costs([(" ".join(s.split()), " ".join(t.split())) for s, t in zip(de, en)])
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(o).items()}
     settings["third"] = [str(p) for p in o.third]
+    settings["langid_lines"] = {k: str(v) for k, v in o.langid_lines.items()}
     report = result(
         "clean",
         {
@@ -219,6 +266,7 @@ def run(o: Options) -> str:
             "rules": rules,
             "by_kind": per_kind,
             "seconds_per_million_pairs": costs,
+            "langid": langid_race(o.langid_lines) if o.langid_lines else [],
         },
         **settings,
     )
@@ -238,6 +286,9 @@ def describe(r: dict) -> str:
     lines.append("kind          pairs  dropped  by")
     for x in r["by_kind"]:
         lines.append(f"{x['kind']:<13}{x['pairs']:>6}  {x['dropped']:>7.3f}  {x['by']}")
+    for x in r["langid"]:
+        lines.append(f"{x['identifier']}: {x['accuracy']:.4f} right, {x['lines_per_s']:.0f} "
+                     f"lines/s, loaded in {x['load_seconds']:.1f} s")  # fmt: skip
     lines.append("seconds per million pairs, one core: " + ", ".join(
         f"{k} {v:.1f}" for k, v in r["seconds_per_million_pairs"].items()))  # fmt: skip
     return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""`mtx bench train|decode|score|serve|prepare`: the benchmarks of mtx/bench/, each a Typer command
-whose flags make that benchmark's `Options`. `mtx bench --config C ...` is `mtx bench train
---config C ...`."""
+"""`mtx bench train|decode|score|serve|prepare|clean`: the benchmarks of mtx/bench/, each a
+Typer command whose flags make that benchmark's `Options`. `mtx bench --config C ...` is
+`mtx bench train --config C ...`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import typer
 from mtx.cli.app import ConfigOpt, JsonOpt, SetOpt, fail, load, run
 
 bench_app = typer.Typer(
-    help="The benchmarks of mtx/bench/: train, decode, score, serve, prepare. "
+    help="The benchmarks of mtx/bench/: train, decode, score, serve, prepare, clean. "
     "`mtx bench --config C ...` is `mtx bench train --config C ...`.",
     invoke_without_command=True,
 )
@@ -245,11 +245,21 @@ def bench_clean(
     ),
     set: SetOpt = None,
     json_file: JsonFileOpt = None,
+    langid_lines: Annotated[
+        list[str] | None,
+        typer.Option(help="LANG=FILE, repeated: race the language identifiers on these lines."),
+    ] = None,
 ) -> None:
     """The cleaning rules on Multi30k with known noise: each rule's precision and recall."""
     from mtx.bench import clean
 
+    files = {}
+    for item in langid_lines or []:
+        lang, _, path = item.partition("=")
+        if not (lang and path and Path(path).is_file()):
+            fail(f"--langid-lines expects LANG=FILE with an existing file, got {item!r}")
+        files[lang] = Path(path)
     options = clean.Options(
-        out, data, third or [], noise, seed, run_dir, config, set or [], json_file
+        out, data, third or [], noise, seed, run_dir, config, set or [], json_file, files
     )
     typer.echo(run(clean.run, options))
