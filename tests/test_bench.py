@@ -327,7 +327,8 @@ def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run
     assert report["benchmark"] == "serve" and report["same_as_cli"]["batched"] == 1.0
     assert report["batched"][0]["requests"] == 6 and report["batched"][0]["errors"] == 0
     prepare = [sys.executable, "-m", "mtx", "bench", "prepare", "--pairs", "3000", "--workers",
-               "1,2", "--work", str(tmp_path / "prep"), "--json", str(tmp_path / "prep.json")]  # fmt: skip
+               "1,2", "--work", str(tmp_path / "prep"), "--json", str(tmp_path / "prep.json"),
+               "--set", "data.clean.langid=0"]  # fmt: skip
     done = subprocess.run(prepare, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads((tmp_path / "prep.json").read_text())["runs"]
@@ -336,7 +337,7 @@ def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run
     assert all(r["peak_pss_bytes"] > r["peak_pss_anon_bytes"] > 0 for r in runs)
 
 
-@pytest.mark.parametrize("name", ["train", "decode", "score", "serve", "prepare"])
+@pytest.mark.parametrize("name", ["train", "decode", "score", "serve", "prepare", "clean"])
 def test_every_bench_command_is_a_typer_command_with_the_same_help(name):
     """`mtx bench X --help` looks and behaves alike for every benchmark: Typer's usage line and
     options table; a flag it does not know is refused in one usage error, before any work."""

@@ -3,12 +3,12 @@ of each stage and the peak memory.
 
     mtx bench prepare [--pairs 4500000] [--workers 1@1,1,2] [--work /tmp/bench_prepare]
                       [--sample-every 2] [--data ../shared/data/multi30k]
-                      [--config configs/base.yaml] [--json FILE]
+                      [--config configs/base.yaml] [--set KEY=VALUE ...] [--json FILE]
 
 The corpus is built from Multi30k's training pairs (--data), joining 2 or 3 pairs picked at
 random (seed 1) into one, about WMT's sentence lengths (few duplicates); valid and test are
 Multi30k's val and test2016. Each `mtx prepare` (--config, by default configs/base.yaml:
-vocabulary 37,000, max_len 250) runs in its own process, one after the other, with data.workers W ("W"), or W on the
+vocabulary 37,000, max_len 250; --set over it) runs in its own process, one after the other, with data.workers W ("W"), or W on the
 first C cores ("W@C", taskset). The peak memory is the harness's measure, the PSS of the
 whole process tree (the main process and its encoding workers), sampled every --sample-every
 seconds; sampling is not free (reading a process's smaps walks all its mappings, the
@@ -49,7 +49,7 @@ def prepare_command(o: Options, corpus: Path, run_dir: Path, spec: str) -> list[
     """`mtx prepare` with data.workers W, given as "W" (every core) or "W@C" (C cores)."""
     workers, _, ncores = spec.partition("@")
     sets = [f"run_dir={run_dir}", f"data.train={corpus}", f"data.workers={workers}"]
-    sets += [f"data.valid={o.data / 'val'}", f"data.test={o.data / 'test2016'}"]
+    sets += [f"data.valid={o.data / 'val'}", f"data.test={o.data / 'test2016'}", *o.sets]
     command = [sys.executable, "-m", "mtx", "prepare", "--config", str(o.config)]
     if ncores:  # the process and its workers on the first C cores
         command = ["taskset", "-c", f"0-{int(ncores) - 1}", *command]
@@ -118,6 +118,7 @@ class Options:
     config: Path = Path("configs/base.yaml")  # what `mtx prepare` runs with
     sample_every: float = 2.0  # seconds between memory samples
     json: Path | None = None  # also write the JSON result here
+    sets: list[str] = field(default_factory=list)  # --set KEY=VALUE for every `mtx prepare`
 
 
 def run(o: Options) -> str:

@@ -213,12 +213,13 @@ def bench_prepare(
         float, typer.Option(min=0.01, help="Seconds between memory samples.")
     ] = 2.0,
     json_file: JsonFileOpt = None,
+    set: SetOpt = None,
 ) -> None:
     """`mtx prepare` of a WMT-size corpus: seconds per stage and peak memory, by worker count."""
     from mtx.bench import prepare
 
     options = prepare.Options(
-        pairs, workers.split(","), work, data, config, sample_every, json_file
+        pairs, workers.split(","), work, data, config, sample_every, json_file, set or []
     )
     typer.echo(run(prepare.run, options))
 
