@@ -15,10 +15,12 @@ interrupted prepare never leaves data that `train` would accept):
     train/ valid/ test/  `datasets` folders (save_to_disk), memory-mapped by training, columns:
                        src, tgt (text), src_ids, tgt_ids (int32, each ending in EOS), src_len, tgt_len
 
-Encoding runs in `data.workers` processes (datasets.map's num_proc), each loading spm.model
-from its file and encoding in cores / workers threads (SentencePiece encodes a batch in
-threads); the pairs are then filtered by length in this process, so the prepared data and its
-manifest are the same for any number of workers (tests/test_data.py).
+The cleaning rules (data/clean.py, applied by data/filtering.py) and the encoding run in
+`data.workers` processes (datasets.map's num_proc), the encoders each loading spm.model from
+its file and encoding in cores / workers threads (SentencePiece encodes a batch in threads);
+duplicates, the dual cross-entropy filter and the length rules then drop pairs in this
+process, in order, so the prepared data, its manifest and dropped.tsv are the same for any
+number of workers (tests/test_data.py, tests/test_filtering.py).
 """
 
 from __future__ import annotations
