@@ -21,7 +21,9 @@ set -euo pipefail
 WORK=${WORK:-runs/noisy}
 M30K=${M30K:-../shared/data/multi30k}
 MTX=${MTX:-python -m mtx}
-STEPS=${STEPS:-500}
+STEPS=${STEPS:-1000}
+WARMUP=${WARMUP:-400}
+MAX_TOKENS=${MAX_TOKENS:-3072}
 mkdir -p "$WORK"
 
 THIRD_FLAGS=()
@@ -37,7 +39,8 @@ runs=(clean noisy cleaned)
 for run in "${runs[@]}"; do
   S=(--set "run_dir=$WORK/$run" --set data.src_lang=de --set data.tgt_lang=en
      --set "data.valid=$M30K/val" --set "data.test=$M30K/test2016"
-     --set "train.max_steps=$STEPS" --set train.warmup_steps=400 --set train.max_tokens=3072
+     --set "train.max_steps=$STEPS" --set "train.warmup_steps=$WARMUP"
+     --set "train.max_tokens=$MAX_TOKENS"
      --set "train.valid_every=$STEPS")
   case $run in
     clean) S+=(--set "data.train=$M30K/train" "${OFF[@]}") ;;
