@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from mtx.bench.harness import describe_machine, result
@@ -173,15 +173,18 @@ def rule_costs(pairs: list[tuple[str, str]]) -> dict[str, float]:
     """Seconds per million pairs of each rule alone, and of them all, on one core."""
     from mtx.data.langid import LanguageId
 
+    on = Rules(src_lang="de", tgt_lang="en")  # every rule at its default
     off = Rules(False, False, 1.0, 0.0, False, 0.0, "de", "en")
-    alone = {"nontext": Rules(True, False, 1.0, 0.0, False, 0.0, "de", "en"),
-             "markup": Rules(False, True, 1.0, 0.0, False, 0.0, "de", "en"),
-             "nonletters": Rules(False, False, 0.5, 0.0, False, 0.0, "de", "en"),
-             "copy": Rules(False, False, 1.0, 0.9, False, 0.0, "de", "en"),
-             "numbers": Rules(False, False, 1.0, 0.0, True, 0.0, "de", "en"),
-             "langid": Rules(False, False, 1.0, 0.0, False, 0.5, "de", "en"),
-             "all but langid": Rules(langid=0.0, src_lang="de", tgt_lang="en"),
-             "all": Rules(src_lang="de", tgt_lang="en")}  # fmt: skip
+    fields = {
+        "nontext": "nontext",
+        "markup": "markup",
+        "nonletters": "max_nonletters",
+        "copy": "copy",
+        "numbers": "numbers",
+        "langid": "langid",
+    }  # rule -> its setting
+    alone = {rule: replace(off, **{f: getattr(on, f)}) for rule, f in fields.items()}  # fmt: skip
+    alone |= {"all but langid": replace(on, langid=0.0), "all": on}
     lid, costs = LanguageId(), {}
     for name, rules in {"none": off, **alone}.items():
         start = time.perf_counter()
