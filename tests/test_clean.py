@@ -3,7 +3,12 @@ identifier of mtx/data/langid.py."""
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mtx.data.clean import (
     Duplicates,
@@ -86,6 +91,27 @@ def test_a_side_of_mostly_non_letters_is_dropped():
     assert rules.reason("A man.", "Ein Mann.") == ""
     assert rules.reason("Results: 10-2, 3-1 (45%)", "Ergebnisse: 10-2, 3-1 (45%)") == "nonletters"
     assert rules.reason("Front stroke swimming race.", "@@") == "nonletters"
+
+
+# Latin-1 (the byte-table path: ß, µ, ², ½ and the no-break space among it) and characters
+# beyond it (the regex path): combining marks, Greek, CJK, a ligature, fullwidth forms
+OTHERS = st.sampled_from("\u0301\u093fπΣ中ﬁＡ１！")
+TEXT = st.lists(st.characters(max_codepoint=255) | OTHERS | OTHERS).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(TEXT)
+def test_the_fast_paths_equal_the_definitions(text):
+    """normalise and nonletter_share equal their definitions on any text: NFKC, case folding,
+    punctuation and symbols removed, whitespace collapsed; the share of a side's characters,
+    spaces aside, that are neither letters, marks nor whitespace."""
+    text = " ".join(text.split())  # as the rules meet it: whitespace collapsed
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    assert normalise(text) == " ".join(re.sub(r"[^\w\s]|_", " ", folded).split())
+    chars = len(text) - text.count(" ")
+    others = [c for c in text if not (c.isspace() or re.match(r"[^\W\d_]", c))]
+    others = [c for c in others if not unicodedata.category(c).startswith("M")]
+    assert nonletter_share(text) == pytest.approx(len(others) / chars if chars else 0.0)
 
 
 @pytest.mark.parametrize(
