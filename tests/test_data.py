@@ -148,6 +148,25 @@ def test_prepare_cleans_reports_and_encodes(tmp_path):
     assert re.fullmatch("seconds: " + ", ".join(rf"{s} \d+\.\d" for s in stages), line)
 
 
+def test_sentencepiece_reads_only_the_sentences_it_trains_on():
+    """Up to data.spm_sample sentences, every pair's two sides in order; beyond it, both
+    sides of spm_sample / 2 pairs drawn at random, the same ones every time."""
+    from mtx.data.prepare import _training_sentences
+
+    n = 100
+    ds = datasets.Dataset.from_dict(
+        {"src": [f"s{i}" for i in range(n)], "tgt": [f"t{i}" for i in range(n)], "line": [0] * n}
+    )
+    every = [f"s{i}" for i in range(n)] + [f"t{i}" for i in range(n)]
+    assert list(_training_sentences(ds, 0)) == every
+    assert list(_training_sentences(ds, 2 * n)) == every
+    drawn = list(_training_sentences(ds, 50))
+    assert len(drawn) == 50 and drawn == list(_training_sentences(ds, 50))
+    src = [int(x[1:]) for x in drawn if x[0] == "s"]
+    assert src == sorted(src) and src == [int(x[1:]) for x in drawn if x[0] == "t"]
+    assert len(set(src)) == 25 and src != list(range(25))
+
+
 def test_prepare_of_an_empty_corpus_fails_cleanly(tmp_path):
     write_pair(tmp_path / "e", ["", " "], ["x", ""])
     cfg = load_config(

@@ -64,8 +64,18 @@ ENCODED = datasets.Features(
 )
 
 
-def _training_sentences(ds: datasets.Dataset) -> Iterator[str]:
-    for batch in ds.iter(batch_size=10_000):
+def _training_sentences(ds: datasets.Dataset, sample: int) -> Iterator[str]:
+    """Both sides of every pair in order or, where they hold more than `sample` sentences (0:
+    no limit), both sides of sample / 2 pairs drawn at random (seeded), in order: SentencePiece
+    then reads only the sentences it trains on (it samples no further), not millions more to
+    sample from."""
+    ds = ds.select_columns(["src", "tgt"])
+    if not sample or 2 * len(ds) <= sample:
+        batches = ds.iter(batch_size=10_000)
+    else:
+        rows = np.sort(np.random.default_rng(0).choice(len(ds), max(1, sample // 2), replace=False))
+        batches = (ds[rows[i : i + 10_000]] for i in range(0, len(rows), 10_000))
+    for batch in batches:
         yield from batch["src"]
         yield from batch["tgt"]
 
@@ -280,7 +290,7 @@ def _train_spm(d: DataConfig, train: list, log) -> tuple[bytes, SpmSource]:
     tags = corpora.tags(d)
     log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
     if len(train) == 1:
-        sentences, sample = _training_sentences(train[0][0]), d.spm_sample
+        sentences, sample = _training_sentences(train[0][0], d.spm_sample), d.spm_sample
     else:
         sentences, sample = _balanced_sentences(d, [text for text, _ in train]), 0
     proto = vocab.train_bpe(sentences, d.vocab_size, sample, d.character_coverage, tags)
