@@ -98,9 +98,8 @@ def normalise(text: str) -> str:
     if raw is not None and not unstable.search(raw):  # NFKC is a no-op, casefold is lower
         text = raw.translate(punctuation).decode("latin-1").lower()
         return " ".join((text.replace("ß", "ss") if b"\xdf" in raw else text).split())
-    if not text.isascii():
-        text = unicodedata.normalize("NFKC", text)
-    return " ".join(_NOT_WORD.sub(" ", text.casefold()).split())
+    text = unicodedata.normalize("NFKC", text).casefold()  # ASCII took the path above
+    return " ".join(_NOT_WORD.sub(" ", text).split())
 
 
 def has_nontext(text: str) -> bool:
