@@ -7,6 +7,9 @@ import datasets
 import pytest
 import torch
 from helpers.common import write_pair
+from hypothesis import given as for_all
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from mtx.checkpoint import Checkpoint
 from mtx.config import Config, load_config
@@ -22,6 +25,45 @@ def test_local_files_load_line_aligned_with_crlf_and_unicode_separators(tmp_path
     ds = sources.load_split(str(tmp_path / "c"), "en", "de", "train", tmp_path / "cache")
     assert ds["src"] == ["a b", "x\u2028y", ""]
     assert ds["tgt"] == ["A B", "X Y", "Z"]
+
+
+def _lines_one_by_one(path):
+    """read_lines' definition: split on b"\n" only, one "\r" before it dropped, UTF-8."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8").rstrip("\n").removesuffix("\r")
+            except UnicodeDecodeError:
+                raise MtxError(f"{path}:{number}: invalid UTF-8") from None
+
+
+_PIECES = ["a", "Straße", "\r", "\r\n", "\n", "\u2028", "\x85", "\x0c", " ", "\u00e9", "\U0001f600"]
+
+
+@settings(max_examples=150, deadline=None)
+@for_all(
+    st.lists(st.sampled_from(_PIECES), max_size=40).map("".join),
+    st.sampled_from([b"", b"\xff", b"\xc3"]),
+    st.integers(1, 4),
+)
+def test_line_blocks_read_each_line_as_one_by_one(tmp_path_factory, text, bad, size):
+    """Blocks of `size` lines decoded at once give the lines (and the failing line's number)
+    that decoding one line at a time gives, whatever the line endings and block edges."""
+    path = tmp_path_factory.mktemp("blocks") / "f.txt"
+    raw = text.encode("utf-8")
+    cut = len(raw) // 2
+    while cut and (raw[cut] & 0xC0) == 0x80:  # a character boundary
+        cut -= 1
+    path.write_bytes(raw[:cut] + bad + raw[cut:])
+    try:
+        expected = list(_lines_one_by_one(path))
+    except MtxError as e:
+        with pytest.raises(MtxError, match=re.escape(str(e))):
+            list(sources.line_blocks(path, size))
+        return
+    blocks = list(sources.line_blocks(path, size))
+    assert [line for block in blocks for line in block] == expected
+    assert all(len(block) == size for block in blocks[:-1])
 
 
 def test_local_file_errors_name_the_file(tmp_path):

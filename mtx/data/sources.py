@@ -13,11 +13,15 @@ split on "\n" only, so a stray U+2028 or "\r" inside a line never breaks the lin
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import datasets
+from datasets.arrow_writer import ArrowWriter
 
 from mtx.data import toy
 from mtx.errors import MtxError
@@ -43,15 +47,41 @@ def local_files(prefix: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
 
 def read_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file without their line ending ("\n" or "\r\n")."""
+    for block in line_blocks(path):
+        yield from block
+
+
+def line_blocks(path: Path, size: int = 1 << 16) -> Iterator[list[str]]:
+    """The lines of `path` as `read_lines` gives them, `size` lines at a time: each block is
+    read and decoded at once (a line ends at b"\n", which no other UTF-8 character holds, so
+    decoding the block is decoding each line; a failure is found line by line)."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        done = 0
+        while block := list(itertools.islice(f, size)):
+            joined = b"".join(block).replace(b"\r\n", b"\n")  # "\r\n" only ends a line
+            ended = block[-1].endswith(b"\n")
+            if not ended and joined.endswith(b"\r"):  # the file's last line, unterminated
+                joined = joined[:-1]
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise MtxError(
-                    f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})"
-                ) from None
-            yield line.rstrip("\n").removesuffix("\r")
+                text = joined.decode("utf-8")
+            except UnicodeDecodeError:
+                _raise_bad_line(path, block, done)
+            lines = text.split("\n")
+            if ended:
+                lines.pop()  # the empty string after the block's last "\n"
+            done += len(block)
+            yield lines
+
+
+def _raise_bad_line(path: Path, block: list[bytes], done: int) -> NoReturn:
+    for number, raw in enumerate(block, start=done + 1):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise MtxError(
+                f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})"
+            ) from None
+    raise AssertionError("a block that failed to decode has a line that fails")
 
 
 def file_hashes(spec: str, src_lang: str, tgt_lang: str) -> dict[str, str]:
@@ -78,9 +108,17 @@ def count_lines(path: Path) -> int:
     return n + (last != b"\n")
 
 
-def _local_pairs(src: Path, tgt: Path) -> Iterator[dict[str, str]]:
-    for s, t in zip(read_lines(src), read_lines(tgt)):
-        yield {"src": s, "tgt": t}
+def _read_local(src: Path, tgt: Path, cache_dir: str | os.PathLike) -> datasets.Dataset:
+    """Two line-aligned files as a Dataset, written to an Arrow file of its own in cache_dir
+    a block of lines at a time (a row at a time through from_generator was 4x slower)."""
+    os.makedirs(cache_dir, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="read-", suffix=".arrow", dir=cache_dir)
+    os.close(fd)
+    with ArrowWriter(features=FEATURES, path=path) as writer:
+        for s, t in zip(line_blocks(src), line_blocks(tgt), strict=True):
+            writer.write_batch({"src": s, "tgt": t})
+        writer.finalize()
+    return datasets.Dataset.from_file(path)
 
 
 def _toy_pairs(split: str, swap: bool) -> Iterator[dict[str, str]]:
@@ -171,7 +209,7 @@ def load_split(
             )
         if n_src == 0:
             raise MtxError(f"{src} and {tgt} are empty")
-        gen, kwargs = _local_pairs, {"src": src, "tgt": tgt}
+        return _read_local(src, tgt, cache_dir)
     try:
         return datasets.Dataset.from_generator(
             gen, gen_kwargs=kwargs, features=FEATURES, cache_dir=str(cache_dir)
