@@ -463,6 +463,12 @@ class DecodeConfig:
         "auto (bf16 on a GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU only: "
         "int8 weights, inputs quantized row by row)",
     )
+    shortlist: str = setting(
+        "",
+        "a lexical shortlist (`mtx shortlist`): each sentence's next token is chosen among the "
+        "target pieces likely for its source only (decode/shortlist.py; the shrinking search; "
+        "empty: the whole vocabulary)",
+    )
 
 
 @dataclass

@@ -59,6 +59,8 @@ ENGINES = ("mtx", "mtx-int8", "hf", "ct2", "ct2-int8")
 # rows over a preallocated cache) and mtx-graphs (the same, each step a CUDA graph)
 SEARCHES = {"mtx": "shrinking", "mtx-int8": "shrinking", "mtx-static": "static"}
 SEARCHES["mtx-graphs"] = "graphs"
+# mtx and mtx-int8 through the lexical shortlist of --shortlist (decode.shortlist)
+SEARCHES |= {"mtx-shortlist": "shrinking", "mtx-int8-shortlist": "shrinking"}
 # --dtype: torch's dtype (mtx, Hugging Face) and CTranslate2's compute type (its int8 engine
 # keeps int8 weights and computes the rest in this type)
 DTYPES = {
@@ -69,6 +71,7 @@ DTYPES = {
 # what each mtx engine is raced with
 PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",), "mtx-static": ("mtx",)}
 PEERS["mtx-graphs"] = ("mtx", "ct2")
+PEERS |= {"mtx-shortlist": ("mtx",), "mtx-int8-shortlist": ("mtx-int8",)}
 
 
 @dataclass
@@ -88,10 +91,11 @@ class Options:
     rounds: int = 2  # timed runs per engine: the fastest counts
     stopping: str = "k_finished"  # mtx's decode.stopping
     json: bool = False  # print the harness's JSON result instead of the table
+    shortlist: Path | None = None  # the mtx-*-shortlist engines' decode.shortlist
 
     @classmethod
     def from_json(cls, values: dict) -> Options:
-        paths = {k: Path(values[k]) if values[k] else None for k in ("src", "ref")}
+        paths = {k: Path(values[k]) if values[k] else None for k in ("src", "ref", "shortlist")}
         return cls(**(values | paths | {"checkpoints": [Path(p) for p in values["checkpoints"]]}))
 
     def to_json(self) -> dict:
@@ -107,16 +111,19 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[o.dtype]
     if name in SEARCHES:
-        dtype = "int8" if name == "mtx-int8" else o.dtype
+        int8 = name.startswith("mtx-int8")
+        dtype = "int8" if int8 else o.dtype
         sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={o.stopping}"]
         sets.append(f"decode.search={SEARCHES[name]}")
+        if name.endswith("-shortlist"):
+            sets.append(f"decode.shortlist={o.shortlist}")
         tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
 
         def run_mtx(src, limit, beam):
             tr.cfg.decode.beam = beam
             return [h[0].tokens for h in tr.search(src.to(tr.device))]
 
-        return run_mtx, srcs, "int8" if name == "mtx-int8" else str(tr.dtype)[6:]
+        return run_mtx, srcs, "int8" if int8 else str(tr.dtype)[6:]
     if name == "hf":
         from transformers import MarianMTModel
         from transformers.utils import logging as hf_logging
@@ -322,8 +329,10 @@ def run(o: Options) -> str:
         )
     if o.dtype not in DTYPES:
         raise MtxError(f"--dtype must be one of {', '.join(DTYPES)}, got {o.dtype!r}")
-    if o.device != "cpu" or o.dtype != "fp32":
-        engines = [e for e in engines if e != "mtx-int8"]  # int8 weights: the CPU, fp32 only
+    if o.device != "cpu" or o.dtype != "fp32":  # int8 weights: the CPU, fp32 only
+        engines = [e for e in engines if not e.startswith("mtx-int8")]
+    if o.shortlist is None and any(e.endswith("-shortlist") for e in engines):
+        raise MtxError("--engines mtx-shortlist and mtx-int8-shortlist need --shortlist FILE")
     lines = list(read_lines(o.src))
     lines = lines[: o.lines] if o.lines else lines
     overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]

@@ -1,6 +1,7 @@
 """The `mtx` command line. Each command parses its options, loads the config and calls one
 function: data.py (`prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
-`export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`), bench.py
+`export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`,
+`shortlist`), bench.py
 (`mtx bench ...`). The app and what they share are in app.py; the commands are registered
 here, in the order `mtx --help` lists them.
 """
@@ -19,6 +20,7 @@ for command in (
     decoding.evaluate,
     scoring.score,
     scoring.distill,
+    scoring.shortlist,
     training.info,
     training.plot,
     training.export,

@@ -118,11 +118,15 @@ def bench_decode(
         str,
         typer.Option(
             help="Comma-separated: mtx, mtx-int8, hf, ct2, ct2-int8 (the default), mtx-static, "
-            "mtx-graphs."
+            "mtx-graphs, mtx-shortlist, mtx-int8-shortlist."
         ),
     ] = "mtx,mtx-int8,hf,ct2,ct2-int8",
     rounds: Annotated[int, typer.Option(min=1, help="Timed runs per engine: the fastest.")] = 2,
     stopping: Annotated[str, typer.Option(help="mtx's decode.stopping.")] = "k_finished",
+    shortlist: Annotated[
+        Path | None,
+        typer.Option(help="The lexical shortlist (`mtx shortlist`) of the *-shortlist engines."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Decoding speed of mtx against Hugging Face MarianMT and CTranslate2 on the same weights."""
@@ -130,7 +134,7 @@ def bench_decode(
 
     options = decode.Options(
         checkpoint, src, ref, lines, batch, beam or [4, 1], threads, device, dtype, engines,
-        rounds, stopping, json_out,
+        rounds, stopping, json_out, shortlist,
     )  # fmt: skip
     typer.echo(run(decode.run, options))
 

@@ -33,6 +33,7 @@ BatchOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str | None, typer.Option(help=setting_help("decode.dtype"))]
+ShortlistOpt = Annotated[Path | None, typer.Option(help=setting_help("decode.shortlist"))]
 TgtLangOpt = Annotated[
     str | None,
     typer.Option(
@@ -141,6 +142,7 @@ def translate(
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
+    shortlist: ShortlistOpt = None,
     tgt_lang: TgtLangOpt = None,
     nbest: NbestOpt = 1,
     stopping: StoppingOpt = None,
@@ -165,7 +167,8 @@ def translate(
     if (output is not None or resume) and (input is None or attention_dir is not None):
         fail("--output and --resume take --input (a file: read again to resume), no attention")
     sampling = dict(sampling=True if sample else None, temperature=temperature, top_k=top_k)
-    options = dict(dtype=dtype, stopping=stopping, top_p=top_p, seed=seed, **sampling)
+    options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed)
+    options |= sampling
     translator = _translator(
         checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, **options
     )
@@ -276,6 +279,7 @@ def evaluate(
     batch_tokens: BatchOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
+    shortlist: ShortlistOpt = None,
     tgt_lang: TgtLangOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -289,8 +293,9 @@ def evaluate(
         results = {"": run(score, run(_read_text, hyp), run(_read_text, ref))}
     else:
         translator = _translator(
-            checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype
-        )
+            checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype,
+            shortlist=shortlist,
+        )  # fmt: skip
         if split is not None:
             sets = run(_split_sets, translator.cfg, split)
         elif src is not None and ref is not None:

@@ -1,5 +1,6 @@
 """`mtx score`: the log-probability a model gives each (source, target) pair (decode/score.py);
-`mtx distill`: a teacher's translations of a corpus, scored and filtered (decode/distill.py)."""
+`mtx distill`: a teacher's translations of a corpus, scored and filtered (decode/distill.py);
+`mtx shortlist`: a lexical shortlist from a run's prepared data (decode/shortlist.py)."""
 
 from __future__ import annotations
 
@@ -157,3 +158,28 @@ def report(r, langs: tuple[str, str], output_dir: Path) -> None:
         f"corpus: {r.corpus}.{{{langs[0]},{langs[1]}}} (data.train: {r.corpus}); "
         f"{output_dir / 'distill.json'}"
     )
+
+
+def shortlist(
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    top: Annotated[int, typer.Option(min=1, help="Target pieces kept for each source piece.")] = 50,
+    frequent: Annotated[
+        int, typer.Option(min=0, help="The most frequent target pieces, always candidates.")
+    ] = 100,
+    output: Annotated[
+        Path | None, typer.Option(help="The file to write (default: RUN/shortlist.npz).")
+    ] = None,
+) -> None:
+    """A lexical shortlist from the run's prepared training data: decode with it through
+    decode.shortlist (`mtx translate --shortlist FILE`) to score only the target pieces
+    likely for each sentence."""
+    from mtx.checkpoint import RunDir
+    from mtx.cli.app import load
+    from mtx.decode.shortlist import from_prepared
+
+    cfg = load(config, set)
+    path = output or RunDir.of(cfg).root / "shortlist.npz"
+    built = run(from_prepared, cfg, top, frequent, log)
+    run(built.save, path)
+    log(f"wrote {path}")

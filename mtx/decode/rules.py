@@ -80,6 +80,15 @@ def only_eos(lprobs: Tensor, rows: Tensor) -> Tensor:
     return lprobs.masked_fill(rows.unsqueeze(1) & not_eos, -torch.inf)
 
 
+def candidate_rules(vocab: int, device: torch.device) -> Tensor:
+    """(2, vocab) bool: which tokens a hypothesis may produce, by the rules of
+    `mask_never_produced` (row 0) and, where it may only end, of `only_eos` too (row 1); what
+    a lexical shortlist's candidates are masked by (decode/shortlist.py)."""
+    free = mask_never_produced(torch.zeros(1, vocab, device=device))
+    forced = only_eos(free, torch.ones(1, dtype=torch.bool, device=device))
+    return torch.cat([free, forced]) > -torch.inf
+
+
 def start_beams(scores: Tensor) -> Tensor:
     """(B, K) cumulative scores before the first step, in place: all beams start equal, so
     only the first one may expand at step 1."""

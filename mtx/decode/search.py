@@ -67,6 +67,18 @@ def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[boo
     return lprobs
 
 
+def _continuations(
+    model, last: Tensor, memory, src_mask, cache, force_eos: list[bool], scores: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The best 2K continuations of each sentence's K live beams of cumulative `scores`
+    (B, K) whose last tokens are `last` (B * K, 1), as rules.top_candidates gives them;
+    among its candidates only for a model with a lexical shortlist (shortlist.py)."""
+    if hasattr(model, "continuations"):
+        return model.continuations(last, memory, src_mask, cache, force_eos, scores)
+    lprobs = _log_probs(model, last, memory, src_mask, cache, force_eos)
+    return rules.top_candidates(scores, lprobs, scores.size(1))
+
+
 @dataclass
 class Sampling:
     """Ancestral sampling from softmax(logits / temperature), restricted to the `top_k` most
@@ -128,12 +140,17 @@ def greedy_search(
     out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
     for t in range(max(max_len)):
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive]
-        lprobs = _log_probs(model, last, memory, src_mask, cache, force)
-        if sampling is None:
-            tok = lprobs.argmax(dim=-1)
+        if sampling is None and hasattr(model, "continuations"):  # a shortlist's candidates
+            start = torch.zeros(len(alive), 1, device=device)
+            top, _, best = _continuations(model, last, memory, src_mask, cache, force, start)
+            tok, lp = best[:, 0], top[:, 0]
         else:
-            tok = sampling.pick(lprobs, uniforms[alive_t, t])
-        lp = lprobs.gather(1, tok[:, None]).squeeze(1)
+            lprobs = _log_probs(model, last, memory, src_mask, cache, force)
+            if sampling is None:
+                tok = lprobs.argmax(dim=-1)
+            else:
+                tok = sampling.pick(lprobs, uniforms[alive_t, t])
+            lp = lprobs.gather(1, tok[:, None]).squeeze(1)
         keep = []
         for i, (token, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
             hyp = out[alive[i]]
@@ -225,8 +242,8 @@ def beam_search(
     for t in range(max(max_len)):
         B = len(alive)
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive for _ in range(K)]
-        lprobs = _log_probs(model, tokens[:, -1:], memory, src_mask, cache, force)
-        top, from_beam, tok = rules.top_candidates(scores, lprobs, K)
+        last = tokens[:, -1:]
+        top, from_beam, tok = _continuations(model, last, memory, src_mask, cache, force, scores)
         rows = torch.arange(B, device=device).unsqueeze(1) * K + from_beam  # (B, 2K) flat rows
         is_eos = tok == EOS_ID
         # One transfer to the host per step: the scores of the first K candidates where they

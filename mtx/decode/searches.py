@@ -6,6 +6,9 @@
   decode settings, kept with its CUDA graphs from one batch to the next;
 - otherwise the shrinking search of search.py: greedy search at beam 1, else beam search.
 
+With `decode.shortlist`, the shrinking search and sampling decode the model through its
+lexical shortlist (shortlist.py), loaded once and kept.
+
 Every one of them follows the rules of rules.py.
 """
 
@@ -17,6 +20,7 @@ from mtx.config import DecodeConfig
 from mtx.decode import rules
 from mtx.decode.rules import Hypothesis
 from mtx.decode.search import Sampling, beam_search, greedy_search
+from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.decode.static import StaticSearch
 from mtx.decode.static import supports as supports_static
 from mtx.errors import MtxError
@@ -26,9 +30,12 @@ from mtx.model.groups import Groups
 class Searches:
     """The searches of one model on one device; `__call__` runs the one `decode.*` names."""
 
-    def __init__(self, model, device: torch.device) -> None:
-        self.model, self.device = model, device
+    def __init__(self, model, device: torch.device, vocabulary: str = "") -> None:
+        """`vocabulary`: the SentencePiece model's shortlist.vocabulary_sha256 (what a
+        shortlist must have been built with)."""
+        self.model, self.device, self.vocabulary = model, device, vocabulary
         self.kept: dict[tuple, StaticSearch] = {}  # see `static`
+        self.shortlisted: dict[str, Shortlisted] = {}  # see `decoded`
 
     @property
     def limit(self) -> int:
@@ -46,10 +53,23 @@ class Searches:
         static = self.static(d)
         if static is not None:
             return static(src, nbest)
-        a, b, limit = d.max_len_a, d.max_len_b, self.limit
+        a, b, limit, model = d.max_len_a, d.max_len_b, self.limit, self.decoded(d)
         if d.beam == 1:
-            return [[h] for h in greedy_search(self.model, src, a, b, limit)]
-        return beam_search(self.model, src, d.beam, d.alpha, a, b, limit, nbest, d.stopping)
+            return [[h] for h in greedy_search(model, src, a, b, limit)]
+        return beam_search(model, src, d.beam, d.alpha, a, b, limit, nbest, d.stopping)
+
+    def decoded(self, d: DecodeConfig):
+        """What the shrinking search decodes: the model, or the model through the shortlist
+        of `decode.shortlist` (loaded and checked the first time)."""
+        if not d.shortlist:
+            return self.model
+        if d.shortlist not in self.shortlisted:
+            if not hasattr(self.model, "output_weight"):
+                raise MtxError("decode.shortlist takes one model, not an ensemble")
+            shortlist = Shortlist.load(d.shortlist)
+            shortlist.check(self.vocabulary, self.model.vocab_size, d.shortlist)
+            self.shortlisted[d.shortlist] = Shortlisted(self.model, shortlist)
+        return self.shortlisted[d.shortlist]
 
     def sample(
         self, src: torch.Tensor, d: DecodeConfig, nbest: int, lines: list[int]
@@ -58,7 +78,7 @@ class Searches:
         seeds = [[d.seed, i, j] for i in lines for j in range(nbest)]
         sampling = Sampling(d.temperature, d.top_k, d.top_p)
         hyps = greedy_search(
-            self.model, src.repeat_interleave(nbest, 0), d.max_len_a, d.max_len_b, self.limit,
+            self.decoded(d), src.repeat_interleave(nbest, 0), d.max_len_a, d.max_len_b, self.limit,
             sampling, seeds,
         )  # fmt: skip
         return [rules.best(hyps[i : i + nbest], nbest) for i in range(0, len(hyps), nbest)]
@@ -92,6 +112,8 @@ def static_refusal(model, d: DecodeConfig, mode: str, device: torch.device) -> s
         return f"{type(model).__name__} has no static cache (the Transformer alone has one)"
     if d.sampling:
         return "sampling runs in the shrinking search only"
+    if d.shortlist:
+        return "decode.shortlist runs in the shrinking search only"
     if d.beam > 1 and d.stopping != "k_finished":
         return f"stopping {d.stopping} runs in the shrinking search only (static: k_finished)"
     return None

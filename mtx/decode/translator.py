@@ -35,6 +35,7 @@ from mtx.decode.batches import batch_sources, source_batches
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.rules import Hypothesis
 from mtx.decode.searches import Searches
+from mtx.decode.shortlist import vocabulary_sha256
 from mtx.decode.static import StaticSearch
 from mtx.decode.stream import chunks
 from mtx.device import auto_dtype, pick_device
@@ -84,13 +85,15 @@ class Translator:
             self.model = model.to(self.device, self.dtype).eval()
             self.model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
         self.cfg = cfg
-        self.searches = Searches(self.model, self.device)  # shared by with_decode's copies
         self.sp = vocab.load(spm_proto)
         if self.sp.get_piece_size() != model.vocab_size:
             raise MtxError(
                 f"the SentencePiece model has {self.sp.get_piece_size()} pieces but the model's "
                 f"vocabulary has {model.vocab_size}: they do not belong together"
             )
+        # shared by with_decode's copies; a shortlist is loaded and checked now, not mid-input
+        self.searches = Searches(self.model, self.device, vocabulary_sha256(spm_proto))
+        self.searches.decoded(cfg.decode)
         self.tags = corpora.tag_ids(self.sp)  # {language: its >>xx<< tag's id}; {}: one
         self.tgt_lang: str | None = None  # into; None: the model's one target language
 

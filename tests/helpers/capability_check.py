@@ -14,6 +14,10 @@ two lists naming what gave an element or a sentence other numbers in another bat
    batch, in the reversed batch and in halves; and for the Transformer (which takes sources
    of several lengths in one batch, model/groups.py), each cut to its own padded length gets
    the same alone as in a batch of both lengths.
+3. Shortlisted searches (decode/shortlist.py): the Transformer and the SSRU student over a
+   vocabulary of 300 through a random lexical shortlist (sentences of 64 and of 128 slots;
+   each batch's union of candidates another set of columns), with each kind of product,
+   beam and greedy, alone, reversed, in halves and in mixed lengths, as above.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 
 from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.decode.search import beam_search, greedy_search
+from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.model import packed
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
@@ -84,13 +89,13 @@ def architectures() -> list[dict]:
     return [shared | x for x in out]
 
 
-def sources(n: int = 12) -> torch.Tensor:
+def sources(n: int = 12, vocab: int = VOCAB) -> torch.Tensor:
     """n sources of 1 to 14 tokens + EOS, padded to one length, as the translator pads them."""
     g = torch.Generator().manual_seed(1)
     lengths = [1 + (5 * i) % 14 for i in range(n)]
     src = torch.full((n, 16), PAD_ID)
     for i, k in enumerate(lengths):
-        src[i, :k] = torch.randint(4, VOCAB, (k,), generator=g)
+        src[i, :k] = torch.randint(4, vocab, (k,), generator=g)
         src[i, k] = EOS_ID
     return src
 
@@ -105,8 +110,33 @@ def mixed_lengths(src: torch.Tensor) -> tuple[Groups, list[torch.Tensor], list[i
     return Groups(groups), own, order
 
 
-def searches() -> tuple[list[str], int]:
-    src = sources()
+def random_shortlist(vocab: int) -> Shortlist:
+    """5 target pieces for each source piece and 12 frequent ones, at random: 40 to 80
+    candidates a sentence of these sources."""
+    g = torch.Generator().manual_seed(2)
+    top = torch.randint(4, vocab, (vocab, 5), generator=g).int().numpy()
+    return Shortlist(top, torch.arange(4, 16, dtype=torch.int32).numpy(), "")
+
+
+def shortlisted_searches() -> tuple[list[str], int]:
+    """Section 3: the searches of section 2 through a shortlist, over a larger vocabulary."""
+    vocab, bad, checked = 300, [], 0
+    for values in architectures()[:1] + [a for a in architectures() if "decoder_self" in a]:
+        torch.manual_seed(0)
+        model = make_model(ModelConfig(**values), vocab).eval()
+        with torch.no_grad():
+            model.embed.weight.mul_(3.0)
+        listed = Shortlisted(model, random_shortlist(vocab))
+        found, n = batchings(listed, values.get("decoder_self", "attention"), model.pack)
+        bad += [f"shortlisted {values['arch']}: {x}" for x in found]
+        checked += n
+    return bad, checked
+
+
+def batchings(model, name: str, pack) -> tuple[list[str], int]:
+    """Each sentence's hypotheses alone, reversed, in halves (and in mixed lengths), under
+    each kind of product (`pack`) and search, against those of the whole batch."""
+    src = sources(vocab=getattr(model, "vocab_size", VOCAB))
     n = src.size(0)
     groups = {
         "alone": [[i] for i in (0, 3, 5, 11)],
@@ -117,6 +147,34 @@ def searches() -> tuple[list[str], int]:
     assert len(mixed.parts) > 1
     kinds = ["torch products", *(k for k in packed.KINDS if packed.available(k))]
     bad, checked = [], 0
+    for kind in kinds:
+        pack(None if kind == "torch products" else kind)
+        for search in ("beam", "greedy"):
+
+            def run(s, search=search) -> list:
+                if search == "greedy":
+                    return [(h.tokens, h.score) for h in greedy_search(model, s, max_len_b=6)]
+                hyps = beam_search(model, s, beam=4, max_len_b=6, nbest=2)
+                return [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
+
+            together = run(src)
+            for label, parts in groups.items():
+                for rows in parts:
+                    checked += 1
+                    if run(src[rows]) != [together[i] for i in rows]:
+                        bad.append(f"{name}, {kind}, {search}: {label} {rows}")
+                        break
+            if getattr(model, "mixes_lengths", False):  # several source lengths at once
+                checked += 1
+                alone = [run(own[i])[0] for i in order]
+                if run(mixed) != alone:
+                    bad.append(f"{name}, {kind}, {search}: mixed lengths")
+    return bad, checked
+
+
+def searches() -> tuple[list[str], int]:
+    """Section 2: every architecture."""
+    bad, checked = [], 0
     for values in architectures():
         torch.manual_seed(0)
         model = make_model(ModelConfig(**values), VOCAB).eval()
@@ -125,28 +183,8 @@ def searches() -> tuple[list[str], int]:
         name = ", ".join(f"{v}" for k, v in values.items() if k in ("arch", "norm", "positions",
                                                                      "rnn_cell", "attention",
                                                                      "decoder_self"))  # fmt: skip
-        for kind in kinds:
-            model.pack(None if kind == "torch products" else kind)
-            for search in ("beam", "greedy"):
-
-                def run(s, search=search, model=model) -> list:
-                    if search == "greedy":
-                        return [(h.tokens, h.score) for h in greedy_search(model, s, max_len_b=6)]
-                    hyps = beam_search(model, s, beam=4, max_len_b=6, nbest=2)
-                    return [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
-
-                together = run(src)
-                for label, parts in groups.items():
-                    for rows in parts:
-                        checked += 1
-                        if run(src[rows]) != [together[i] for i in rows]:
-                            bad.append(f"{name}, {kind}, {search}: {label} {rows}")
-                            break
-                if getattr(model, "mixes_lengths", False):  # several source lengths at once
-                    checked += 1
-                    alone = [run(own[i])[0] for i in order]
-                    if run(mixed) != alone:
-                        bad.append(f"{name}, {kind}, {search}: mixed lengths")
+        found, n = batchings(model, name, model.pack)
+        bad, checked = bad + found, checked + n
     return bad, checked
 
 
@@ -154,6 +192,8 @@ def main() -> None:
     torch.set_num_threads(2)
     ops = operations()
     found, checked = searches()
+    listed, more = shortlisted_searches()
+    found, checked = found + listed, checked + more
     capability = torch.backends.cpu.get_cpu_capability()
     print(json.dumps({"capability": capability, "operations": ops, "searches": found,
                       "checked": checked}))  # fmt: skip
