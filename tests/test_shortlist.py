@@ -139,3 +139,11 @@ def test_translate_takes_a_shortlist_and_refuses_a_bad_one_in_one_line(toy_run, 
     static = invoke("translate", "--checkpoint", ckpt, "--shortlist", str(toy_shortlist), "--set",
                     "decode.search=static", input=lines)  # fmt: skip
     assert static.exit_code == 2 and "runs in the shrinking search only" in static.output
+
+
+def test_an_ensemble_with_a_shortlist_is_refused_in_one_line(toy_run, toy_shortlist):
+    checkpoints = toy_run / "checkpoints"
+    refused = invoke("translate", "--checkpoint", checkpoints / "best.pt", "--checkpoint",
+                     checkpoints / "step-125.pt", "--shortlist", toy_shortlist, input="a\n")  # fmt: skip
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert "decode.shortlist takes one model, not an ensemble" in refused.output
