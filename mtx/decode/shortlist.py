@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import zipfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +60,8 @@ class Shortlist:
         return torch.from_numpy(union[union >= 0])
 
     def save(self, path: Path) -> None:
-        arrays = dict(top=self.top, frequent=self.frequent, vocabulary=np.str_(self.vocabulary))
+        """An .npz of the fields, by name."""
+        arrays = {f.name: np.asarray(getattr(self, f.name)) for f in fields(self)}
         atomic_write(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
@@ -68,7 +69,8 @@ class Shortlist:
         """Read a shortlist file; refused in one line if it is missing or not one."""
         try:
             with np.load(path, allow_pickle=False) as f:
-                return cls(f["top"], f["frequent"], str(f["vocabulary"]))
+                top, frequent, vocabulary = (f[field.name] for field in fields(cls))
+                return cls(top, frequent, str(vocabulary))
         except FileNotFoundError:
             raise MtxError(f"decode.shortlist: file not found: {path}") from None
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
@@ -203,9 +205,11 @@ class ShortlistCache:
     """The model's own cache, the projection onto the batch's candidates (the union of its
     sentences'), and each live sentence's candidates, grouped into buckets of like length."""
 
-    def __init__(self, inner, project, union: int, sentences: list[tuple[Tensor, Tensor]]):
+    def __init__(
+        self, inner, project, union: int, sentences: list[tuple[Tensor, Tensor]], allowed: Tensor
+    ) -> None:
         self.inner, self.project, self.union = inner, project, union
-        self.rows = 0  # hypothesis rows of the last step
+        self.allowed = allowed  # (2, V) rules.candidate_rules: not forced, forced to end
         self.sentences = sentences  # per live sentence: (columns, ids), padded to a bucket
         self.buckets = _buckets(sentences)
 
@@ -283,7 +287,8 @@ class Shortlisted:
         packed = getattr(self.model, "packed_output", None)
         rows = weight.index_select(0, union.to(weight.device))
         project = _projection(rows, None if packed is None else packed.kind)
-        return ShortlistCache(self.model.new_cache(), project, len(union), sentences)
+        allowed = rules.candidate_rules(self.vocab_size, weight.device)  # once a search
+        return ShortlistCache(self.model.new_cache(), project, len(union), sentences, allowed)
 
     def decode(self, tgt_in: Tensor, memory, src_mask, cache: ShortlistCache) -> Tensor:
         """(N, 1) last tokens -> (N, 1, V) log-probabilities, each sentence's K = N / B rows
@@ -291,7 +296,7 @@ class Shortlisted:
         out = None
         for _, _, lprobs, put in self._slots(tgt_in, memory, src_mask, cache):
             if out is None:
-                out = lprobs.new_full((cache.rows, self.vocab_size), -torch.inf)
+                out = lprobs.new_full((tgt_in.size(0), self.vocab_size), -torch.inf)
             out.view(-1).index_copy_(0, put, lprobs.view(-1))  # PAD's slots: -inf alike
         return out.unsqueeze(1)
 
@@ -305,10 +310,9 @@ class Shortlisted:
         where `force_eos` is True may only end."""
         K = scores.size(1)
         force = torch.tensor(force_eos, device=scores.device).long()
-        allowed = rules.candidate_rules(self.vocab_size, scores.device)
         found = []
         for bucket, (rows, ids), lprobs, _ in self._slots(last, memory, src_mask, cache):
-            lprobs = lprobs.masked_fill(~allowed[force[rows].unsqueeze(1), ids], -torch.inf)
+            lprobs = lprobs.masked_fill(~cache.allowed[force[rows].unsqueeze(1), ids], -torch.inf)
             best, from_beam, slot = rules.top_candidates(scores[bucket.members], lprobs, K)
             tok = ids.view(len(bucket.members), -1).gather(1, from_beam * bucket.length + slot)
             found.append((bucket.members, best, from_beam, tok))
@@ -327,7 +331,7 @@ class Shortlisted:
         sentence's candidates, and where those go in the flat (N, vocab) log-probabilities."""
         states = self.model.decode(tgt_in, memory, src_mask, cache.inner, project=False)
         logits = cache.project(states[:, -1]).float()  # (N, union)
-        N = cache.rows = logits.size(0)
+        N = logits.size(0)
         logits = torch.cat([logits, logits.new_full((N, 1), -torch.inf)], 1).view(-1)
         for bucket in cache.buckets:
             rows, ids, take, put = bucket.indices(
