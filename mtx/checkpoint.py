@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from mtx import __version__
-from mtx.config import Config, apply_overrides, from_dict
+from mtx.config import PARTS, Config, apply_overrides, from_dict
 from mtx.errors import MtxError
 from mtx.files import atomic_write
 
@@ -278,6 +278,7 @@ class InitRecord:
     sha256: str  # of its file
     step: int | None
     kept: list[str]  # what was kept beside the weights: "optimizer", "step"
+    parts: list[str] = field(default_factory=lambda: list(PARTS))  # whose weights were taken
 
 
 @dataclass

@@ -396,6 +396,12 @@ class TrainConfig:
     init_keep_step: bool = setting(
         False, "init_from: continue its step count, and so its learning rate"
     )
+    init_parts: list[Part] = setting(
+        list(PARTS),
+        "init_from: the parts whose weights are taken; the others start from this run's own "
+        "initialisation and may differ in shape (a student taking its teacher's embeddings "
+        "and encoder)",
+    )
     freeze: list[Part] = setting(
         [], "parts left as they are: embeddings (shared with the output layer), encoder, decoder"
     )
@@ -425,6 +431,15 @@ class TrainConfig:
         if (t.init_keep_optimizer or t.init_keep_step) and not t.init_from:
             raise MtxError(
                 "train.init_keep_optimizer and train.init_keep_step need train.init_from"
+            )
+        if not t.init_parts:
+            raise MtxError("train.init_parts: name at least one part (or leave out init_from)")
+        if set(t.init_parts) != set(PARTS) and not t.init_from:
+            raise MtxError("train.init_parts needs train.init_from")
+        if set(t.init_parts) != set(PARTS) and t.init_keep_optimizer:
+            raise MtxError(
+                "train.init_keep_optimizer keeps the Adam moments of every part: it needs "
+                "train.init_parts to name them all"
             )
 
 

@@ -10,7 +10,7 @@ import torch
 
 from mtx import corpora
 from mtx.checkpoint import Checkpoint
-from mtx.config import Config, DataConfig, ModelConfig, load_config
+from mtx.config import PARTS, Config, DataConfig, ModelConfig, load_config
 from mtx.model.build import make_model
 from mtx.model.flops import forward_flops, training_flops_per_token
 from mtx.model.transformer import count_parameters
@@ -78,6 +78,7 @@ def checkpoint_lines(ckpt: Checkpoint) -> list[str]:
     if ckpt.init_from:
         r = ckpt.init_from
         kept = f", kept its {' and '.join(r.kept)}" if r.kept else ""
+        kept += f", took its {' and '.join(r.parts)} only" if len(r.parts) < len(PARTS) else ""
         lines.append(f"started from: {r.path} (step {r.step}, sha256 {r.sha256[:12]}{kept})")
     for split, data in (ckpt.manifest.splits if ckpt.manifest else {}).items():
         lines.append(

@@ -14,7 +14,7 @@ from mtx.data import toy
 from mtx.data.prepare import prepare
 from mtx.data.prepared import load_prepared
 from mtx.errors import MtxError
-from mtx.model.build import load_model
+from mtx.model.build import load_model, make_model
 from mtx.train.distributed import Dist
 from mtx.train.schedule import rate
 from mtx.train.step import Precision
@@ -141,6 +141,60 @@ def test_frozen_parts_do_not_change_and_the_rest_does(domains):
     for name in frozen:
         assert torch.equal(before[name], after[name]), name
     assert all(not torch.equal(before[n], after[n]) for n in trained)
+
+
+def test_a_student_takes_its_teacher_s_embeddings_and_encoder_and_its_own_decoder(domains):
+    root, ckpt, b_data = domains
+    student = ["model.decoder_self=ssru", "model.decoder_d_ff=16", "train.max_steps=4",
+               "train.init_parts=[embeddings, encoder]"]  # fmt: skip
+    cfg = fine_tune_config(root, "student", ckpt, b_data, *student)
+    trainer = Trainer(cfg, Dist(), start=read(cfg))
+    teacher, mine = Checkpoint.load(ckpt).model, trainer.model.state_dict()
+    taken = [n for n in mine if n.startswith(("embed.", "encoder_"))]
+    assert taken and all(torch.equal(mine[n], teacher[n]) for n in taken)
+    # the decoder is the run's own initialisation, as a fresh model of its shape from its seed
+    torch.manual_seed(cfg.train.seed)
+    fresh = make_model(cfg.model, trainer.header.vocab_size).state_dict()
+    own = [n for n in mine if n.startswith("decoder_")]
+    assert "decoder_layers.0.self_attn.gate_bias" in own  # an SSRU, not the checkpoint's
+    assert all(torch.equal(mine[n], fresh[n]) for n in own)
+    assert not any(torch.equal(mine[n], teacher[n]) for n in own if n in teacher)
+    trainer.run()
+    record = last(root / "student").init_from
+    assert record.parts == ["embeddings", "encoder"] and record.step == 300
+    info = mtx("info", RunDir(root / "student").last).output
+    assert "took its embeddings and encoder only" in info
+    # what shapes the parts taken must still match; what shapes the decoder alone need not
+    taken_encoder = ["train.init_parts=[encoder]", "model.encoder_layers=2"]
+    with pytest.raises(MtxError, match="model.encoder_layers is 2 in the config but 1"):
+        read(fine_tune_config(root, "refused", ckpt, b_data, *taken_encoder))
+    with pytest.raises(MtxError, match="model.decoder_self is 'ssru' in the config but"):
+        read(fine_tune_config(root, "refused", ckpt, b_data, "model.decoder_self=ssru"))
+    for extra, message in [
+        (["train.init_parts=[]"], "train.init_parts: name at least one part"),
+        (["train.init_parts=[encoder]"], "train.init_parts needs train.init_from"),
+    ]:
+        with pytest.raises(MtxError, match=message):
+            load_config(None, extra)
+    with pytest.raises(MtxError, match="init_keep_optimizer keeps the Adam moments of every"):
+        fine_tune_config(root, "refused", ckpt, b_data, "train.init_parts=[decoder]",
+                         "train.init_keep_optimizer=true")  # fmt: skip
+
+
+def test_taking_parts_needs_each_of_their_weights_and_no_other():
+    from conftest import tiny_model_config
+
+    from mtx.train.init import _load_parts
+
+    model = make_model(tiny_model_config(), 40)
+    weights = dict(model.state_dict())
+    _load_parts(model, weights, ["encoder"])
+    del weights["encoder_layers.0.ffn.fc1.weight"]
+    with pytest.raises(RuntimeError, match="encoder_layers.0.ffn.fc1.weight is not in the check"):
+        _load_parts(model, weights, ["encoder"])
+    extra = model.state_dict() | {"encoder_layers.5.ffn.fc1.weight": torch.zeros(1)}
+    with pytest.raises(RuntimeError, match="encoder_layers.5.ffn.fc1.weight is not in the model"):
+        _load_parts(model, extra, ["decoder", "encoder"])
 
 
 def test_resuming_a_fine_tuning_run_is_exact(domains):

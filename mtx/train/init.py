@@ -27,13 +27,18 @@ from pathlib import Path
 import torch
 
 from mtx.checkpoint import Checkpoint, InitRecord
-from mtx.config import Config, ModelConfig, TrainConfig
+from mtx.config import PARTS, Config, ModelConfig, TrainConfig
 from mtx.errors import MtxError
 from mtx.files import sha256_file
 from mtx.train.distributed import Dist
 from mtx.train.state import TrainState
 
 TRAINING_ONLY = ("dropout", "attention_dropout", "init")
+# the model.* keys that shape one part only: free to differ when train.init_parts leaves it out
+PART_KEYS = {
+    "encoder": ("encoder_layers",),
+    "decoder": ("decoder_layers", "decoder_d_ff", "decoder_self"),
+}
 
 
 @dataclass
@@ -65,11 +70,14 @@ def take_model_config(cfg: Config, start: Start) -> None:
     """Fill the `model.*` keys the config left out from the checkpoint; refuse a given key
     that differs from the checkpoint's, naming it."""
     theirs = start.ckpt.settings().model
+    free = TRAINING_ONLY + tuple(
+        key for part, keys in PART_KEYS.items() if part not in cfg.train.init_parts for key in keys
+    )
     for f in dataclasses.fields(ModelConfig):
         key, mine, other = f"model.{f.name}", getattr(cfg.model, f.name), getattr(theirs, f.name)
         if cfg.given is not None and key not in cfg.given:
             setattr(cfg.model, f.name, other)
-        elif mine != other and f.name not in TRAINING_ONLY:
+        elif mine != other and f.name not in free:
             raise MtxError(
                 f"train.init_from {cfg.train.init_from}: {key} is {mine!r} in the config but "
                 f"{other!r} in the checkpoint; leave {key} out of the config to take the "
@@ -93,7 +101,7 @@ def load_weights(
             f"data.spm_model={path}"
         )
     try:
-        model.load_state_dict(ckpt.model)
+        _load_parts(model, ckpt.model, t.init_parts)
     except RuntimeError as e:
         first = str(e).strip().splitlines()[-1].strip()[:200]
         raise MtxError(
@@ -101,7 +109,22 @@ def load_weights(
         ) from None
     kept = [name for name, keep in (("optimizer", t.init_keep_optimizer),
                                     ("step", t.init_keep_step)) if keep]  # fmt: skip
-    return InitRecord(start.file, start.sha256, ckpt.step, kept)
+    return InitRecord(start.file, start.sha256, ckpt.step, kept, list(t.init_parts))
+
+
+def _load_parts(model: torch.nn.Module, weights: dict, parts: list[str]) -> None:
+    """Every weight (`parts` all of PARTS), or those of `parts` only: each of them must be in
+    `weights` with its shape, and `weights` must hold no other of theirs."""
+    if set(parts) == set(PARTS):
+        model.load_state_dict(weights)
+        return
+    prefixes = tuple(prefix for part in parts for prefix in model.PARTS[part])
+    taken = {name: w for name, w in weights.items() if name.startswith(prefixes)}
+    mine = {name for name in model.state_dict() if name.startswith(prefixes)}
+    for name in sorted(mine ^ taken.keys()):
+        where = "the checkpoint" if name in mine else "the model"
+        raise RuntimeError(f"{name} is not in {where}")
+    model.load_state_dict(taken, strict=False)  # a shape that differs still raises
 
 
 def load_optimizer(

@@ -22,7 +22,7 @@ import yaml
 from tqdm import tqdm
 
 from mtx.checkpoint import Checkpoint, RunDir
-from mtx.config import Config
+from mtx.config import PARTS, Config
 from mtx.data.batching import Batch
 from mtx.data.prepared import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
@@ -152,6 +152,7 @@ class Trainer:
         if h.init_from:
             r = h.init_from
             kept = f", keeping its {' and '.join(r.kept)}" if r.kept else ""
+            kept += f", its {' and '.join(r.parts)} only" if len(r.parts) < len(PARTS) else ""
             lines.append(f"starting from {r.path} (step {r.step}){kept}")
         if self.frozen:
             lines.append(f"frozen: {', '.join(self.cfg.train.freeze)} ({self.frozen:,} parameters)")
