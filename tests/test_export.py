@@ -10,6 +10,7 @@ import ctranslate2
 import pytest
 import torch
 from conftest import tiny_model_config
+from helpers.common import mtx
 from transformers import MarianMTModel, MarianTokenizer
 
 from mtx.checkpoint import Checkpoint
@@ -242,6 +243,30 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
         rows["mtx"]["tokens_per_s"] / rows["hf"]["tokens_per_s"]
     )
     assert [rows[e]["dtype"] for e in ("mtx", "hf")] == ["float32"] * 2
+
+
+def test_the_decoding_race_runs_mtx_in_translate_s_own_batches(toy_run, toy_test, tmp_path):
+    """--batch-tokens: the mtx engines translate every line through translate_encoded's
+    batches (lengths mixed), the same outputs as batches of one length (batch independence);
+    the peers are left out, and said."""
+    src = tmp_path / "src.en"
+    src.write_text("".join(line + "\n" for line in toy_test[:40]), encoding="utf-8")
+    (tmp_path / "src.de").write_text("".join(line + "\n" for line in toy_test[:40]), "utf-8")
+    reports = []
+    for batching in (["--batch", "8"], ["--batch-tokens", "96"]):
+        out = mtx("bench", "decode", "--checkpoint", toy_run / "checkpoints" / "best.pt",
+                  "--src", src, "--beam", "2", "--engines", "mtx,hf", "--rounds", "1",
+                  *batching, "--json")  # fmt: skip
+        reports.append(json.loads(out.stdout.splitlines()[-1]))
+    by_length, by_tokens = reports
+    [row] = by_tokens["results"]
+    assert row["engine"] == "mtx" and row["batch"] == "96 tokens" and row["lines"] == 40
+    assert by_tokens["left_out"] == ["hf: --batch-tokens races mtx's own batching only"]
+    mtx_row = next(r for r in by_length["results"] if r["engine"] == "mtx")
+    assert row["bleu"] == mtx_row["bleu"] > 0
+    assert row["tokens_per_s"] * row["seconds"] == pytest.approx(
+        mtx_row["tokens_per_s"] * mtx_row["seconds"]
+    )  # the same number of output tokens
 
 
 # slow: a second full race (20 s); the race itself runs in make test

@@ -7,7 +7,9 @@
 
 The checkpoint is exported both ways into a temporary directory (`mtx export`). Every engine
 then translates the same batches of pre-encoded sentences (at most --batch sentences of one
-source length, see peers.py) with the same beam, alpha 0 and mtx's length limit, so that the
+source length, see peers.py; or, with --batch-tokens N, the mtx engines alone, each in
+`mtx translate`'s own batches: the lines sorted by length into batches of N padded source
+tokens, lengths mixed, as `decode.batch_tokens` N) with the same beam, alpha 0 and mtx's length limit, so that the
 engines do the same work and should give the same output. Each engine runs in a process of
 its own, so that no other engine's thread pool competes for the cores (in one process, the
 peers' idle threads were seen to halve mtx's greedy speed). Timed: the search only (not
@@ -83,6 +85,7 @@ class Options:
     ref: Path | None = None  # reference translations, for BLEU (default: beside --src)
     lines: int = 0  # only the first N lines (0: all)
     batch: int = 32  # sentences per batch
+    batch_tokens: int = 0  # mtx engines only, in `mtx translate`'s batches of this many tokens
     beams: list[int] = field(default_factory=lambda: [4, 1])
     threads: int = 2  # CPU threads of every engine
     device: str = "cpu"
@@ -117,7 +120,17 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
         sets.append(f"decode.search={SEARCHES[name]}")
         if name.endswith("-shortlist"):
             sets.append(f"decode.shortlist={o.shortlist}")
+        if o.batch_tokens:
+            sets.append(f"decode.batch_tokens={o.batch_tokens}")
         tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
+        if o.batch_tokens:  # the plan is every line in order: translate's own batches
+
+            def run_translate(sources, limit, beam):
+                tr.cfg.decode.beam = beam
+                return [h[0].tokens for h in tr.translate_encoded(sources)]
+
+            inputs = [([ids[i] for i in idx], limit) for limit, idx in plan]
+            return run_translate, inputs, "int8" if int8 else str(tr.dtype)[6:]
 
         def run_mtx(src, limit, beam):
             tr.cfg.decode.beam = beam
@@ -271,7 +284,8 @@ def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]
     rows = []
     for beam in o.beams:
         for model, name in raced.dtypes:
-            row = {"model": label(o, model), "engine": name, "beam": beam, "batch": o.batch}
+            batch = f"{o.batch_tokens} tokens" if o.batch_tokens else o.batch
+            row = {"model": label(o, model), "engine": name, "beam": beam, "batch": batch}
             row["dtype"] = raced.dtypes[model, name]
             mtx_out = raced.outputs.get((model, "mtx", beam))
             timing = Timing(raced.seconds[model, name, beam])
@@ -293,7 +307,7 @@ def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]
 def table(rows: list[dict], left_out: list[str], o: Options, machine: dict) -> str:
     several = len(o.checkpoints) > 1
     out = [
-        f"{rows[0]['lines']} lines, batches of {o.batch}, device {o.device}, "
+        f"{rows[0]['lines']} lines, batches of {rows[0]['batch']}, device {o.device}, "
         f"{o.dtype}, threads {o.threads}; {describe_machine(machine)}",
         "| model | engine | beam | seconds | sentences/s | tokens/s | BLEU | same as mtx |",
         "|---|---|---|---|---|---|---|---|",
@@ -342,8 +356,14 @@ def run(o: Options) -> str:
             tr.sp.serialized_model_proto()
         ):
             raise MtxError(f"{path}: another SentencePiece model than {o.checkpoints[0]}'s")
-    plan = batches(tr, lines, o.batch)
+    plan, skipped = batches(tr, lines, o.batch), []
+    if o.batch_tokens:  # every line in one call of translate_encoded, which batches them
+        plan = [(0, list(range(len(lines))))]
+        skipped = [f"{e}: --batch-tokens races mtx's own batching only" for e in engines
+                   if e not in SEARCHES]  # fmt: skip
+        engines = [e for e in engines if e in SEARCHES]
     rows, left_out = results(o, engines, tr, lines, plan)
+    left_out = skipped + left_out
     report = result("decode", {"results": rows, "left_out": left_out}, **o.to_json())
     return json.dumps(report) if o.json else table(rows, left_out, o, report["machine"])
 

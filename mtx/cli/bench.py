@@ -108,6 +108,14 @@ def bench_decode(
     ] = None,
     lines: LinesOpt = 0,
     batch: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
+    batch_tokens: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Race the mtx engines alone, each in `mtx translate`'s own batches of this "
+            "many padded source tokens (decode.batch_tokens; 4096 by default) instead.",
+        ),
+    ] = 0,
     beam: Annotated[
         list[int] | None, typer.Option(min=1, help="A beam size (repeatable; default 4 and 1).")
     ] = None,
@@ -133,7 +141,7 @@ def bench_decode(
     from mtx.bench import decode
 
     options = decode.Options(
-        checkpoint, src, ref, lines, batch, beam or [4, 1], threads, device, dtype, engines,
+        checkpoint, src, ref, lines, batch, batch_tokens, beam or [4, 1], threads, device, dtype, engines,
         rounds, stopping, json_out, shortlist,
     )  # fmt: skip
     typer.echo(run(decode.run, options))

@@ -200,13 +200,14 @@ class Translator:
         (for sampling seeds when `lines` is one chunk of a longer input)."""
         self.check_nbest(nbest)
         self.check_language()
-        return self._translate_ids(lines, nbest, first_line)
+        return self.translate_encoded([self._encode(line) for line in lines], nbest, first_line)
 
-    def _translate_ids(
-        self, lines: list[str], nbest: int, first_line: int
+    def translate_encoded(
+        self, ids: list[list[int]], nbest: int = 1, first_line: int = 0
     ) -> list[list[Hypothesis]]:
-        ids = [self._encode(line) for line in lines]
-        out: list[list[Hypothesis]] = [[] for _ in lines]
+        """`translate_ids` of sources encoded already (`encode`): sorted by length into
+        batches of `decode.batch_tokens` padded source tokens, searched, in input order."""
+        out: list[list[Hypothesis]] = [[] for _ in ids]
         lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
         mix = getattr(self.model, "mixes_lengths", False) and self.static_search() is None
         for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
