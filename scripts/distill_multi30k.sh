@@ -7,6 +7,8 @@
 #
 #   bash scripts/distill_multi30k.sh                 (trains the teacher first)
 #   TEACHER=CKPT bash scripts/distill_multi30k.sh    (a teacher trained already)
+#   STUDENT_INIT=1 ...                               (both students take the teacher's
+#                            embeddings and encoder, frozen: train.init_parts, train.freeze)
 #
 # Steps whose output exists are not run again. Prints one JSON line of scores per model,
 # weights (the moving average, or the raw weights of the same run) and test set, then the
@@ -18,6 +20,7 @@ MTX=${MTX:-python -m mtx}
 TEACHER_STEPS=${TEACHER_STEPS:-1300}
 STUDENT_STEPS=${STUDENT_STEPS:-800}
 EMA=${EMA:-0.995}   # a horizon of 200 updates: the runs here are short
+STUDENT_INIT=${STUDENT_INIT:-}
 
 if [ -z "${TEACHER:-}" ]; then
   T=(--set "run_dir=$WORK/teacher" --set "data.train=$M30K/train" --set "data.valid=$M30K/val"
@@ -36,24 +39,31 @@ if [ ! -e "$WORK/distilled/distill.json" ]; then
 fi
 cat "$WORK/distilled/distill.json"
 
+S_INIT=()
+SUFFIX=
+if [ -n "$STUDENT_INIT" ]; then
+  S_INIT=(--set "train.init_from=$TEACHER" --set "train.init_parts=[embeddings, encoder]"
+          --set "train.freeze=[embeddings, encoder]")
+  SUFFIX=-frozen
+fi
 for data in original distilled; do
   train_set=$M30K/train
   [ "$data" = distilled ] && train_set=$WORK/distilled/distilled
-  S=(--set "run_dir=$WORK/student-$data" --set "data.train=$train_set"
+  run=$WORK/student-$data$SUFFIX
+  S=(--set "run_dir=$run" --set "data.train=$train_set"
      --set "data.valid=$M30K/val" --set "data.test=$M30K/test2016"
      --set "train.max_steps=$STUDENT_STEPS" --set train.warmup_steps=500
      --set "train.valid_every=$STUDENT_STEPS" --set "train.ema=$EMA")
-  if [ ! -e "$WORK/student-$data/checkpoints/last.pt" ]; then
+  if [ ! -e "$run/checkpoints/last.pt" ]; then
     $MTX prepare --config configs/multi30k-student.yaml "${S[@]}" --set "data.spm_model=$TEACHER"
-    $MTX train --config configs/multi30k-student.yaml "${S[@]}"
+    $MTX train --config configs/multi30k-student.yaml "${S[@]}" "${S_INIT[@]}"
   fi
   # the same run's weights without the moving average (train.ema keeps them beside it)
-  [ -e "$WORK/student-$data/raw.pt" ] || $MTX average "$WORK/student-$data/checkpoints/last.pt" \
-    --raw --output "$WORK/student-$data/raw.pt"
+  [ -e "$run/raw.pt" ] || $MTX average "$run/checkpoints/last.pt" --raw --output "$run/raw.pt"
 done
 
-for ckpt in "$TEACHER" "$WORK"/student-{original,distilled}/checkpoints/last.pt \
-            "$WORK"/student-{original,distilled}/raw.pt; do
+for ckpt in "$TEACHER" "$WORK"/student-{original,distilled}$SUFFIX/checkpoints/last.pt \
+            "$WORK"/student-{original,distilled}$SUFFIX/raw.pt; do
   for test in test2016 test2017; do
     echo "$ckpt $test $($MTX evaluate --checkpoint "$ckpt" --src "$M30K/$test.en" \
       --ref "$M30K/$test.de" --json)"
@@ -61,5 +71,5 @@ for ckpt in "$TEACHER" "$WORK"/student-{original,distilled}/checkpoints/last.pt 
 done
 
 $MTX bench decode --checkpoint "$TEACHER" \
-  --checkpoint "$WORK/student-distilled/checkpoints/last.pt" --src "$M30K/test2016.en" \
+  --checkpoint "$WORK/student-distilled$SUFFIX/checkpoints/last.pt" --src "$M30K/test2016.en" \
   --engines mtx,mtx-int8,ct2-int8 --threads 2 --rounds 2
