@@ -9,10 +9,10 @@ The checkpoint is exported both ways into a temporary directory (`mtx export`). 
 then translates the same batches of pre-encoded sentences (at most --batch sentences of one
 source length, see peers.py; or, with --batch-tokens N, the mtx engines alone, each in
 `mtx translate`'s own batches: the lines sorted by length into batches of N padded source
-tokens, lengths mixed, as `decode.batch_tokens` N) with the same beam, alpha 0 and mtx's length limit, so that the
-engines do the same work and should give the same output. Each engine runs in a process of
-its own, so that no other engine's thread pool competes for the cores (in one process, the
-peers' idle threads were seen to halve mtx's greedy speed). Timed: the search only (not
+tokens, lengths mixed, as `decode.batch_tokens` N) with the same beam, alpha 0 and mtx's
+length limit, so that the engines do the same work and should give the same output. Each
+engine runs in a process of its own, so that no other engine's thread pool competes for the
+cores (in one process, the peers' idle threads were seen to halve mtx's greedy speed). Timed: the search only (not
 tokenization), after one warm-up batch, --rounds times, every other round in the reverse order
 of engines, so that a busy spell on a shared machine slows every engine alike (the harness's
 timer; the fastest round counts, and the spread of the rounds is reported). Reported per

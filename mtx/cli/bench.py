@@ -141,8 +141,8 @@ def bench_decode(
     from mtx.bench import decode
 
     options = decode.Options(
-        checkpoint, src, ref, lines, batch, batch_tokens, beam or [4, 1], threads, device, dtype, engines,
-        rounds, stopping, json_out, shortlist,
+        checkpoint, src, ref, lines, batch, batch_tokens, beam or [4, 1], threads, device,
+        dtype, engines, rounds, stopping, json_out, shortlist,
     )  # fmt: skip
     typer.echo(run(decode.run, options))
 

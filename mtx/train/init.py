@@ -4,6 +4,9 @@
 - The `model.*` keys the config leaves out come from the checkpoint; a key it gives must
   match the checkpoint's, except those that shape training only (dropout, attention_dropout,
   init), which a fine-tuning run may change.
+- `train.init_parts` takes some parts only (`[embeddings, encoder]`: a student on its
+  teacher's encoder); the others start from the run's own initialisation, and the keys that
+  shape only them (`PART_KEYS`) may differ from the checkpoint's.
 - The prepared data must be encoded with the checkpoint's SentencePiece model (`mtx prepare`
   with `data.spm_model: CKPT`); data encoded with another model is refused.
 - By default only the weights are taken: a fresh Adam, step 0 and the run's own learning-rate
