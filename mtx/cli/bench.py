@@ -91,6 +91,14 @@ JsonFileOpt = Annotated[
 ]
 SrcOpt = Annotated[Path, typer.Option(help="Source sentences, one per line.")]
 LinesOpt = Annotated[int, typer.Option(min=0, help="Only the first N lines (0: all).")]
+BatchTokensOpt = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Race the mtx engines alone, each in `mtx translate`'s own batches of this many "
+        "padded source tokens (decode.batch_tokens; 4096 by default) instead.",
+    ),
+]
 
 
 @bench_app.command("decode")
@@ -108,14 +116,7 @@ def bench_decode(
     ] = None,
     lines: LinesOpt = 0,
     batch: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
-    batch_tokens: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Race the mtx engines alone, each in `mtx translate`'s own batches of this "
-            "many padded source tokens (decode.batch_tokens; 4096 by default) instead.",
-        ),
-    ] = 0,
+    batch_tokens: BatchTokensOpt = 0,
     beam: Annotated[
         list[int] | None, typer.Option(min=1, help="A beam size (repeatable; default 4 and 1).")
     ] = None,

@@ -200,6 +200,11 @@ class Translator:
         (for sampling seeds when `lines` is one chunk of a longer input)."""
         self.check_nbest(nbest)
         self.check_language()
+        return self._translate_ids(lines, nbest, first_line)
+
+    def _translate_ids(
+        self, lines: list[str], nbest: int, first_line: int
+    ) -> list[list[Hypothesis]]:
         return self.translate_encoded([self._encode(line) for line in lines], nbest, first_line)
 
     def translate_encoded(
