@@ -3,10 +3,12 @@ identifier of mtx/data/langid.py."""
 
 from __future__ import annotations
 
+import random
 import re
 import unicodedata
 
 import pytest
+from conftest import MULTI30K
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,9 +37,12 @@ def only(**on) -> Rules:
     return Rules(**(values | on))
 
 
+_LID = LanguageId()  # loaded once (about 0.3 s): hypothesis's examples share it
+
+
 @pytest.fixture(scope="module")
 def lid():
-    return LanguageId()
+    return _LID
 
 
 def test_a_clean_pair_passes_every_rule(lid):
@@ -150,6 +155,55 @@ def test_language_identification_drops_the_other_language(lid):
     assert lid.identify(french)[0] == "fr"
     assert code("pt_BR") == code("pt-BR") == "pt" and lid.knows("pt_BR")
     assert not lid.knows("xx")
+
+
+OTHERS = [
+    "Un homme fait du vélo rouge dans la rue.",  # French
+    "Muž jede na červeném kole po ulici.",  # Czech
+    "Un hombre monta una bicicleta roja por la calle.",  # Spanish
+    "Мужчина едет на красном велосипеде по улице.",  # Russian
+    "一个男人在街上骑着一辆红色自行车。",  # Chinese
+    "رجل يركب دراجة حمراء في الشارع.",  # Arabic
+    "",
+    "12345",
+    "ÄÖÜ",
+    "A DOG RUNS.",
+    "<b>",
+    "\x00\x07",
+    "\ufffd\ufffd",
+    "ß" * 3000,
+    "Ein Hund " * 400,  # long enough to be walked in a group of its own
+]
+
+
+def test_identifying_together_gives_py3langids_answers_bit_for_bit(lid):
+    lines = OTHERS + [line for name in ("test2016.en", "test2016.de")
+                      for line in (MULTI30K / name).read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    alone = [lid.model.classify(line) for line in lines]  # py3langid itself
+    assert [(lang, float(p)) for lang, p in alone] == lid.identify_many(lines)
+    found = {lang for lang, _ in alone[:6]}  # six languages, neither English nor German
+    assert len(found) == 6 and not found & {"en", "de"}
+    # whatever else is in the batch, in whatever order: the same answers
+    picked = random.Random(0).sample(range(len(lines)), 300)
+    assert lid.identify_many([lines[i] for i in picked]) == [alone[i] for i in picked]
+    assert lid.identify_many([]) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=80), max_size=40))
+def test_identifying_together_equals_one_by_one_on_any_text(texts):
+    lid = _LID
+    assert lid.identify_many(texts) == [lid.identify(t) for t in texts]
+
+
+def test_the_langid_rule_batched_drops_what_it_drops_pair_by_pair(lid):
+    rules = Rules(src_lang="en", tgt_lang="de")
+    src = [CLEAN[0], OTHERS[0], CLEAN[0], "A dog \ufffd.", CLEAN[0], OTHERS[1]]
+    tgt = [CLEAN[1], CLEAN[1], OTHERS[2], "Ein Hund.", CLEAN[0], OTHERS[3]]
+    one_by_one = [rules.reason(s, t, lid) for s, t in zip(src, tgt)]
+    assert one_by_one == ["", "langid", "langid", "nontext", "copy", "langid"]
+    assert rules.reasons(src, tgt, lid) == one_by_one
+    assert only(langid=0.5, src_lang="xx", tgt_lang="de").reasons(src, tgt, lid)[1] == ""
 
 
 def test_the_first_rule_that_fires_is_the_reason(lid):

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from mtx.bench.harness import describe_machine, result
 from mtx.checkpoint import Manifest, RunDir
-from mtx.data.clean import Duplicates, Rules, normalise, pair_key
+from mtx.data.clean import BATCH, Duplicates, Rules, normalise, pair_key
 from mtx.errors import MtxError
 
 BOILERPLATE = [
@@ -186,10 +186,11 @@ def rule_costs(pairs: list[tuple[str, str]]) -> dict[str, float]:
     alone = {rule: replace(off, **{f: getattr(on, f)}) for rule, f in fields.items()}  # fmt: skip
     alone |= {"all but langid": replace(on, langid=0.0), "all": on}
     lid, costs = LanguageId(), {}
+    batches = [list(zip(*pairs[i : i + BATCH])) for i in range(0, len(pairs), BATCH)]
     for name, rules in {"none": off, **alone}.items():
         start = time.perf_counter()
-        for s, t in pairs:
-            rules.reason(s, t, lid if rules.langid else None)
+        for src, tgt in batches:  # as mtx prepare's cleaning map calls them
+            rules.reasons(list(src), list(tgt), lid if rules.langid else None)
         costs[name] = (time.perf_counter() - start) / len(pairs) * 1e6
     start = time.perf_counter()
     dup = Duplicates()

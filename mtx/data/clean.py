@@ -24,7 +24,8 @@ dropped, and counted, once):
 and, after encoding, `length_reason`: too_long (over data.max_len subwords) and ratio (over
 data.max_ratio). Every rule but `duplicate` looks at one pair alone, so they run in
 data.workers processes and the result is the same for any number of them; duplicates are
-then found in one pass in order (the first occurrence is kept).
+then found in one pass in order (the first occurrence is kept). The cleaning map takes
+BATCH pairs a call, and identifies the languages of a call's pairs together.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import sys
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+
+BATCH = 1000  # pairs a call of the cleaning map (PairCleaner)
 
 # characters that are not text: control characters (tab and newline are whitespace, gone by
 # now), surrogates, private use, unassigned, and U+FFFD (a decoding failure upstream)
@@ -190,6 +193,29 @@ class Rules:
         """Why the pair (whitespace collapsed, neither side empty) is dropped, or ""; `lid`
         identifies languages (mtx/data/langid.py) when the langid rule is on, `norm` is the
         pair normalised (computed here if not given)."""
+        return self.reasons([src], [tgt], lid, [norm])[0]
+
+    def reasons(
+        self,
+        src: list[str],
+        tgt: list[str],
+        lid=None,
+        norms: list[tuple[str, str] | None] | None = None,
+    ) -> list[str]:
+        """`reason` of each pair: the rules pair by pair, then the langid rule on the pairs
+        that pass them, their sides identified together (the same answers, faster)."""
+        norms = norms or [None] * len(src)
+        out = [self._text_reason(s, t, n) for s, t, n in zip(src, tgt, norms)]
+        if self.langid and lid is not None:
+            rest = [i for i, r in enumerate(out) if not r]
+            other_src = lid.others([src[i] for i in rest], self.src_lang, self.langid)
+            other_tgt = lid.others([tgt[i] for i in rest], self.tgt_lang, self.langid)
+            for i, a, b in zip(rest, other_src, other_tgt):
+                out[i] = "langid" if a or b else ""
+        return out
+
+    def _text_reason(self, src: str, tgt: str, norm: tuple[str, str] | None) -> str:
+        """Why the pair is dropped by a rule other than langid, or "" (ORDER's order)."""
         if self.nontext and (has_nontext(src) or has_nontext(tgt)):
             return "nontext"
         if self.markup and markup_reason(src, tgt):
@@ -206,15 +232,6 @@ class Rules:
             and (numbers(src) != numbers(tgt))
         ):
             return "numbers"
-        if (
-            self.langid
-            and lid is not None
-            and (
-                lid.other(src, self.src_lang, self.langid)
-                or lid.other(tgt, self.tgt_lang, self.langid)
-            )
-        ):
-            return "langid"
         return ""
 
 
@@ -239,19 +256,28 @@ class PairCleaner:
             from mtx.data.langid import LanguageId
 
             self.lid = LanguageId()
-        reasons, keys = [], []
-        for s, t in zip(src, tgt):
-            norm = (normalise(s), normalise(t)) if self.dedup == "normalised" else None
-            reasons.append(self.reason(s, t, norm))
-            if self.dedup != "false":
-                keys.append(pair_key(*(norm or (s, t))))
+        norms = [
+            (normalise(s), normalise(t)) if self.dedup == "normalised" else None
+            for s, t in zip(src, tgt)
+        ]
+        reasons = self.reasons(src, tgt, norms)
         out = {"src": src, "tgt": tgt, "reason": reasons, "line": [i + 1 for i in indices]}
-        return out | ({"key": keys} if self.dedup != "false" else {})
+        if self.dedup == "false":
+            return out
+        return out | {"key": [pair_key(*(n or (s, t))) for n, s, t in zip(norms, src, tgt)]}
 
-    def reason(self, src: str, tgt: str, norm: tuple[str, str] | None) -> str:
-        if not (src and tgt):
-            return "empty" if self.drop_empty else ""
-        return self.rules.reason(src, tgt, self.lid, norm) if self.rules else ""
+    def reasons(self, src: list[str], tgt: list[str], norms: list) -> list[str]:
+        """Each pair's reason: "empty" (if dropped) for a pair with an empty side, else the
+        rules' (all pairs at once: Rules.reasons)."""
+        out = ["empty" if self.drop_empty else ""] * len(src)
+        full = [i for i, (s, t) in enumerate(zip(src, tgt)) if s and t]
+        found = [""] * len(full)
+        if self.rules is not None:
+            pick = [src[i] for i in full], [tgt[i] for i in full], [norms[i] for i in full]
+            found = self.rules.reasons(pick[0], pick[1], self.lid, pick[2])
+        for i, reason in zip(full, found):
+            out[i] = reason
+        return out
 
 
 def pair_key(src: str, tgt: str) -> bytes:

@@ -22,7 +22,7 @@ import datasets
 import numpy as np
 
 from mtx.config import DataConfig
-from mtx.data.clean import Duplicates, PairCleaner, Rules, length_reason
+from mtx.data.clean import BATCH, Duplicates, PairCleaner, Rules, length_reason
 
 # (sources, targets, src_lang, tgt_lang) -> each pair's dual conditional cross-entropy score
 DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
@@ -75,6 +75,7 @@ def clean_part(
     marked = raw.map(
         cleaner,
         batched=True,
+        batch_size=BATCH,
         with_indices=True,
         num_proc=workers if workers > 1 and len(raw) > 1 else None,
         new_fingerprint=f"clean-{key}",
