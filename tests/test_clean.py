@@ -24,7 +24,7 @@ from mtx.data.clean import (
     numbers,
     pair_key,
 )
-from mtx.data.langid import LanguageId, code
+from mtx.data.langid import TOGETHER, LanguageId, code
 
 OFF = Rules(False, False, 1.0, 0.0, False, 0.0, "en", "de")
 CLEAN = ("A man rides a red bike down the street.", "Ein Mann fährt mit einem roten Fahrrad die Straße hinunter.")  # fmt: skip
@@ -172,7 +172,7 @@ OTHERS = [
     "\x00\x07",
     "\ufffd\ufffd",
     "ß" * 3000,
-    "Ein Hund " * 400,  # long enough to be walked in a group of its own
+    "Ein Hund " * 400,  # long: with "ß" * 3000, too few such to walk together (py3langid's)
 ]
 
 
@@ -187,10 +187,14 @@ def test_identifying_together_gives_py3langids_answers_bit_for_bit(lid):
     picked = random.Random(0).sample(range(len(lines)), 300)
     assert lid.identify_many([lines[i] for i in picked]) == [alone[i] for i in picked]
     assert lid.identify_many([]) == []
+    # long lines walked together: 20 of 3,000 bytes or so, English and German mixed
+    long = [" ".join(lines[i : i + 30]) for i in range(len(OTHERS), len(lines) - 30, 100)][:20]
+    assert len(long) == 20 >= TOGETHER
+    assert lid.identify_many(long) == [lid.identify(line) for line in long]
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=80), max_size=40))
+@given(st.lists(st.text(max_size=80), min_size=TOGETHER, max_size=60))  # walked together
 def test_identifying_together_equals_one_by_one_on_any_text(texts):
     lid = _LID
     assert lid.identify_many(texts) == [lid.identify(t) for t in texts]
