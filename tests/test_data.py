@@ -4,6 +4,7 @@ import pickle
 import re
 
 import datasets
+import pyarrow as pa
 import pytest
 import torch
 from helpers.common import write_pair
@@ -248,8 +249,9 @@ def test_encoding_workers_each_load_the_model_from_its_file(tmp_path):
 
     toy_prepare(tmp_path / "run")
     encoder = Encoder(tmp_path / "run" / "prepared" / "spm.model")
-    assert encoder({"src": ["a"], "tgt": ["b"]})["src_ids"][0][-1] == EOS_ID  # loaded here
-    assert pickle.loads(pickle.dumps(encoder)).sp is None  # a worker gets the path only
+    batch = pa.table({"src": ["a"], "tgt": ["b"]})
+    assert encoder(batch)["src_ids"][0].as_py()[-1] == EOS_ID  # loaded here
+    assert pickle.loads(pickle.dumps(encoder)).words is None  # a worker gets the path only
 
 
 def test_data_spm_model_encodes_with_a_given_model_or_a_checkpoint_s(tmp_path):

@@ -17,7 +17,7 @@ interrupted prepare never leaves data that `train` would accept):
 
 The cleaning rules (data/clean.py, applied by data/filtering.py) and the encoding run in
 `data.workers` processes (datasets.map's num_proc), the encoders each loading spm.model from
-its file and encoding in cores / workers threads (SentencePiece encodes a batch in threads);
+its file and segmenting each distinct word once (data/words.py);
 duplicates, the dual cross-entropy filter and the length rules then drop pairs in this
 process, in order, so the prepared data, its manifest and dropped.tsv are the same for any
 number of workers (tests/test_data.py, tests/test_filtering.py).
@@ -25,7 +25,6 @@ number of workers (tests/test_data.py, tests/test_filtering.py).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import shutil
 import time
@@ -36,6 +35,8 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import sentencepiece as spm
 
 from mtx import __version__, corpora
@@ -44,11 +45,13 @@ from mtx.config import Config, DataConfig
 from mtx.data import filtering, sources, vocab
 from mtx.data.clean import PairCleaner
 from mtx.data.filtering import Dropped, DualScorer
+from mtx.data.words import Words
 from mtx.device import cores
 from mtx.errors import MtxError
 from mtx.files import sha256_file
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+ENCODE_BATCH = 10_000  # sentences a batch: Arrow's and numpy's work per batch is per word
 SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # ours -> hub default split
 ENCODED = datasets.Features(
     {
@@ -81,33 +84,53 @@ def _training_sentences(ds: datasets.Dataset, sample: int) -> Iterator[str]:
 
 
 class Encoder:
-    """Batched `datasets.map` function: text -> ids (+EOS) and lengths, SentencePiece
-    encoding each batch in `threads` threads. It pickles as the model file's path: each
-    worker process loads the SentencePiece model once, itself."""
+    """Batched `datasets.map` function over Arrow batches: text -> ids (+EOS) and lengths,
+    each distinct word encoded once by SentencePiece in `threads` threads (data/words.py).
+    It pickles as the model file's path: each worker process loads the SentencePiece model
+    once, itself."""
 
     def __init__(self, spm_path: Path, threads: int = 1, group: int = 0, tag: int = 0) -> None:
-        self.path, self.threads, self.sp = str(spm_path), threads, None
-        self.group, self.prefix = group, [tag] if tag else []
+        self.path, self.threads, self.words = str(spm_path), threads, None
+        self.group, self.tag = group, tag
 
     def __getstate__(self) -> dict:
-        return self.__dict__ | {"sp": None}
+        return self.__dict__ | {"words": None}
 
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        if self.sp is None:
-            self.sp = spm.SentencePieceProcessor(model_file=self.path)
-        encode = functools.partial(self.sp.encode, num_threads=self.threads)
-        src_ids = [self.prefix + ids + [EOS_ID] for ids in encode(batch["src"])]
-        tgt_ids = [ids + [EOS_ID] for ids in encode(batch["tgt"])]
-        return {
-            "src": batch["src"],
-            "tgt": batch["tgt"],
-            "src_ids": src_ids,
-            "tgt_ids": tgt_ids,
-            "src_len": [len(x) for x in src_ids],
-            "tgt_len": [len(x) for x in tgt_ids],
-            "group": [self.group] * len(src_ids),
-            "line": batch.get("line", [0] * len(src_ids)),  # 0: not from a file
-        }
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        if self.words is None:
+            self.words = Words(spm.SentencePieceProcessor(model_file=self.path), self.threads)
+        n = len(batch)
+        src_ids = self._ids(batch["src"], [self.tag] if self.tag else [])
+        tgt_ids = self._ids(batch["tgt"], [])
+        lines = batch["line"] if "line" in batch.column_names else pa.array([0] * n, pa.int64())
+        return pa.table(
+            {
+                "src": batch["src"],
+                "tgt": batch["tgt"],
+                "src_ids": src_ids,
+                "tgt_ids": tgt_ids,
+                "src_len": pc.list_value_length(src_ids).cast(pa.int32()),
+                "tgt_len": pc.list_value_length(tgt_ids).cast(pa.int32()),
+                "group": pa.array(np.full(n, self.group, np.int32)),
+                "line": lines,  # in its source (0: not from a file)
+            }
+        )
+
+    def _ids(self, texts: pa.ChunkedArray, prefix: list[int]) -> pa.ListArray:
+        """Each text's ids between `prefix` and EOS, as an Arrow list<int32> array."""
+        ids, offsets = self.words.encode(texts.combine_chunks())
+        extra = len(prefix) + 1
+        sizes = np.diff(offsets)
+        out_offsets = (offsets + extra * np.arange(len(offsets))).astype(np.int32)
+        out = np.empty(out_offsets[-1], np.int32)
+        out[out_offsets[1:] - 1] = EOS_ID
+        if prefix:
+            out[out_offsets[:-1]] = prefix[0]
+        body = np.repeat(out_offsets[:-1] + len(prefix), sizes) + (
+            np.arange(len(ids)) - np.repeat(offsets[:-1], sizes)
+        )
+        out[body] = ids
+        return pa.ListArray.from_arrays(pa.array(out_offsets), pa.array(out))
 
 
 def worker_count(setting: int, pairs: int) -> int:
@@ -361,14 +384,19 @@ def _encode_part(d, split, k, g, text, counts, tag, out, dropped, seconds, log) 
     start = time.perf_counter()
     workers = worker_count(d.workers, len(text))
     # SentencePiece encodes a batch in threads: the cores are shared among the workers
-    encoded = text.map(
-        Encoder(out.spm_model, max(1, cores() // workers), k, tag),
-        batched=True,
-        features=ENCODED,
-        num_proc=workers if workers > 1 else None,
-        new_fingerprint=f"encode-{split}-{k}",
-        cache_file_name=str(out.cache / f"encode-{split}-{k}.arrow"),
-        desc=f"encoding {split}" + ("" if g.single else f" {g.name}"),
+    encoded = (
+        text.with_format("arrow")
+        .map(
+            Encoder(out.spm_model, max(1, cores() // workers), k, tag),
+            batched=True,
+            batch_size=ENCODE_BATCH,
+            features=ENCODED,
+            num_proc=workers if workers > 1 else None,
+            new_fingerprint=f"encode-{split}-{k}",
+            cache_file_name=str(out.cache / f"encode-{split}-{k}.arrow"),
+            desc=f"encoding {split}" + ("" if g.single else f" {g.name}"),
+        )
+        .with_format(None)
     )
     by_reason = dict(counts)
     if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
