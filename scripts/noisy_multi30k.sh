@@ -13,6 +13,9 @@
 #
 #   THIRD="train.fr train.cs" BACKWARD=CKPT bash scripts/noisy_multi30k.sh
 #
+# STEPS, WARMUP, MAX_TOKENS, CLIP and SEED set the training recipe (train.max_steps,
+# train.warmup_steps, train.max_tokens, train.clip_norm, train.seed); WORK, the run folder;
+# RUNS, the runs to train, in order (default: all of them).
 # THIRD: the French and Czech captions of Multi30k's training set (multi30k/dataset on
 # GitHub, data/task1/raw/train.{fr,cs}.gz, gunzipped); without them the noise has no third
 # language. Steps whose output exists are not run again; a training run stopped part way is
@@ -24,6 +27,8 @@ MTX=${MTX:-python -m mtx}
 STEPS=${STEPS:-1000}
 WARMUP=${WARMUP:-400}
 MAX_TOKENS=${MAX_TOKENS:-3072}
+CLIP=${CLIP:-0}  # train.clip_norm (0: off, as in the paper)
+SEED=${SEED:-1}  # train.seed
 mkdir -p "$WORK"
 
 THIRD_FLAGS=()
@@ -36,11 +41,13 @@ OFF=(--set data.dedup=false --set data.clean.langid=0 --set data.clean.copy=0
      --set data.clean.markup=false --set data.clean.max_nonletters=1)
 runs=(clean noisy cleaned)
 [ -n "${BACKWARD:-}" ] && runs+=(dual)
+[ -n "${RUNS:-}" ] && read -ra runs <<< "$RUNS"  # some of them, in this order
 for run in "${runs[@]}"; do
   S=(--set "run_dir=$WORK/$run" --set data.src_lang=de --set data.tgt_lang=en
      --set "data.valid=$M30K/val" --set "data.test=$M30K/test2016"
      --set "train.max_steps=$STEPS" --set "train.warmup_steps=$WARMUP"
      --set "train.max_tokens=$MAX_TOKENS"
+     --set "train.clip_norm=$CLIP" --set "train.seed=$SEED"
      --set "train.valid_every=$STEPS")
   case $run in
     clean) S+=(--set "data.train=$M30K/train" "${OFF[@]}") ;;
