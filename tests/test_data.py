@@ -296,3 +296,21 @@ def test_a_bad_data_spm_model_is_refused_before_anything_is_written(tmp_path):
         with pytest.raises(MtxError, match=message):
             toy_prepare(tmp_path / "run", f"data.spm_model={path}")
         assert not (tmp_path / "run" / "prepared").exists()
+
+
+@settings(max_examples=50, deadline=None)
+@for_all(
+    st.lists(st.tuples(st.text(max_size=8), st.text(max_size=8)), max_size=30),
+    st.integers(1, 7),
+    st.data(),
+)
+def test_pairs_sha256_hashes_the_pairs_as_lines_in_any_batches_and_selection(pairs, size, data):
+    from mtx.data.prepare import pairs_sha256
+
+    ds = datasets.Dataset.from_dict(
+        {"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs], "n": list(range(len(pairs)))}
+    )
+    rows = data.draw(st.lists(st.integers(0, max(len(pairs) - 1, 0)), max_size=len(pairs)))
+    picked = ds.select(rows if pairs else [])  # an indices mapping, as the cleaning leaves
+    lines = "".join(f"{pairs[i][0]}\t{pairs[i][1]}\n" for i in (rows if pairs else []))
+    assert pairs_sha256(picked, batch_size=size) == hashlib.sha256(lines.encode()).hexdigest()
