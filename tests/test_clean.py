@@ -7,17 +7,20 @@ import random
 import re
 import unicodedata
 
+import numpy as np
 import pytest
 from conftest import MULTI30K
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtx.data.clean import (
+    LENGTH_REASONS,
     Duplicates,
     PairCleaner,
     Rules,
     copy_share,
     has_nontext,
+    length_reasons,
     markup_reason,
     nonletter_share,
     normalise,
@@ -236,3 +239,22 @@ def test_the_cleaner_collapses_whitespace_numbers_lines_and_keys_duplicates():
 def test_the_test_split_cleaner_drops_nothing():
     out = PairCleaner(False, None)({"src": ["", "a"], "tgt": ["x", ""]}, [0, 1])
     assert out["reason"] == ["", ""]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), max_size=40),
+    st.integers(0, 10),
+    st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0]),
+)
+def test_length_rules_drop_over_long_pairs_first_then_extreme_ratios(lens, max_len, max_ratio):
+    def why(s: int, t: int) -> str:  # the rules as data.max_len and data.max_ratio say them
+        if s > max_len or t > max_len:
+            return "too_long"
+        if max_ratio and max(s, t) > max_ratio * max(min(s, t), 1):
+            return "ratio"
+        return ""
+
+    src, tgt = (np.array([p[i] for p in lens], dtype=np.int32) for i in (0, 1))
+    codes = length_reasons(src, tgt, max_len, max_ratio)
+    assert [LENGTH_REASONS[c] for c in codes] == [why(s, t) for s, t in lens]

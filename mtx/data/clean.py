@@ -21,7 +21,7 @@ dropped, and counted, once):
     duplicate   the pair was met before (data.dedup: true, as is; normalised, after case,
                 punctuation and whitespace are normalised)
 
-and, after encoding, `length_reason`: too_long (over data.max_len subwords) and ratio (over
+and, after encoding, `length_reasons`: too_long (over data.max_len subwords) and ratio (over
 data.max_ratio). Every rule but `duplicate` looks at one pair alone, so they run in
 data.workers processes and the result is the same for any number of them; duplicates are
 then found in one pass in order (the first occurrence is kept). The cleaning map takes
@@ -37,6 +37,8 @@ import sys
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 BATCH = 1000  # pairs a call of the cleaning map (PairCleaner)
 
@@ -299,10 +301,14 @@ class Duplicates:
         return False
 
 
-def length_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
-    """Why a pair of subword lengths (EOS excluded) is dropped, or None to keep it."""
-    if src_len > max_len or tgt_len > max_len:
-        return "too_long"
-    if max_ratio > 0 and max(src_len, tgt_len) > max_ratio * max(min(src_len, tgt_len), 1):
-        return "ratio"
-    return None
+LENGTH_REASONS = ("", "too_long", "ratio")  # length_reasons' codes
+
+
+def length_reasons(src_len: np.ndarray, tgt_len: np.ndarray, max_len: int, max_ratio: float):
+    """Why each pair of subword lengths (EOS excluded) is dropped, as an index into
+    LENGTH_REASONS (0: kept): too_long over max_len, ratio over max_ratio (0: no limit)."""
+    src_len, tgt_len = src_len.astype(np.int64), tgt_len.astype(np.int64)
+    longer, shorter = np.maximum(src_len, tgt_len), np.maximum(np.minimum(src_len, tgt_len), 1)
+    ratio = longer > max_ratio * shorter if max_ratio > 0 else np.zeros(len(src_len), bool)
+    too_long = (src_len > max_len) | (tgt_len > max_len)
+    return np.where(too_long, 1, np.where(ratio, 2, 0)).astype(np.int8)

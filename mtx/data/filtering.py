@@ -22,7 +22,14 @@ import datasets
 import numpy as np
 
 from mtx.config import DataConfig
-from mtx.data.clean import BATCH, Duplicates, PairCleaner, Rules, length_reason
+from mtx.data.clean import (
+    BATCH,
+    LENGTH_REASONS,
+    Duplicates,
+    PairCleaner,
+    Rules,
+    length_reasons,
+)
 
 # (sources, targets, src_lang, tgt_lang) -> each pair's dual conditional cross-entropy score
 DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
@@ -141,24 +148,16 @@ def keep_by_length(
 ) -> tuple[datasets.Dataset, Counter]:
     """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason), the
     dropped ones written to `dropped`. A source tag counts as one of the source's subwords."""
-    counts: Counter[str] = Counter()
-    kept, gone, reasons = array.array("q"), array.array("q"), []  # 8 bytes a pair
-    lens = ds.select_columns(["src_len", "tgt_len"])
-    for start, batch in enumerate(lens.iter(batch_size=100_000)):
-        for i, (s, t) in enumerate(zip(batch["src_len"], batch["tgt_len"])):
-            reason = length_reason(s - 1, t - 1, max_len, max_ratio)  # EOS excluded
-            if reason:
-                counts[reason] += 1
-                gone.append(start * 100_000 + i)
-                reasons.append(reason)
-            else:
-                kept.append(start * 100_000 + i)
-    if not counts:
-        return ds, counts
-    rows = ds.select(np.frombuffer(gone, dtype=np.int64)).select_columns(["src", "tgt", "line"])
+    lens = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
+    codes = length_reasons(lens["src_len"] - 1, lens["tgt_len"] - 1, max_len, max_ratio)  # no EOS
+    gone = np.flatnonzero(codes)
+    if not len(gone):
+        return ds, Counter()
+    reasons = [LENGTH_REASONS[c] for c in codes[gone]]
+    rows = ds.select(gone).select_columns(["src", "tgt", "line"])
     for row, reason in zip(rows, reasons):
         dropped.write(where, row["line"], reason, row["src"], row["tgt"])
-    return ds.select(np.frombuffer(kept, dtype=np.int64)), counts
+    return ds.select(np.flatnonzero(codes == 0)), Counter(reasons)
 
 
 def report(splits: dict, log) -> None:
