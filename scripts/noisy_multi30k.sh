@@ -13,9 +13,10 @@
 #
 #   THIRD="train.fr train.cs" BACKWARD=CKPT bash scripts/noisy_multi30k.sh
 #
-# STEPS, WARMUP, MAX_TOKENS, CLIP and SEED set the training recipe (train.max_steps,
-# train.warmup_steps, train.max_tokens, train.clip_norm, train.seed); WORK, the run folder;
-# RUNS, the runs to train, in order (default: all of them).
+# STEPS, WARMUP, MAX_TOKENS, CLIP, SEED and THREADS set the training recipe (train.max_steps,
+# train.warmup_steps, train.max_tokens, train.clip_norm, train.seed, train.threads); WORK,
+# the run folder; RUNS, the runs to train, in order (default: all of them): two scripts with
+# THREADS=1 and one run each train two runs side by side on two cores.
 # THIRD: the French and Czech captions of Multi30k's training set (multi30k/dataset on
 # GitHub, data/task1/raw/train.{fr,cs}.gz, gunzipped); without them the noise has no third
 # language. Steps whose output exists are not run again; a training run stopped part way is
@@ -29,6 +30,7 @@ WARMUP=${WARMUP:-400}
 MAX_TOKENS=${MAX_TOKENS:-3072}
 CLIP=${CLIP:-0}  # train.clip_norm (0: off, as in the paper)
 SEED=${SEED:-1}  # train.seed
+THREADS=${THREADS:-0}  # train.threads (0: torch's default)
 mkdir -p "$WORK"
 
 THIRD_FLAGS=()
@@ -47,7 +49,7 @@ for run in "${runs[@]}"; do
      --set "data.valid=$M30K/val" --set "data.test=$M30K/test2016"
      --set "train.max_steps=$STEPS" --set "train.warmup_steps=$WARMUP"
      --set "train.max_tokens=$MAX_TOKENS"
-     --set "train.clip_norm=$CLIP" --set "train.seed=$SEED"
+     --set "train.clip_norm=$CLIP" --set "train.seed=$SEED" --set "train.threads=$THREADS"
      --set "train.valid_every=$STEPS")
   case $run in
     clean) S+=(--set "data.train=$M30K/train" "${OFF[@]}") ;;
