@@ -13,7 +13,7 @@ from conftest import BOTH_WAYS, ROOT, run_config
 from helpers.common import invoke, mtx, write_pair
 
 from mtx.config import load_config
-from mtx.data.filtering import Dropped, dual_filter, table
+from mtx.data.filtering import Dropped, dual_filter, table, take
 from mtx.data.prepare import prepare
 from mtx.decode.dual import DualCrossEntropy, cross_entropies
 from mtx.decode.score import Scorer
@@ -152,7 +152,7 @@ def test_the_dual_filter_keeps_below_a_threshold_or_the_best_share(tmp_path, set
     cfg = load_config(None, [setting])
     dropped = Dropped(tmp_path / "dropped.tsv")
     out, counts = dual_filter(text, cfg.data, ("en", "de"), FakeScores(), "train\tx", dropped,
-                              log=lambda *_: None)  # fmt: skip
+                              tmp_path, log=lambda *_: None)  # fmt: skip
     dropped.close()
     assert sorted(s.split()[0] for s in out["src"]) == kept
     assert counts == {"dual": 5 - len(kept)}
@@ -227,3 +227,19 @@ def test_the_table_lists_the_rules_in_order():
     lines = table({"train": Counter(read=10, copy=2, empty=1, zzz=1), "valid": Counter(read=3)},
                   {"train": 6, "valid": 3})  # fmt: skip
     assert [line.split()[0] for line in lines[1:]] == ["read", "empty", "copy", "zzz", "kept"]
+
+
+def test_take_writes_the_rows_asked_for_in_order_to_its_own_file(tmp_path, monkeypatch):
+    import datasets
+
+    import mtx.data.filtering
+
+    monkeypatch.setattr(mtx.data.filtering, "TAKE_BLOCK", 3)  # several blocks
+    ds = datasets.Dataset.from_dict({"src": [f"s{i}" for i in range(10)], "line": list(range(10))})
+    ds = ds.map(lambda b: b, batched=True)  # a map's output, as prepare's
+    rows = np.array([9, 0, 4, 5, 6, 2, 2])
+    out = take(ds, rows, tmp_path / "t.arrow")
+    assert out.to_dict() == ds.select(rows).to_dict()
+    assert out.features == ds.features and (tmp_path / "t.arrow").is_file()
+    with pytest.raises(ValueError, match="indices mapping"):
+        take(ds.select([2, 1]), np.array([0]), tmp_path / "u.arrow")  # its rows are not its table's

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
+from datasets.arrow_writer import ArrowWriter
 
 from mtx.config import DataConfig
 from mtx.data.clean import (
@@ -33,6 +35,7 @@ from mtx.data.clean import (
 
 # (sources, targets, src_lang, tgt_lang) -> each pair's dual conditional cross-entropy score
 DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
+TAKE_BLOCK = 100_000  # rows `take` gathers at a time
 ORDER = ("empty", "nontext", "markup", "nonletters", "copy", "numbers", "langid", "duplicate",
          "dual", "too_long", "ratio")  # fmt: skip
 
@@ -49,6 +52,21 @@ class Dropped:
 
     def close(self) -> None:
         self.file.close()
+
+
+def take(ds: datasets.Dataset, rows: np.ndarray, path: Path) -> datasets.Dataset:
+    """The rows of `ds` in this order, gathered by Arrow a block at a time into the Arrow
+    file `path` and memory-mapped from it. datasets' `select` would leave an indices mapping,
+    through which every later read (SentencePiece's sample, the encoder, the writing) gathers
+    its rows one at a time in Python. `ds` is a map's output (no indices mapping)."""
+    if ds._indices is not None:  # its table's rows are not its rows
+        raise ValueError("filtering.take needs a dataset without an indices mapping")
+    table = ds.data.table
+    with ArrowWriter(features=ds.features, path=str(path)) as writer:
+        for start in range(0, len(rows), TAKE_BLOCK):
+            writer.write_table(table.take(pa.array(rows[start : start + TAKE_BLOCK])))
+        writer.finalize()
+    return datasets.Dataset.from_file(str(path))
 
 
 def rules(d: DataConfig, src_lang: str, tgt_lang: str, log) -> Rules:
@@ -95,9 +113,9 @@ def clean_part(
     kept, duplicates = array.array("q"), Duplicates()
     for batch in marked.iter(batch_size=10_000):
         keys = batch["key"] if "key" in batch else [None] * len(batch["src"])
-        for src, tgt, reason, line, key in zip(batch["src"], batch["tgt"], batch["reason"],
-                                               batch["line"], keys):  # fmt: skip
-            if not reason and key is not None and duplicates.seen_before(key):
+        for src, tgt, reason, line, k in zip(batch["src"], batch["tgt"], batch["reason"],
+                                             batch["line"], keys):  # fmt: skip
+            if not reason and k is not None and duplicates.seen_before(k):
                 reason = "duplicate"
             if reason:
                 counts[reason] += 1
@@ -105,10 +123,11 @@ def clean_part(
             else:
                 kept.append(line - 1)
     marked = marked.remove_columns([c for c in ("reason", "key") if c in marked.column_names])
+    if len(kept) < len(marked):
+        rows = np.frombuffer(kept, dtype=np.int64)
+        marked = take(marked, rows, cache / f"kept-{key}.arrow")
     seconds["dedup"] += time.perf_counter() - start
-    if len(kept) == len(marked):
-        return marked, counts
-    return marked.select(np.frombuffer(kept, dtype=np.int64)), counts
+    return marked, counts
 
 
 def dual_filter(
@@ -118,6 +137,7 @@ def dual_filter(
     score: DualScorer,
     where: str,
     dropped: Dropped,
+    cache: Path,
     log,
 ) -> tuple[datasets.Dataset, Counter]:
     """The pairs whose dual conditional cross-entropy score is at most data.clean.dual_threshold
@@ -140,11 +160,12 @@ def dual_filter(
     for row in text.select(drop).iter(batch_size=10_000) if len(drop) else ():
         for src, tgt, line in zip(row["src"], row["tgt"], row["line"]):
             dropped.write(where, line, "dual", src, tgt)
-    return text.select(np.flatnonzero(keep)), Counter(dual=len(drop))
+    kept = take(text, np.flatnonzero(keep), cache / f"dual-{where.replace(chr(9), '-')}.arrow")
+    return kept, Counter(dual=len(drop))
 
 
 def keep_by_length(
-    ds: datasets.Dataset, max_len: int, max_ratio: float, where: str, dropped: Dropped
+    ds: datasets.Dataset, max_len: int, max_ratio: float, where: str, dropped: Dropped, cache: Path
 ) -> tuple[datasets.Dataset, Counter]:
     """(the pairs of `ds` whose lengths pass, counts of the dropped ones by reason), the
     dropped ones written to `dropped`. A source tag counts as one of the source's subwords."""
@@ -157,7 +178,10 @@ def keep_by_length(
     rows = ds.select(gone).select_columns(["src", "tgt", "line"])
     for row, reason in zip(rows, reasons):
         dropped.write(where, row["line"], reason, row["src"], row["tgt"])
-    return ds.select(np.flatnonzero(codes == 0)), Counter(reasons)
+    kept = take(
+        ds, np.flatnonzero(codes == 0), cache / f"length-{where.replace(chr(9), '-')}.arrow"
+    )
+    return kept, Counter(reasons)
 
 
 def report(splits: dict, log) -> None:

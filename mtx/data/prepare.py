@@ -293,7 +293,7 @@ def _read_and_clean(
     if train and d.clean.dual_forward and len(text):
         start = time.perf_counter()
         langs = (g.src_lang, g.tgt_lang)
-        text, scored = filtering.dual_filter(text, d, langs, dual, where, dropped, log)
+        text, scored = filtering.dual_filter(text, d, langs, dual, where, dropped, out.cache, log)
         counts.update(scored)
         seconds["dual"] += time.perf_counter() - start
     if split != "test" and len(text) == 0:
@@ -401,7 +401,7 @@ def _encode_part(d, split, k, g, text, counts, tag, out, dropped, seconds, log) 
     by_reason = dict(counts)
     if split != "test":  # test pairs are never dropped: BLEU is computed on the whole set
         encoded, too_long = filtering.keep_by_length(
-            encoded, d.max_len, d.max_ratio, f"{split}\t{g.name}", dropped
+            encoded, d.max_len, d.max_ratio, f"{split}\t{g.name}", dropped, out.cache
         )
         by_reason |= too_long
     seconds["encode"] += time.perf_counter() - start
