@@ -126,3 +126,16 @@ def test_the_encoder_puts_the_tag_before_and_eos_after_each_source(tmp_path, sp)
         pa.table({"src": pa.array([], pa.string()), "tgt": pa.array([], pa.string())})
     )
     assert len(empty) == 0 and empty["src_ids"].type == pa.list_(pa.int32())
+
+
+def test_a_unigram_model_given_by_data_spm_model_encodes_the_same():
+    model = io.BytesIO()
+    lines = _lines()[::8]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="unigram", vocab_size=1500,
+        minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+    )  # fmt: skip
+    sp = vocab.load(model.getvalue())
+    assert splits_at_words(sp)
+    texts = [" ".join(lines[i : i + 3]) for i in range(0, 6000, 3)]
+    assert _in_batches(Words(sp), texts, 500) == sp.encode(texts)

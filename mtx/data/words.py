@@ -10,7 +10,7 @@ from that table with numpy: the same ids as `SentencePieceProcessor.encode` on e
 Why the ids are the same: SentencePiece normalises a sentence, turns its spaces into "▁"
 word boundaries and segments it with pieces that, in a model trained with its default
 split_by_whitespace, hold a "▁" only as their first character, so no piece spans two words
-and each word is segmented alone (BPE's merges and the unigram lattice alike). `Words` checks
+and each word is segmented alone (BPE's merges and the unigram lattice alike: both tested). `Words` checks
 both conditions it relies on and, where one does not hold, hands the text to SentencePiece
 whole: the model's pieces (any "▁" past a piece's first character, or no "▁" piece at all:
 every batch goes whole), and each word's normalised form (a word that normalisation would
