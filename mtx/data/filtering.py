@@ -69,6 +69,11 @@ def take(ds: datasets.Dataset, rows: np.ndarray, path: Path) -> datasets.Dataset
     return datasets.Dataset.from_file(str(path))
 
 
+def _file(cache: Path, stage: str, where: str) -> Path:
+    """A stage's Arrow file for a part ("train\tNAME") in the cache folder."""
+    return cache / f"{stage}-{where.replace(chr(9), '-')}.arrow"
+
+
 def rules(d: DataConfig, src_lang: str, tgt_lang: str, log) -> Rules:
     """The training split's per-pair rules, as data.clean sets them; a language the
     identifier does not know is said and its side left unchecked."""
@@ -96,15 +101,14 @@ def clean_part(
     """(the part's kept pairs with their `line`, counts of the pairs read and dropped by
     reason); every dropped pair written to `dropped` under `where` ("train\tNAME")."""
     start = time.perf_counter()
-    key = where.replace("\t", "-")
     marked = raw.map(
         cleaner,
         batched=True,
         batch_size=BATCH,
         with_indices=True,
         num_proc=workers if workers > 1 and len(raw) > 1 else None,
-        new_fingerprint=f"clean-{key}",
-        cache_file_name=str(cache / f"clean-{key}.arrow"),
+        new_fingerprint=_file(cache, "clean", where).stem,
+        cache_file_name=str(_file(cache, "clean", where)),
         desc=f"cleaning {where.split(chr(9))[0]}",
     )
     seconds["clean"] += time.perf_counter() - start
@@ -113,9 +117,9 @@ def clean_part(
     kept, duplicates = array.array("q"), Duplicates()
     for batch in marked.iter(batch_size=10_000):
         keys = batch["key"] if "key" in batch else [None] * len(batch["src"])
-        for src, tgt, reason, line, k in zip(batch["src"], batch["tgt"], batch["reason"],
-                                             batch["line"], keys):  # fmt: skip
-            if not reason and k is not None and duplicates.seen_before(k):
+        for src, tgt, reason, line, key in zip(batch["src"], batch["tgt"], batch["reason"],
+                                               batch["line"], keys):  # fmt: skip
+            if not reason and key is not None and duplicates.seen_before(key):
                 reason = "duplicate"
             if reason:
                 counts[reason] += 1
@@ -125,7 +129,7 @@ def clean_part(
     marked = marked.remove_columns([c for c in ("reason", "key") if c in marked.column_names])
     if len(kept) < len(marked):
         rows = np.frombuffer(kept, dtype=np.int64)
-        marked = take(marked, rows, cache / f"kept-{key}.arrow")
+        marked = take(marked, rows, _file(cache, "kept", where))
     seconds["dedup"] += time.perf_counter() - start
     return marked, counts
 
@@ -160,7 +164,7 @@ def dual_filter(
     for row in text.select(drop).iter(batch_size=10_000) if len(drop) else ():
         for src, tgt, line in zip(row["src"], row["tgt"], row["line"]):
             dropped.write(where, line, "dual", src, tgt)
-    kept = take(text, np.flatnonzero(keep), cache / f"dual-{where.replace(chr(9), '-')}.arrow")
+    kept = take(text, np.flatnonzero(keep), _file(cache, "dual", where))
     return kept, Counter(dual=len(drop))
 
 
@@ -178,9 +182,7 @@ def keep_by_length(
     rows = ds.select(gone).select_columns(["src", "tgt", "line"])
     for row, reason in zip(rows, reasons):
         dropped.write(where, row["line"], reason, row["src"], row["tgt"])
-    kept = take(
-        ds, np.flatnonzero(codes == 0), cache / f"length-{where.replace(chr(9), '-')}.arrow"
-    )
+    kept = take(ds, np.flatnonzero(codes == 0), _file(cache, "length", where))
     return kept, Counter(reasons)
 
 

@@ -100,8 +100,8 @@ class Encoder:
         if self.words is None:
             self.words = Words(spm.SentencePieceProcessor(model_file=self.path), self.threads)
         n = len(batch)
-        src_ids = self._ids(batch["src"], [self.tag] if self.tag else [])
-        tgt_ids = self._ids(batch["tgt"], [])
+        src_ids = self._ids(batch["src"], self.tag)
+        tgt_ids = self._ids(batch["tgt"], 0)
         lines = batch["line"] if "line" in batch.column_names else pa.array([0] * n, pa.int64())
         return pa.table(
             {
@@ -116,17 +116,17 @@ class Encoder:
             }
         )
 
-    def _ids(self, texts: pa.ChunkedArray, prefix: list[int]) -> pa.ListArray:
-        """Each text's ids between `prefix` and EOS, as an Arrow list<int32> array."""
+    def _ids(self, texts: pa.ChunkedArray, tag: int) -> pa.ListArray:
+        """Each text's ids after `tag` (0: none) and before EOS, as an Arrow list<int32>."""
         ids, offsets = self.words.encode(texts.combine_chunks())
-        extra = len(prefix) + 1
+        before = 1 if tag else 0
         sizes = np.diff(offsets)
-        out_offsets = (offsets + extra * np.arange(len(offsets))).astype(np.int32)
+        out_offsets = (offsets + (before + 1) * np.arange(len(offsets))).astype(np.int32)
         out = np.empty(out_offsets[-1], np.int32)
         out[out_offsets[1:] - 1] = EOS_ID
-        if prefix:
-            out[out_offsets[:-1]] = prefix[0]
-        body = np.repeat(out_offsets[:-1] + len(prefix), sizes) + (
+        if tag:
+            out[out_offsets[:-1]] = tag
+        body = np.repeat(out_offsets[:-1] + before, sizes) + (
             np.arange(len(ids)) - np.repeat(offsets[:-1], sizes)
         )
         out[body] = ids

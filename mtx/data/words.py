@@ -10,9 +10,9 @@ from that table with numpy: the same ids as `SentencePieceProcessor.encode` on e
 Why the ids are the same: SentencePiece normalises a sentence, turns its spaces into "▁"
 word boundaries and segments it with pieces that, in a model trained with its default
 split_by_whitespace, hold a "▁" only as their first character, so no piece spans two words
-and each word is segmented alone (BPE's merges and the unigram lattice alike: both tested). `Words` checks
-both conditions it relies on and, where one does not hold, hands the text to SentencePiece
-whole: the model's pieces (any "▁" past a piece's first character, or no "▁" piece at all:
+and each word is segmented alone (BPE's merges and the unigram lattice alike: both tested).
+`Words` checks both conditions it relies on and, where one does not hold, hands the text to
+SentencePiece whole: the model's pieces (any "▁" past a piece's first character, or no "▁" piece at all:
 every batch goes whole), and each word's normalised form (a word that normalisation would
 split, such as one holding a no-break or ideographic space: its sentences go whole). Every
 code point that normalisation changes, and every space, mark and control character, at a
@@ -53,8 +53,7 @@ class Words:
         self.by_words = splits_at_words(sp)
         self.row: dict[str, int] = {}  # word -> its row in the table
         self.whole = np.zeros(0, bool)  # per row: its sentences go to SentencePiece whole
-        self.size = np.zeros(0, np.int64)  # per row: its number of ids
-        self.start = np.zeros(1, np.int64)  # per row: where its ids begin in self.ids
+        self.start = np.zeros(1, np.int64)  # row r's ids: self.ids[start[r]:start[r + 1]]
         self.ids = np.zeros(0, np.int32)
 
     def encode(self, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +65,7 @@ class Words:
         per_word = pc.dictionary_encode(split.flatten())
         rows = self._rows(per_word.dictionary.to_pylist())[per_word.indices.to_numpy()]
         words_at = split.offsets.to_numpy().astype(np.int64)
-        size = self.size[rows]
+        size = self.start[rows + 1] - self.start[rows]
         ends = np.cumsum(size)
         ids = self.ids[
             np.repeat(self.start[rows] - (ends - size), size) + np.arange(ends[-1:].sum())
@@ -82,20 +81,17 @@ class Words:
         """The table's row of each word, encoding the words it has not met."""
         new = [w for w in words if w not in self.row]
         if new:
-            encoded = self.sp.encode(new, num_threads=self.threads)
-            normalised = self.sp.normalize(new)
             for w in new:
                 self.row[w] = len(self.row)
-            sizes = np.fromiter(map(len, encoded), np.int64, len(new))
-            self.size = np.concatenate([self.size, sizes])
-            self.start = np.concatenate([self.start, self.start[-1] + np.cumsum(sizes)])
-            flat = np.fromiter((i for e in encoded for i in e), np.int32, int(sizes.sum()))
+            flat, offsets = self._sentences(new)
+            self.start = np.concatenate([self.start, self.start[-1] + offsets[1:]])
             self.ids = np.concatenate([self.ids, flat])
-            flags = [_whole(n) for n in normalised]
+            flags = [_whole(n) for n in self.sp.normalize(new)]
             self.whole = np.concatenate([self.whole, np.array(flags, bool)])
         return np.fromiter(map(self.row.__getitem__, words), np.int64, len(words))
 
     def _sentences(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """SentencePiece's ids of each text whole, as `encode` returns them."""
         encoded = self.sp.encode(texts, num_threads=self.threads)
         sizes = np.fromiter(map(len, encoded), np.int64, len(texts))
         offsets = np.concatenate([[0], np.cumsum(sizes)])
