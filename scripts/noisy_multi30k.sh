@@ -6,12 +6,13 @@
 #   clean    the 29k clean pairs, every cleaning rule off
 #   noisy    clean + noise, every cleaning rule off
 #   cleaned  clean + noise, data.clean's default rules
+#   backward the 29k clean pairs en->de, every cleaning rule off (dual's backward scorer)
 #   dual     clean + noise, the default rules and dual conditional cross-entropy filtering
-#            (forward: the clean run's model; backward: an en->de model trained on the clean
-#            pairs, BACKWARD=CKPT; without one this run is left out)
+#            (forward: the clean run's model; backward: the backward run's model, or
+#            BACKWARD=CKPT)
 # Run from the project root:
 #
-#   THIRD="train.fr train.cs" BACKWARD=CKPT bash scripts/noisy_multi30k.sh
+#   THIRD="train.fr train.cs" bash scripts/noisy_multi30k.sh
 #
 # STEPS, WARMUP, MAX_TOKENS, LR_SCALE, CLIP, SEED and THREADS set the training recipe
 # (train.max_steps, train.warmup_steps, train.max_tokens, train.lr_scale, train.clip_norm,
@@ -43,8 +44,8 @@ for f in ${THIRD:-}; do THIRD_FLAGS+=(--third "$f"); done
 OFF=(--set data.dedup=false --set data.clean.langid=0 --set data.clean.copy=0
      --set data.clean.numbers=false --set data.clean.nontext=false
      --set data.clean.markup=false --set data.clean.max_nonletters=1)
-runs=(clean noisy cleaned)
-[ -n "${BACKWARD:-}" ] && runs+=(dual)
+BACKWARD=${BACKWARD:-$WORK/backward/checkpoints/last.pt}
+runs=(clean noisy cleaned backward dual)
 [ -n "${RUNS:-}" ] && read -ra runs <<< "$RUNS"  # some of them, in this order
 for run in "${runs[@]}"; do
   S=(--set "run_dir=$WORK/$run" --set data.src_lang=de --set data.tgt_lang=en
@@ -56,6 +57,8 @@ for run in "${runs[@]}"; do
   case $run in
     clean) S+=(--set "data.train=$M30K/train" "${OFF[@]}") ;;
     noisy) S+=(--set "data.train=$WORK/noisy" "${OFF[@]}") ;;
+    backward) S+=(--set "data.train=$M30K/train" --set data.src_lang=en
+                  --set data.tgt_lang=de "${OFF[@]}") ;;
     cleaned) S+=(--set "data.train=$WORK/noisy") ;;
     dual) S+=(--set "data.train=$WORK/noisy"
               --set "data.clean.dual_forward=$WORK/clean/checkpoints/last.pt"
@@ -67,6 +70,7 @@ for run in "${runs[@]}"; do
   $MTX train --config configs/multi30k.yaml "${S[@]}" "${resume[@]}"
 done
 for run in "${runs[@]}"; do
+  [ "$run" = backward ] && continue  # en->de: scored on another direction
   echo "$run $($MTX evaluate --checkpoint "$WORK/$run/checkpoints/last.pt" \
     --src "$M30K/test2016.de" --ref "$M30K/test2016.en" --json)"
 done
