@@ -4,11 +4,15 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.common import mtx
+from hypothesis import settings
 
 from mtx.config import ModelConfig, load_config
 from mtx.data.prepare import prepare
 
 torch.set_num_threads(2)
+# no time limit per example: a property holds or not however busy the machine is
+settings.register_profile("mtx", deadline=None)
+settings.load_profile("mtx")
 
 
 def pytest_sessionstart(session) -> None:
