@@ -138,6 +138,14 @@ class CleanConfig:
         "not letters (1: off)",
         Range(0, 1),
     )
+    lexical: float = setting(
+        0.25,
+        "drop a pair when, on average over its two directions, less than this share of its "
+        "words (weighted by rarity) find a translation on the other side, the translations "
+        "learnt from the corpus itself: a misaligned pair (data/lexical.py; parts of 10,000 "
+        "pairs or more; 0: off)",
+        Range(0, 1),
+    )
     dual_forward: str = setting(
         "",
         "dual conditional cross-entropy filtering: a checkpoint translating src_lang -> "

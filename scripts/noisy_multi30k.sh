@@ -7,9 +7,10 @@
 #   noisy    clean + noise, every cleaning rule off
 #   cleaned  clean + noise, data.clean's default rules
 #   backward the 29k clean pairs en->de, every cleaning rule off (dual's backward scorer)
-#   dual     clean + noise, the default rules and dual conditional cross-entropy filtering
-#            (forward: the clean run's model; backward: the backward run's model, or
-#            BACKWARD=CKPT)
+#   dual     clean + noise, the default rules but the lexical one, then dual conditional
+#            cross-entropy filtering (forward: the clean run's model; backward: the backward
+#            run's model, or BACKWARD=CKPT): the models' way to the misaligned pairs that the
+#            lexical rule finds without them
 # Run from the project root:
 #
 #   THIRD="train.fr train.cs" bash scripts/noisy_multi30k.sh
@@ -43,7 +44,8 @@ for f in ${THIRD:-}; do THIRD_FLAGS+=(--third "$f"); done
 
 OFF=(--set data.dedup=false --set data.clean.langid=0 --set data.clean.copy=0
      --set data.clean.numbers=false --set data.clean.nontext=false
-     --set data.clean.markup=false --set data.clean.max_nonletters=1)
+     --set data.clean.markup=false --set data.clean.max_nonletters=1
+     --set data.clean.lexical=0)
 BACKWARD=${BACKWARD:-$WORK/backward/checkpoints/last.pt}
 runs=(clean noisy cleaned backward dual)
 [ -n "${RUNS:-}" ] && read -ra runs <<< "$RUNS"  # some of them, in this order
@@ -60,7 +62,7 @@ for run in "${runs[@]}"; do
     backward) S+=(--set "data.train=$M30K/train" --set data.src_lang=en
                   --set data.tgt_lang=de "${OFF[@]}") ;;
     cleaned) S+=(--set "data.train=$WORK/noisy") ;;
-    dual) S+=(--set "data.train=$WORK/noisy"
+    dual) S+=(--set "data.train=$WORK/noisy" --set data.clean.lexical=0
               --set "data.clean.dual_forward=$WORK/clean/checkpoints/last.pt"
               --set "data.clean.dual_backward=$BACKWARD") ;;
   esac

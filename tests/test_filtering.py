@@ -107,7 +107,7 @@ def test_every_rule_can_be_turned_off(tmp_path):
     prefix, pairs = corpus(tmp_path)
     off = ["data.dedup=false", "data.clean.langid=0", "data.clean.copy=0",
            "data.clean.numbers=false", "data.clean.nontext=false", "data.clean.markup=false",
-           "data.clean.max_nonletters=1"]  # fmt: skip
+           "data.clean.max_nonletters=1", "data.clean.lexical=0"]  # fmt: skip
     prepare(config(tmp_path, "run", prefix, *off), log=lambda *_: None)
     manifest = json.loads((tmp_path / "run/prepared/manifest.json").read_text())
     assert manifest["splits"]["train"]["dropped"] == {"empty": 1}

@@ -6,8 +6,8 @@ once, with its reason, to RUN/prepared/dropped.tsv:
 
 (`line`: the pair's 1-based line in its source, or its row in a hub dataset; the sides as
 the rules saw them, whitespace collapsed). The order: per-pair rules (in data.workers
-processes), duplicates (one pass, in order), the dual cross-entropy filter, then, after
-encoding, the length rules (`keep_by_length`).
+processes), duplicates (one pass, in order), the lexical rule (data/lexical.py), the dual
+cross-entropy filter, then, after encoding, the length rules (`keep_by_length`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pyarrow as pa
 from datasets.arrow_writer import ArrowWriter
 
 from mtx.config import DataConfig
+from mtx.data import lexical
 from mtx.data.clean import (
     BATCH,
     LENGTH_REASONS,
@@ -37,7 +38,7 @@ from mtx.data.clean import (
 DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
 TAKE_BLOCK = 100_000  # rows `take` gathers at a time
 ORDER = ("empty", "nontext", "markup", "nonletters", "copy", "numbers", "langid", "duplicate",
-         "dual", "too_long", "ratio")  # fmt: skip
+         "lexical", "dual", "too_long", "ratio")  # fmt: skip
 
 
 class Dropped:
@@ -134,6 +135,26 @@ def clean_part(
     return marked, counts
 
 
+def corpus_rules(
+    text: datasets.Dataset, d: DataConfig, langs: tuple[str, str], dual: DualScorer | None,
+    where: str, dropped: Dropped, cache: Path, seconds: Counter, log,
+) -> tuple[datasets.Dataset, Counter]:  # fmt: skip
+    """The rules that judge a pair by the whole part, after the per-pair rules and
+    duplicates: the lexical rule, then the dual cross-entropy filter, as data.clean sets them."""
+    counts: Counter[str] = Counter()
+    if d.clean.lexical:
+        start = time.perf_counter()
+        text, lexed = lexical_filter(text, d.clean.lexical, where, dropped, cache, log)
+        counts.update(lexed)
+        seconds["lexical"] += time.perf_counter() - start
+    if d.clean.dual_forward and len(text):
+        start = time.perf_counter()
+        text, scored = dual_filter(text, d, langs, dual, where, dropped, cache, log)
+        counts.update(scored)
+        seconds["dual"] += time.perf_counter() - start
+    return text, counts
+
+
 def dual_filter(
     text: datasets.Dataset,
     d: DataConfig,
@@ -160,12 +181,47 @@ def dual_filter(
         f"{where.split(chr(9))[0]}: dual cross-entropy kept {int(keep.sum())} of {len(scores)} "
         f"pairs (score at most {threshold:.3f}; median {np.median(scores):.3f})"
     )
+    return _keep(text, keep, "dual", where, dropped, cache)
+
+
+def _keep(
+    text: datasets.Dataset, keep: np.ndarray, reason: str, where: str, dropped: Dropped, cache: Path
+) -> tuple[datasets.Dataset, Counter]:
+    """(the rows of `text` that `keep` marks, the count of the others), each of the others
+    written to `dropped` with `reason`."""
     drop = np.flatnonzero(~keep)
-    for row in text.select(drop).iter(batch_size=10_000) if len(drop) else ():
+    if not len(drop):
+        return text, Counter({reason: 0})
+    for row in text.select(drop).iter(batch_size=10_000):
         for src, tgt, line in zip(row["src"], row["tgt"], row["line"]):
-            dropped.write(where, line, "dual", src, tgt)
-    kept = take(text, np.flatnonzero(keep), _file(cache, "dual", where))
-    return kept, Counter(dual=len(drop))
+            dropped.write(where, line, reason, src, tgt)
+    kept = take(text, np.flatnonzero(keep), _file(cache, reason, where))
+    return kept, Counter({reason: len(drop)})
+
+
+def lexical_filter(
+    text: datasets.Dataset, threshold: float, where: str, dropped: Dropped, cache: Path, log
+) -> tuple[datasets.Dataset, Counter]:
+    """The pairs whose lexical score (data/lexical.py) is at least `threshold`: a table of
+    translations learnt from (a sample of) these pairs, then every pair scored a block at a
+    time. A part of fewer than lexical.MIN_PAIRS pairs is kept whole."""
+    name = where.split(chr(9))[0]
+    if len(text) < lexical.MIN_PAIRS:
+        log(f"{name}: data.clean.lexical: {len(text)} pairs, too few to learn translations "
+            f"from (fewer than {lexical.MIN_PAIRS:,}); not filtered")  # fmt: skip
+        return text, Counter()
+    arrow = text.select_columns(["src", "tgt"]).with_format("arrow")
+    sample = arrow.select(lexical.sample_rows(len(text)))[:]
+    table = lexical.Table.learn(sample["src"].combine_chunks(), sample["tgt"].combine_chunks())
+    scores = np.concatenate([
+        table.scores(block["src"].combine_chunks(), block["tgt"].combine_chunks())
+        for block in arrow.iter(batch_size=lexical.BLOCK)
+    ])  # fmt: skip
+    keep = scores >= threshold
+    log(f"{name}: lexical rule: {table.entries:,} translations learnt from {len(sample):,} "
+        f"pairs; kept {int(keep.sum())} of {len(keep)} (score at least {threshold}; median "
+        f"{np.median(scores):.3f})")  # fmt: skip
+    return _keep(text, keep, "lexical", where, dropped, cache)
 
 
 def keep_by_length(

@@ -17,9 +17,9 @@ interrupted prepare never leaves data that `train` would accept):
 
 The cleaning rules (data/clean.py, applied by data/filtering.py) and the encoding run in
 `data.workers` processes (datasets.map's num_proc), the encoders each loading spm.model from
-its file and segmenting each distinct word once (data/words.py);
-duplicates, the dual cross-entropy filter and the length rules then drop pairs in this
-process, in order, so the prepared data, its manifest and dropped.tsv are the same for any
+its file and segmenting each distinct word once (data/words.py); duplicates, the lexical
+rule, the dual cross-entropy filter and the length rules then drop pairs in this process, in
+order, so the prepared data, its manifest and dropped.tsv are the same for any
 number of workers (tests/test_data.py, tests/test_filtering.py).
 """
 
@@ -290,12 +290,12 @@ def _read_and_clean(
     where = f"{split}\t{g.name}"
     workers = worker_count(d.workers, len(raw))
     text, counts = filtering.clean_part(raw, cleaner, workers, out.cache, where, dropped, seconds)
-    if train and d.clean.dual_forward and len(text):
-        start = time.perf_counter()
+    if train and len(text):
         langs = (g.src_lang, g.tgt_lang)
-        text, scored = filtering.dual_filter(text, d, langs, dual, where, dropped, out.cache, log)
-        counts.update(scored)
-        seconds["dual"] += time.perf_counter() - start
+        text, after = filtering.corpus_rules(
+            text, d, langs, dual, where, dropped, out.cache, seconds, log
+        )
+        counts.update(after)
     if split != "test" and len(text) == 0:
         raise MtxError(f"{_key(split, g)} ({g.spec}) has no usable pairs after cleaning")
     return text, counts
