@@ -66,8 +66,15 @@ def words(texts: pa.Array, vocab: pa.Array) -> Words:
     ids = found.to_numpy(zero_copy_only=False).astype(np.int64)
     known = ids >= 0
     size = max(len(vocab), 1)
-    keys = np.unique(rows[known].astype(np.int64) * size + ids[known])
+    keys = _distinct(rows[known].astype(np.int64) * size + ids[known])
     return Words(keys // size, keys % size)
+
+
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """The distinct values of `keys`, sorted: np.unique's result, by a sort (np.unique
+    without return_counts hashes, about 40 times slower on a few million int64s, numpy 2.4)."""
+    keys = np.sort(keys)
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if len(keys) else keys
 
 
 def vocabulary(texts: pa.Array) -> pa.Array:
