@@ -72,7 +72,8 @@ def words(texts: pa.Array, vocab: pa.Array) -> Words:
 
 def _distinct(keys: np.ndarray) -> np.ndarray:
     """The distinct values of `keys`, sorted: np.unique's result, by a sort (np.unique
-    without return_counts hashes, about 40 times slower on a few million int64s, numpy 2.4)."""
+    without return_counts hashes: 6.3 s against 0.1 s for 2.8M int64s, numpy 2.4, a one-off
+    beside a training run)."""
     keys = np.sort(keys)
     return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if len(keys) else keys
 
