@@ -146,7 +146,8 @@ def corpus_rules(
         start = time.perf_counter()
         text, lexed = lexical_filter(text, d.clean.lexical, where, dropped, cache, log)
         counts.update(lexed)
-        seconds["lexical"] += time.perf_counter() - start
+        if lexed:  # a stage of its own when it ran (a small part is not filtered)
+            seconds["lexical"] += time.perf_counter() - start
     if d.clean.dual_forward and len(text):
         start = time.perf_counter()
         text, scored = dual_filter(text, d, langs, dual, where, dropped, cache, log)
