@@ -113,6 +113,7 @@ def test_shipped_configs_load():
         "toy-both-ways",
         "multi30k",
         "multi30k-student",
+        "multi30k-student-tiny",
         "finetune",
         "base",
         "big",
