@@ -71,6 +71,30 @@ def test_the_compiled_step_agrees_with_eager_and_compiles_nothing_after_one_epoc
     assert after_one["compiled_graphs"] <= 8  # dynamic shapes: a few graphs for every shape
 
 
+def test_padded_and_unpadded_batches_share_one_compiled_graph(prepared):
+    """Compiled, every source is masked: a batch without padding (unmasked when eager) is
+    traced by the same graph as one with padding, not compiled again (each compilation costs
+    tens of seconds on a GPU), and its loss is the eager step's."""
+    cfg, ds, model = setup(prepared, "train.compile_backend=eager")
+    eager = LossModel(copy.deepcopy(model), cfg.train.label_smoothing)
+    step = compiled.StepModule(LossModel(model, cfg.train.label_smoothing), True, backend="eager")
+    pairs = ds.select_columns(["src_ids", "tgt_ids"])[:]
+    by_length = {}
+    for src, tgt in zip(pairs["src_ids"], pairs["tgt_ids"]):
+        by_length.setdefault(len(src), []).append((src, tgt))
+    same = max(by_length.values(), key=len)[:4]
+    mixed = [group[0] for group in list(by_length.values())[:4]]
+    batches = [collate(*map(list, zip(*rows)), pad_to=1) for rows in (same, mixed, same)]
+    assert [b.src_padded for b in batches] == [False, True, False]
+    before = compiled.stats()["compilations"]
+    with torch.no_grad():
+        for batch in batches:
+            expected = forward_loss(eager, batch, FP32)
+            torch.testing.assert_close(forward_loss(step.compiled, batch, FP32), expected)
+    assert compiled.stats()["compilations"] - before == 1
+    assert step.loss_model.mask_always and not eager.mask_always
+
+
 def test_static_shapes_compile_twice_and_nothing_after_the_first_epoch(prepared):
     """train.static_shapes: the first shape compiled specialised, the second once more with
     the changing sizes symbolic, then nothing more, however many shapes come (automatic
@@ -135,7 +159,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly_with_one_warning(prepared):
         assert torch.equal(stats.loss, want.loss)
     assert len(warnings) == 1 and "train.compile failed" in warnings[0]
     assert "\n" not in warnings[0] and "no compiler here" in warnings[0]
-    assert not step.is_compiled and loss_model.chunked
+    assert not step.is_compiled and loss_model.chunked and not loss_model.mask_always
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p, q)  # the failed attempt left no trace
 

@@ -5,7 +5,9 @@
   measured it correct and faster, and `false` is the default meanwhile.
 - What is compiled is the step's LossModel (step.py), DDP-wrapped under torchrun, with
   dynamic shapes: one graph serves every batch shape, and the bounded lengths of
-  data/batching.py keep the kernels' plans reused. With `train.static_shapes`, batches take
+  data/batching.py keep the kernels' plans reused. Every source is masked when compiled
+  (eager skips the mask of a batch without padding), so that padded and unpadded batches do
+  not compile a graph each: a compilation costs tens of seconds on a GPU. With `train.static_shapes`, batches take
   one of a fixed set of shapes (one per padded length, the loss over every position: nothing
   of a batch's shape depends on its contents) and torch.compile's automatic dynamic shapes
   are used: the first shape compiles specialised, the second once more with the sizes that
@@ -75,6 +77,7 @@ class StepModule:
         self.compiled = None
         if enabled:
             self.loss_model.chunked = False  # whole logits: the compiler fuses the loss
+            self.loss_model.mask_always = True  # one graph for padded and unpadded batches
             options = {"mode": mode} if backend == "inductor" else {}
             # static shapes: automatic dynamic shapes (None); else every size symbolic (True)
             dynamic = None if static else True
@@ -98,6 +101,7 @@ class StepModule:
             self.warn(f"warning: train.compile failed, training goes on in eager mode ({why(e)})")
             self.compiled = None
             self.loss_model.chunked = True
+            self.loss_model.mask_always = False
             optimizer.zero_grad(set_to_none=True)  # the failed step's partial gradients
         return step(self.eager)
 

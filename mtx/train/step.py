@@ -94,9 +94,13 @@ class LossModel(torch.nn.Module):
         self.model = model
         self.eps = label_smoothing
         self.chunked = True  # output_loss; False: whole logits, for a compiler to fuse
+        # True: every source masked, so that a compiler traces one graph, not one for padded
+        # batches and one for unpadded ones (src_padded is then never read, so not guarded)
+        self.mask_always = False
 
     def forward(self, src, tgt_in, tgt_out, tgt_index, src_padded: bool):
-        hidden = self.model(src, tgt_in, tgt_index, src_padded, project=False)  # (N, d)
+        padded = True if self.mask_always else src_padded
+        hidden = self.model(src, tgt_in, tgt_index, padded, project=False)  # (N, d)
         target = tgt_out.flatten()[tgt_index]  # (N,)
         if self.chunked:
             return output_loss(hidden, self.model.output_weight(), target, self.eps, PAD_ID)
