@@ -1,17 +1,18 @@
 """`train.compile`: the training step's forward pass and loss through torch.compile, safely.
 
-- `auto` compiles on CUDA devices and not elsewhere (on a 2-core CPU the compiled step was
-  slower: BENCHMARKS.md); `true` and `false` force it. It is experimental until a GPU run has
-  measured it correct and faster, and `false` is the default meanwhile.
+- `auto` (the default) compiles on CUDA devices and not elsewhere (on a 2-core CPU the
+  compiled step was slower; on an H100 base's compiled step ran 1.68x eager, its losses
+  within 0.08%: BENCHMARKS.md); `true` and `false` force it. Compiling costs a run's first
+  minutes, so short runs of small models stay eager (configs/multi30k.yaml).
 - What is compiled is the step's LossModel (step.py), DDP-wrapped under torchrun, with
   dynamic shapes: one graph serves every batch shape, and the bounded lengths of
   data/batching.py keep the kernels' plans reused. Every source is masked when compiled
-  (eager skips the mask of a batch without padding), so that padded and unpadded batches do
-  not compile a graph each: a compilation costs tens of seconds on a GPU. With `train.static_shapes`, batches take
-  one of a fixed set of shapes (one per padded length, the loss over every position: nothing
-  of a batch's shape depends on its contents) and torch.compile's automatic dynamic shapes
-  are used: the first shape compiles specialised, the second once more with the sizes that
-  changed left symbolic, and that graph serves every later shape. With
+  (eager skips the mask of a batch without padding), so that padded and unpadded batches
+  do not compile a graph each. With `train.static_shapes`, batches take one of a fixed set
+  of shapes (one per padded length, the loss over every position: nothing of a batch's
+  shape depends on its contents) and torch.compile's automatic dynamic shapes are used:
+  the first shape compiles specialised, the second once more with the sizes that changed
+  left symbolic, and that graph serves every later shape. With
   `train.compile_mode: reduce-overhead`, each shape then runs as a CUDA graph of its own,
   recorded the first time the shape comes (a capture, not a compilation: milliseconds),
   which free-shaped batches could not use (their number of target tokens, a size of the
