@@ -24,3 +24,15 @@ def score(hyps: list[str], refs: list[str]) -> dict:
         "bleu_detail": str(b),
         "lines": len(hyps),
     }
+
+
+SENTENCE_METRICS = ("bleu", "chrf")
+
+
+def sentence_metric(name: str):
+    """`similarity(hyp, ref)`: sentence-level BLEU (with effective order, as sacreBLEU
+    recommends for single sentences) or chrF of one hypothesis against one reference."""
+    if name not in SENTENCE_METRICS:
+        raise MtxError(f"unknown sentence metric {name!r}: one of {', '.join(SENTENCE_METRICS)}")
+    metric = BLEU(effective_order=True) if name == "bleu" else CHRF()
+    return lambda hyp, ref: metric.sentence_score(hyp, [ref]).score

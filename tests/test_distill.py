@@ -5,10 +5,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mtx.data import toy
-from mtx.decode.distill import kept_lines
+from mtx.decode.distill import closest, kept_lines, read_nbest
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
+from mtx.errors import MtxError
+from mtx.evaluate import SENTENCE_METRICS, sentence_metric
 
 LINES = 120
 
@@ -61,3 +65,83 @@ def test_distill_refuses_a_fraction_outside_0_1_in_one_line(toy_run, tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "--drop-worst must be in [0, 1), got 1.5" in bad.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_closest_takes_the_translation_nearest_the_reference_and_the_earlier_of_equals():
+    refs = ["a man rides a red bike", "two dogs play"]
+    groups = [
+        ["a woman walks", "a man rides a bike", "a man rides a red bike", "a man rides a red bike"],
+        ["two dogs play", "two dogs play"],
+    ]
+    picks, first, chosen = closest(groups, refs, "bleu")
+    assert picks == [2, 0]  # an exact match; of two equal ones, the teacher's better
+    assert chosen[0] == pytest.approx(100) and first[0] < chosen[0] - 10
+    assert first[1] == chosen[1] == pytest.approx(100)
+    for metric in SENTENCE_METRICS:
+        similarity = sentence_metric(metric)
+        for group, ref, j in zip(groups, refs, closest(groups, refs, metric)[0]):
+            assert similarity(group[j], ref) == max(similarity(h, ref) for h in group)
+
+
+def test_read_nbest_groups_each_lines_translations_and_refuses_a_short_block(tmp_path):
+    path = tmp_path / "t.nbest"
+    path.write_text(
+        "0 ||| x ||| -1.0 ||| -2.0\n0 ||| a ||| b ||| -1.5 ||| -3.0\n"
+        "1 ||| y ||| -1.0 ||| -2.0\n1 ||| z ||| -1.2 ||| -2.5\n"
+    )
+    assert read_nbest(path, 2, 2) == [["x", "a ||| b"], ["y", "z"]]
+    with pytest.raises(MtxError, match="input line 1 has 2 translations, not 3"):
+        read_nbest(path, 2, 3)
+    path.write_text("0 ||| x\n")
+    with pytest.raises(MtxError, match=r"t.nbest line 1: not 'LINE \|\|\| TEXT"):
+        read_nbest(path, 1, 1)
+
+
+def test_distill_with_references_keeps_each_lines_nbest_translation_nearest_its_reference(
+    toy_run, tmp_path
+):
+    pairs = toy.split_pairs("train")[:40]
+    src, ref = tmp_path / "train.en", tmp_path / "train.de"
+    src.write_text("".join(s + "\n" for s, _ in pairs))
+    ref.write_text("".join(t + "\n" for _, t in pairs))
+    out = tmp_path / "chosen"
+    done = distill(toy_run, src, out, "--ref", str(ref), "--nbest", "4", "--beam", "4")
+    assert done.returncode == 0, done.stderr
+    groups = read_nbest(out / "teacher.de.nbest", 40, 4)
+    refs = [t for _, t in pairs]
+    picks, first, chosen = closest(groups, refs, "bleu")
+    teacher = (out / "teacher.de").read_text().splitlines()
+    assert teacher == [g[j] for g, j in zip(groups, picks)]
+    report = json.loads((out / "distill.json").read_text())["chosen"]
+    assert report["nbest"] == 4 and report["metric"] == "bleu"
+    assert report["not_first"] == sum(1 for j in picks if j)
+    assert abs(report["mean_chosen"] - sum(chosen) / 40) < 1e-9
+    assert report["mean_chosen"] >= report["mean_first"]
+    assert f"{report['not_first']} of 40 not its first" in done.stderr
+    # the kept pairs are those chosen translations, filtered as without --ref
+    kept = (out / "distilled.de").read_text().splitlines()
+    assert len(kept) == 38 and all(t in teacher for t in kept)
+
+
+def test_distill_refuses_bad_references_in_one_line_before_writing(toy_run, tmp_path):
+    src, ref = tmp_path / "x.en", tmp_path / "x.de"
+    src.write_text("a house\na dog\n")
+    ref.write_text("ein Haus\n")
+    cases = [
+        (
+            ["--ref", str(ref), "--nbest", "2", "--beam", "2"],
+            f"{ref} has 1 lines but the sources have 2",
+        ),
+        (
+            ["--ref", str(ref), "--nbest", "1"],
+            "--ref needs --nbest 2 or more to choose from, got 1",
+        ),
+        (["--ref", str(ref), "--nbest", "8"], "--nbest 8 needs a beam of at least 8"),
+        (["--ref", str(ref), "--select", "ter"], "--select must be one of bleu, chrf, got 'ter'"),
+        (["--ref", str(tmp_path / "none.de")], "file not found"),
+    ]
+    for extra, message in cases:
+        bad = distill(toy_run, src, tmp_path / "d", *extra)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert message in bad.stderr
+        assert not (tmp_path / "d").exists()

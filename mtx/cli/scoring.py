@@ -99,6 +99,15 @@ def score(
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+RefOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="The references of --src: each line's translation is then the one of the "
+        "teacher's --nbest closest to its reference (--select)."
+    ),
+]
+
+
 def distill(
     checkpoint: CkptOpt = None,
     config: ConfigOpt = None,
@@ -111,6 +120,9 @@ def distill(
         float,
         typer.Option(help="Drop this fraction of the pairs: those of highest cross-entropy."),
     ] = 0.05,
+    ref: RefOpt = None,
+    nbest: Annotated[int, typer.Option(help="With --ref: choose from the teacher's n best.")] = 8,
+    select: Annotated[str, typer.Option(help="With --ref: bleu or chrf, by sentence.")] = "bleu",
     resume: ResumeOpt = False,
     beam: BeamOpt = None,
     batch_tokens: BatchOpt = None,
@@ -120,18 +132,25 @@ def distill(
     chunk_lines: ChunkOpt = 512,
 ) -> None:
     """Sequence-level distillation data: the teacher (--checkpoint, several for an ensemble)
-    translates --src, scores its translations and drops the --drop-worst fraction of highest
+    translates --src (with --ref, into its --nbest best, of which each line keeps the closest to
+    its reference), scores its translations and drops the --drop-worst fraction of highest
     cross-entropy; DIR/distilled.SRC and DIR/distilled.TGT are a corpus for `mtx prepare`
     (data.train: DIR/distilled), DIR/distill.json the counts and the threshold."""
+    from mtx.decode.distill import Selection, check_selection
     from mtx.decode.distill import distill as run_distill
 
     if src is None or output_dir is None:
         fail("mtx distill needs --src and --output-dir")
     if not 0 <= drop_worst < 1:
         fail(f"--drop-worst must be in [0, 1), got {drop_worst}")
+    selection = None if ref is None else Selection(ref, nbest, select)
+    if selection is not None:
+        run(check_selection, selection)  # before the teacher is loaded
     translator = _translator(
         checkpoint, config, set, beam, None, batch_tokens, device, tgt_lang, dtype=dtype
     )
+    if selection is not None:
+        run(translator.check_nbest, nbest)  # the beam holds --nbest: before anything is written
     data = translator.cfg.data
     langs = (data.src_lang, tgt_lang or data.tgt_lang)
     if not all(langs):
@@ -140,19 +159,25 @@ def distill(
     said = dict(beam=beam, tgt_lang=tgt_lang, dtype=dtype)
     said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
 
-    def translate(output: Path) -> None:  # a finished translation is resumed: nothing to do
-        corpus = (src, output, resume or output.exists(), 1, chunk_lines)
+    def translate(output: Path, n: int) -> None:  # a finished translation: nothing more to do
+        corpus = (src, output, resume or output.exists(), n, chunk_lines)
         _translate_corpus(translator, *corpus, paths, said)
 
     teacher = [str(Path(p).resolve()) for p in paths]
-    r = run(run_distill, translator, src, output_dir, langs, drop_worst, translate, teacher)
-    report(r, langs, output_dir)
+    job = (translator, src, output_dir, langs, drop_worst, translate, teacher, selection)
+    report(run(run_distill, *job), langs, output_dir)
 
 
 def report(r, langs: tuple[str, str], output_dir: Path) -> None:
     """What `mtx distill` did, in two lines on stderr."""
     above = r.threshold_cross_entropy
     threshold = "" if above is None else f" (cross-entropy above {above:.3f})"
+    if (c := r.chosen) is not None:
+        log(
+            f"chose each translation of the teacher's {c.nbest} best closest to its reference: "
+            f"{c.not_first:,} of {r.pairs:,} not its first; mean sentence {c.metric} "
+            f"{c.mean_first:.2f} -> {c.mean_chosen:.2f}"
+        )
     log(f"kept {r.kept:,} of {r.pairs:,} pairs, dropped {r.dropped:,}{threshold}")
     log(
         f"corpus: {r.corpus}.{{{langs[0]},{langs[1]}}} (data.train: {r.corpus}); "

@@ -2,7 +2,7 @@
 training sources, scored by the teacher, the worst fraction dropped, written as a corpus.
 
     mtx distill --checkpoint T.pt [--checkpoint T2.pt] --src train.en --output-dir DIR \
-        [--drop-worst 0.05] [--resume]
+        [--drop-worst 0.05] [--ref train.de --nbest 8 --beam 8] [--resume]
 
 1. The teacher (one checkpoint or an ensemble) translates the sources into DIR/teacher.TGT
    (corpus.py: chunk by chunk, resumable after a kill with --resume).
@@ -14,6 +14,13 @@ training sources, scored by the teacher, the worst fraction dropped, written as 
    (or a `data.corpora` entry, beside the original data to mix them).
 4. DIR/distill.json says what was done: the counts, the threshold, the cross-entropies kept and
    dropped, the teacher.
+
+With the training targets (`--ref train.de --nbest N`), step 1 keeps the teacher's N best
+translations of each line (DIR/teacher.TGT.nbest) and each line's translation is the one of
+them closest to its reference by sentence-level BLEU or chrF (`--select`; of equal ones, the
+teacher's better): Kim and Rush's sequence-level interpolation, and what Firefox Translations
+does with its teachers' 8-best lists. The teacher still speaks for every target, but picks
+the way of saying it that the human translation took.
 """
 
 from __future__ import annotations
@@ -25,9 +32,32 @@ from pathlib import Path
 from mtx.data.sources import read_lines
 from mtx.decode.score import Scorer
 from mtx.errors import MtxError
+from mtx.evaluate import SENTENCE_METRICS, sentence_metric
 from mtx.files import atomic_write_text
 
 SCORE_CHUNK = 20_000  # pairs scored at a time (their per-token scores are then let go)
+
+
+@dataclass
+class Selection:
+    """What to choose each line's translation by: the `nbest` best, the one closest to its line
+    of `references` by sentence-level `metric`."""
+
+    references: Path
+    nbest: int
+    metric: str = "bleu"
+
+
+@dataclass
+class Chosen:
+    """How the translations were chosen (DIR/distill.json's "chosen")."""
+
+    nbest: int
+    metric: str
+    references: str
+    not_first: int  # lines whose closest translation is not the teacher's best
+    mean_first: float  # the sentence metric of the teacher's best, mean over the lines
+    mean_chosen: float  # ... of the chosen ones
 
 
 @dataclass
@@ -44,6 +74,7 @@ class Report:
     teacher: list[str]
     translations: str
     corpus: str  # the prefix for data.train / data.corpora
+    chosen: Chosen | None = None  # with --ref: how each line's translation was chosen
 
 
 def cross_entropies(scorer: Scorer, sources: list[str], targets: list[str]) -> list[float]:
@@ -71,9 +102,61 @@ def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def read_nbest(path: Path, lines: int, n: int) -> list[list[str]]:
+    """The `n` translations of each of `lines` input lines from an n-best file ('LINE ||| TEXT
+    ||| SCORE ||| LOG-PROBABILITY', LINE from 0), each line's in the teacher's order."""
+    groups: list[list[str]] = [[] for _ in range(lines)]
+    for number, line in enumerate(read_lines(path), 1):
+        fields = line.split(" ||| ")
+        if len(fields) < 4 or not fields[0].isdigit() or int(fields[0]) >= lines:
+            raise MtxError(f"{path} line {number}: not 'LINE ||| TEXT ||| SCORE ||| LOG-PROB'")
+        groups[int(fields[0])].append(" ||| ".join(fields[1:-2]))
+    for i, group in enumerate(groups):
+        if len(group) != n:
+            raise MtxError(f"{path}: input line {i + 1} has {len(group)} translations, not {n}")
+    return groups
+
+
+def closest(groups: list[list[str]], refs: list[str], metric: str) -> tuple[list[int], list, list]:
+    """Each group's index of the translation closest to its reference by sentence-level
+    `metric` (of equal ones, the earlier: the teacher's better), with the metric of each
+    group's first translation and of the chosen one."""
+    similarity = sentence_metric(metric)
+    picks, first, chosen = [], [], []
+    for group, ref in zip(groups, refs):
+        scores = [similarity(hyp, ref) for hyp in group]
+        best = max(range(len(group)), key=lambda j: (scores[j], -j))
+        picks.append(best)
+        first.append(scores[0])
+        chosen.append(scores[best])
+    return picks, first, chosen
+
+
+def check_selection(selection: Selection) -> None:
+    """--ref's options, refused in one line."""
+    if selection.metric not in SENTENCE_METRICS:
+        known = ", ".join(SENTENCE_METRICS)
+        raise MtxError(f"--select must be one of {known}, got {selection.metric!r}")
+    if selection.nbest < 2:
+        raise MtxError(f"--ref needs --nbest 2 or more to choose from, got {selection.nbest}")
+    if not selection.references.is_file():
+        raise MtxError(f"file not found: {selection.references}")
+
+
+def references(selection: Selection, lines: int) -> list[str]:
+    """The references of the `lines` sources, checked before anything is translated."""
+    check_selection(selection)
+    path = selection.references
+    refs = list(read_lines(path))
+    if len(refs) != lines:
+        raise MtxError(f"{path} has {len(refs)} lines but the sources have {lines}")
+    return refs
+
+
 def write_corpus(
-    out_dir: Path, langs: tuple[str, str], sources, targets, keep, xent, drop_worst, teacher
-) -> Report:
+    out_dir: Path, langs: tuple[str, str], sources, targets, keep, xent, drop_worst, teacher,
+    chosen: Chosen | None = None,
+) -> Report:  # fmt: skip
     """DIR/distilled.{src,tgt} of the kept pairs, and DIR/distill.json."""
     prefix = out_dir / "distilled"
     src_lang, tgt_lang = langs
@@ -92,25 +175,61 @@ def write_corpus(
         teacher=teacher,
         translations=str(out_dir / f"teacher.{tgt_lang}"),
         corpus=str(prefix),
+        chosen=chosen,
     )
     atomic_write_text(out_dir / "distill.json", json.dumps(asdict(report), indent=1) + "\n")
     return report
 
 
+def teacher_targets(
+    out_dir: Path,
+    tgt_lang: str,
+    sources: list[str],
+    translate,
+    selection: Selection | None,
+    refs: list[str] | None,
+) -> tuple[list[str], Chosen | None]:
+    """Step 1: the teacher's translation of each source (DIR/teacher.TGT): its best, or with a
+    `selection` the one of its n best closest to the line's reference."""
+    hyps_path = out_dir / f"teacher.{tgt_lang}"
+    if selection is None:
+        translate(hyps_path, 1)
+        targets = list(read_lines(hyps_path))
+        if len(targets) != len(sources):
+            raise MtxError(
+                f"{hyps_path} has {len(targets)} lines but the sources have {len(sources)}"
+            )
+        return targets, None
+    assert refs is not None
+    nbest_path = out_dir / f"teacher.{tgt_lang}.nbest"
+    translate(nbest_path, selection.nbest)
+    groups = read_nbest(nbest_path, len(sources), selection.nbest)
+    picks, first, best = closest(groups, refs, selection.metric)
+    targets = [group[j] for group, j in zip(groups, picks)]
+    atomic_write_text(hyps_path, "".join(t + "\n" for t in targets))
+    chosen = Chosen(
+        nbest=selection.nbest, metric=selection.metric, references=str(selection.references),
+        not_first=sum(1 for j in picks if j), mean_first=mean(first) or 0.0,
+        mean_chosen=mean(best) or 0.0,
+    )  # fmt: skip
+    return targets, chosen
+
+
 def distill(
     translator, src: Path, out_dir: Path, langs: tuple[str, str], drop_worst: float,
-    translate, teacher: list[str],
+    translate, teacher: list[str], selection: Selection | None = None,
 ) -> Report:  # fmt: skip
-    """Steps 2 to 4 after `translate(output path)` (step 1, corpus.py) has written the
-    teacher's translations of `src` into DIR/teacher.TGT."""
+    """Steps 1 to 4, `translate(output path, n best)` (corpus.py) writing the teacher's
+    translations of `src` into a file."""
     if not 0 <= drop_worst < 1:
         raise MtxError(f"--drop-worst must be in [0, 1), got {drop_worst}")
+    if not src.is_file():
+        raise MtxError(f"file not found: {src}")
+    sources = list(read_lines(src))
+    # a bad --ref is refused before anything is written
+    refs = None if selection is None else references(selection, len(sources))
     out_dir.mkdir(parents=True, exist_ok=True)
-    hyps_path = out_dir / f"teacher.{langs[1]}"
-    translate(hyps_path)
-    sources, targets = list(read_lines(src)), list(read_lines(hyps_path))
-    if len(sources) != len(targets):
-        raise MtxError(f"{hyps_path} has {len(targets)} lines but {src} has {len(sources)}")
+    targets, chosen = teacher_targets(out_dir, langs[1], sources, translate, selection, refs)
     xent = cross_entropies(Scorer(translator), sources, targets)
     keep = kept_lines(xent, drop_worst)
-    return write_corpus(out_dir, langs, sources, targets, keep, xent, drop_worst, teacher)
+    return write_corpus(out_dir, langs, sources, targets, keep, xent, drop_worst, teacher, chosen)
