@@ -73,8 +73,11 @@ def test_closest_takes_the_translation_nearest_the_reference_and_the_earlier_of_
         ["a woman walks", "a man rides a bike", "a man rides a red bike", "a man rides a red bike"],
         ["two dogs play", "two dogs play"],
     ]
-    picks, first, chosen = closest(groups, refs, "bleu")
-    assert picks == [2, 0]  # an exact match; of two equal ones, the teacher's better
+    picks, texts, first, chosen = closest(groups, refs, "bleu")
+    assert picks == [2, 0] and texts == [
+        groups[0][2],
+        groups[1][0],
+    ]  # an exact match; of two equal ones, the teacher's better
     assert chosen[0] == pytest.approx(100) and first[0] < chosen[0] - 10
     assert first[1] == chosen[1] == pytest.approx(100)
     for metric in SENTENCE_METRICS:
@@ -89,12 +92,14 @@ def test_read_nbest_groups_each_lines_translations_and_refuses_a_short_block(tmp
         "0 ||| x ||| -1.0 ||| -2.0\n0 ||| a ||| b ||| -1.5 ||| -3.0\n"
         "1 ||| y ||| -1.0 ||| -2.0\n1 ||| z ||| -1.2 ||| -2.5\n"
     )
-    assert read_nbest(path, 2, 2) == [["x", "a ||| b"], ["y", "z"]]
-    with pytest.raises(MtxError, match="input line 1 has 2 translations, not 3"):
-        read_nbest(path, 2, 3)
+    assert list(read_nbest(path, 2, 2)) == [["x", "a ||| b"], ["y", "z"]]
+    with pytest.raises(MtxError, match="line 3: a translation of input line 2 where the 3 of"):
+        list(read_nbest(path, 2, 3))
+    with pytest.raises(MtxError, match="holds the 2 best of 2 input lines, not of 3"):
+        list(read_nbest(path, 3, 2))  # a file cut short
     path.write_text("0 ||| x\n")
     with pytest.raises(MtxError, match=r"t.nbest line 1: not 'LINE \|\|\| TEXT"):
-        read_nbest(path, 1, 1)
+        list(read_nbest(path, 1, 1))
 
 
 def test_distill_with_references_keeps_each_lines_nbest_translation_nearest_its_reference(
@@ -107,11 +112,11 @@ def test_distill_with_references_keeps_each_lines_nbest_translation_nearest_its_
     out = tmp_path / "chosen"
     done = distill(toy_run, src, out, "--ref", str(ref), "--nbest", "4", "--beam", "4")
     assert done.returncode == 0, done.stderr
-    groups = read_nbest(out / "teacher.de.nbest", 40, 4)
+    groups = list(read_nbest(out / "teacher.de.nbest", 40, 4))
     refs = [t for _, t in pairs]
-    picks, first, chosen = closest(groups, refs, "bleu")
+    picks, texts, first, chosen = closest(groups, refs, "bleu")
     teacher = (out / "teacher.de").read_text().splitlines()
-    assert teacher == [g[j] for g, j in zip(groups, picks)]
+    assert teacher == texts == [g[j] for g, j in zip(groups, picks)]
     report = json.loads((out / "distill.json").read_text())["chosen"]
     assert report["nbest"] == 4 and report["metric"] == "bleu"
     assert report["not_first"] == sum(1 for j in picks if j)

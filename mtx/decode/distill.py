@@ -26,6 +26,7 @@ the way of saying it that the human translation took.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -102,34 +103,45 @@ def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def read_nbest(path: Path, lines: int, n: int) -> list[list[str]]:
-    """The `n` translations of each of `lines` input lines from an n-best file ('LINE ||| TEXT
-    ||| SCORE ||| LOG-PROBABILITY', LINE from 0), each line's in the teacher's order."""
-    groups: list[list[str]] = [[] for _ in range(lines)]
+def read_nbest(path: Path, lines: int, n: int) -> Iterator[list[str]]:
+    """The `n` translations of each of `lines` input lines, in order, from an n-best file
+    ('LINE ||| TEXT ||| SCORE ||| LOG-PROBABILITY', LINE from 0, each line's in the teacher's
+    order), one group at a time: a corpus's n-best lists need not fit in memory."""
+    group: list[str] = []
+    expected = 0
     for number, line in enumerate(read_lines(path), 1):
         fields = line.split(" ||| ")
-        if len(fields) < 4 or not fields[0].isdigit() or int(fields[0]) >= lines:
+        if len(fields) < 4 or not fields[0].isdigit():
             raise MtxError(f"{path} line {number}: not 'LINE ||| TEXT ||| SCORE ||| LOG-PROB'")
-        groups[int(fields[0])].append(" ||| ".join(fields[1:-2]))
-    for i, group in enumerate(groups):
-        if len(group) != n:
-            raise MtxError(f"{path}: input line {i + 1} has {len(group)} translations, not {n}")
-    return groups
+        if int(fields[0]) != expected:
+            raise MtxError(
+                f"{path} line {number}: a translation of input line {int(fields[0]) + 1} where "
+                f"the {n} of input line {expected + 1} go"
+            )
+        group.append(" ||| ".join(fields[1:-2]))
+        if len(group) == n:
+            yield group
+            group, expected = [], expected + 1
+    if group or expected != lines:
+        raise MtxError(f"{path} holds the {n} best of {expected} input lines, not of {lines}")
 
 
-def closest(groups: list[list[str]], refs: list[str], metric: str) -> tuple[list[int], list, list]:
-    """Each group's index of the translation closest to its reference by sentence-level
-    `metric` (of equal ones, the earlier: the teacher's better), with the metric of each
-    group's first translation and of the chosen one."""
+def closest(
+    groups: Iterable[list[str]], refs: list[str], metric: str
+) -> tuple[list[int], list[str], list[float], list[float]]:
+    """For each group, the index and text of the translation closest to its reference by
+    sentence-level `metric` (of equal ones, the earlier: the teacher's better), with the
+    metric of its first translation and of the chosen one."""
     similarity = sentence_metric(metric)
-    picks, first, chosen = [], [], []
-    for group, ref in zip(groups, refs):
+    picks, texts, first, chosen = [], [], [], []
+    for group, ref in zip(groups, refs, strict=True):
         scores = [similarity(hyp, ref) for hyp in group]
         best = max(range(len(group)), key=lambda j: (scores[j], -j))
         picks.append(best)
+        texts.append(group[best])
         first.append(scores[0])
         chosen.append(scores[best])
-    return picks, first, chosen
+    return picks, texts, first, chosen
 
 
 def check_selection(selection: Selection) -> None:
@@ -204,8 +216,7 @@ def teacher_targets(
     nbest_path = out_dir / f"teacher.{tgt_lang}.nbest"
     translate(nbest_path, selection.nbest)
     groups = read_nbest(nbest_path, len(sources), selection.nbest)
-    picks, first, best = closest(groups, refs, selection.metric)
-    targets = [group[j] for group, j in zip(groups, picks)]
+    picks, targets, first, best = closest(groups, refs, selection.metric)
     atomic_write_text(hyps_path, "".join(t + "\n" for t in targets))
     chosen = Chosen(
         nbest=selection.nbest, metric=selection.metric, references=str(selection.references),
