@@ -12,6 +12,7 @@
 #   STUDENT_INIT=1 ...                               (both students take the teacher's
 #                            embeddings and encoder, frozen: train.init_parts, train.freeze)
 #   STUDENT_CONFIG=configs/multi30k-student-tiny.yaml ...   (the tiny student, from scratch)
+#   NBEST=8 ...              (each line: the teacher's 8 best, the one closest to the reference)
 #
 # Steps whose output exists are not run again. Prints one JSON line of scores per model,
 # weights (the moving average, or the raw weights of the same run) and test set, then the
@@ -25,6 +26,9 @@ STUDENT_CONFIG=${STUDENT_CONFIG:-configs/multi30k-student.yaml}
 STUDENT_STEPS=${STUDENT_STEPS:-800}
 EMA=${EMA:-0.995}   # a horizon of 200 updates: the runs here are short
 STUDENT_INIT=${STUDENT_INIT:-}
+NBEST=${NBEST:-}
+CLOSEST=()
+[ -n "$NBEST" ] && CLOSEST=(--ref "$M30K/train.de" --nbest "$NBEST" --beam "$NBEST")
 
 if [ -z "${TEACHER:-}" ]; then
   T=(--set "run_dir=$WORK/teacher" --set "data.train=$M30K/train" --set "data.valid=$M30K/val"
@@ -39,7 +43,7 @@ fi
 
 if [ ! -e "$WORK/distilled/distill.json" ]; then
   $MTX distill --checkpoint "$TEACHER" --src "$M30K/train.en" --output-dir "$WORK/distilled" \
-    --drop-worst 0.05 --resume
+    --drop-worst 0.05 --resume "${CLOSEST[@]}"
 fi
 cat "$WORK/distilled/distill.json"
 
