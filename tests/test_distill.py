@@ -115,9 +115,12 @@ def test_distill_with_references_keeps_each_lines_nbest_translation_nearest_its_
     groups = list(read_nbest(out / "teacher.de.nbest", 40, 4))
     refs = [t for _, t in pairs]
     picks, texts, first, chosen = closest(groups, refs, "bleu")
-    teacher = (out / "teacher.de").read_text().splitlines()
+    teacher = (out / "closest.de").read_text().splitlines()
     assert teacher == texts == [g[j] for g, j in zip(groups, picks)]
-    report = json.loads((out / "distill.json").read_text())["chosen"]
+    assert not (out / "teacher.de").exists()  # the 1-best file of a run without --ref
+    whole = json.loads((out / "distill.json").read_text())
+    assert whole["translations"] == str(out / "closest.de")
+    report = whole["chosen"]
     assert report["nbest"] == 4 and report["metric"] == "bleu"
     assert report["not_first"] == sum(1 for j in picks if j)
     assert abs(report["mean_chosen"] - sum(chosen) / 40) < 1e-9

@@ -18,7 +18,8 @@ training sources, scored by the teacher, the worst fraction dropped, written as 
 With the training targets (`--ref train.de --nbest N`), step 1 keeps the teacher's N best
 translations of each line (DIR/teacher.TGT.nbest) and each line's translation is the one of
 them closest to its reference by sentence-level BLEU or chrF (`--select`; of equal ones, the
-teacher's better): Kim and Rush's sequence-level interpolation, and what Firefox Translations
+teacher's better), written to DIR/closest.TGT (teacher.TGT stays the 1-best file of a run
+without --ref): Kim and Rush's sequence-level interpolation, and what Firefox Translations
 does with its teachers' 8-best lists. The teacher still speaks for every target, but picks
 the way of saying it that the human translation took.
 """
@@ -167,7 +168,7 @@ def references(selection: Selection, lines: int) -> list[str]:
 
 def write_corpus(
     out_dir: Path, langs: tuple[str, str], sources, targets, keep, xent, drop_worst, teacher,
-    chosen: Chosen | None = None,
+    translations: Path, chosen: Chosen | None = None,
 ) -> Report:  # fmt: skip
     """DIR/distilled.{src,tgt} of the kept pairs, and DIR/distill.json."""
     prefix = out_dir / "distilled"
@@ -185,7 +186,7 @@ def write_corpus(
         mean_cross_entropy_kept=mean([xent[i] for i in kept]),
         mean_cross_entropy_dropped=mean(dropped),
         teacher=teacher,
-        translations=str(out_dir / f"teacher.{tgt_lang}"),
+        translations=str(translations),
         corpus=str(prefix),
         chosen=chosen,
     )
@@ -200,9 +201,10 @@ def teacher_targets(
     translate,
     selection: Selection | None,
     refs: list[str] | None,
-) -> tuple[list[str], Chosen | None]:
-    """Step 1: the teacher's translation of each source (DIR/teacher.TGT): its best, or with a
-    `selection` the one of its n best closest to the line's reference."""
+) -> tuple[Path, list[str], Chosen | None]:
+    """Step 1: the teacher's translation of each source, and the file that holds them:
+    DIR/teacher.TGT, its best; with a `selection`, DIR/closest.TGT, the one of its n best
+    closest to the line's reference."""
     hyps_path = out_dir / f"teacher.{tgt_lang}"
     if selection is None:
         translate(hyps_path, 1)
@@ -211,19 +213,20 @@ def teacher_targets(
             raise MtxError(
                 f"{hyps_path} has {len(targets)} lines but the sources have {len(sources)}"
             )
-        return targets, None
+        return hyps_path, targets, None
     assert refs is not None
     nbest_path = out_dir / f"teacher.{tgt_lang}.nbest"
     translate(nbest_path, selection.nbest)
     groups = read_nbest(nbest_path, len(sources), selection.nbest)
     picks, targets, first, best = closest(groups, refs, selection.metric)
-    atomic_write_text(hyps_path, "".join(t + "\n" for t in targets))
+    chosen_path = out_dir / f"closest.{tgt_lang}"
+    atomic_write_text(chosen_path, "".join(t + "\n" for t in targets))
     chosen = Chosen(
         nbest=selection.nbest, metric=selection.metric, references=str(selection.references),
         not_first=sum(1 for j in picks if j), mean_first=mean(first) or 0.0,
         mean_chosen=mean(best) or 0.0,
     )  # fmt: skip
-    return targets, chosen
+    return chosen_path, targets, chosen
 
 
 def distill(
@@ -240,7 +243,8 @@ def distill(
     # a bad --ref is refused before anything is written
     refs = None if selection is None else references(selection, len(sources))
     out_dir.mkdir(parents=True, exist_ok=True)
-    targets, chosen = teacher_targets(out_dir, langs[1], sources, translate, selection, refs)
+    path, targets, chosen = teacher_targets(out_dir, langs[1], sources, translate, selection, refs)
     xent = cross_entropies(Scorer(translator), sources, targets)
     keep = kept_lines(xent, drop_worst)
-    return write_corpus(out_dir, langs, sources, targets, keep, xent, drop_worst, teacher, chosen)
+    written = (sources, targets, keep, xent, drop_worst, teacher, path, chosen)
+    return write_corpus(out_dir, langs, *written)
