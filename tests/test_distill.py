@@ -74,10 +74,8 @@ def test_closest_takes_the_translation_nearest_the_reference_and_the_earlier_of_
         ["two dogs play", "two dogs play"],
     ]
     picks, texts, first, chosen = closest(groups, refs, "bleu")
-    assert picks == [2, 0] and texts == [
-        groups[0][2],
-        groups[1][0],
-    ]  # an exact match; of two equal ones, the teacher's better
+    # an exact match; of two equal ones, the teacher's better
+    assert picks == [2, 0] and texts == [groups[0][2], groups[1][0]]
     assert chosen[0] == pytest.approx(100) and first[0] < chosen[0] - 10
     assert first[1] == chosen[1] == pytest.approx(100)
     for metric in SENTENCE_METRICS:
