@@ -112,6 +112,7 @@ VARIANTS = {
     "static": ["train.static_shapes=true", "train.compile=false"],
     "compiled": ["train.compile=true"],
     "bf16-weights": ["train.precision=bf16-weights", "train.compile=false"],
+    "bf16-weights+compiled": ["train.precision=bf16-weights", "train.compile=true"],
     "compiled+graphs": ["train.compile=true", "train.static_shapes=true", "GRAPHS"],
     "bf16-weights+compiled+graphs": [
         "train.precision=bf16-weights", "train.compile=true", "train.static_shapes=true", "GRAPHS",
@@ -179,21 +180,43 @@ def part_profile(args, sizes: Sizes) -> dict:
                                                        if x == "--set"])  # fmt: skip
         real = joined_lengths(src, tgt, (2, 4), cfg.data.max_len + 1, 20_000, cfg.train.seed)
         batches = synthetic_batches(cfg, cfg.data.vocab_size, 5, 30, real)
-        out[f"base {name}"] = profiled(cfg, batches, cuda)
+        trace = args.work / "traces" / f"base-{name}.json" if args.trace else None
+        out[f"base {name}"] = profiled(cfg, batches, cuda, trace)
     return out
 
 
-def profiled(cfg, batches: list[dict], cuda: bool) -> dict:
+# Kernel names by what they compute, first match wins (attention before the matrix products:
+# flash attention's kernels are CUTLASS ones too).
+KINDS = (
+    ("communication", ("nccl",)),
+    ("attention", ("fmha", "flash", "attention", "efficient_attention")),
+    ("matrix products", ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90_", "sm80_")),
+    ("generated (triton)", ("triton",)),
+    ("optimizer", ("adam", "foreach")),
+    ("copies and fills", ("copy", "memcpy", "memset", "fill")),
+    ("elementwise and reductions", ("elementwise", "vectorized", "reduce", "softmax", "norm")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in lower for k in keys)), "other")
+
+
+def profiled(cfg, batches: list[dict], cuda: bool, trace: Path | None = None) -> dict:
     """One update per batch under torch.profiler, after two warm-up passes (compiling and
-    planning every shape): wall and kernel time per update, and the top 12 kernels (CPU
-    operations without a GPU)."""
+    planning every shape): wall and kernel time per update, that time by kind of kernel
+    (`kernel_kind`), the top 12 kernels (CPU operations without a GPU), and what compiling
+    took. `trace`: the profiler's Chrome trace, gzipped, to `trace`.gz."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from mtx.model.build import make_model
+    from mtx.train.compiled import stats
     from mtx.train.step import build_step
 
     torch.manual_seed(1)
+    before = stats()
     device = torch.device("cuda" if cuda else "cpu")
     run = build_step(cfg, make_model(cfg.model, cfg.data.vocab_size).to(device), device)
 
@@ -204,6 +227,7 @@ def profiled(cfg, batches: list[dict], cuda: bool) -> dict:
         step(b, n + 1)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
+    compiling = {k: v - before[k] for k, v in stats().items()}  # this model's, warm-up's
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         timing, _ = timed(lambda: [step(b, 100 + n) for n, b in enumerate(batches)], 1, 0, sync)
@@ -214,7 +238,14 @@ def profiled(cfg, batches: list[dict], cuda: bool) -> dict:
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     per_update = sum(getattr(r, attr) for r in rows) / 1e6 / len(batches)
     top = sorted(rows, key=lambda r: -getattr(r, attr))[:12]
-    return {
+    kinds: dict[str, float] = {}
+    for r in rows:
+        kind = kernel_kind(r.key)
+        kinds[kind] = kinds.get(kind, 0.0) + getattr(r, attr) / 1e3 / len(batches)
+    if trace is not None:
+        export_trace(prof, trace)
+    return compiling | {
+        "kinds_ms_per_update": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
         "wall_ms_per_update": wall * 1e3,
         "kernel_ms_per_update": per_update * 1e3,
         "busy": per_update / wall if cuda else None,
@@ -227,6 +258,16 @@ def profiled(cfg, batches: list[dict], cuda: bool) -> dict:
             for r in top
         ],  # fmt: skip
     }
+
+
+def export_trace(prof, path: Path) -> None:
+    import gzip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    with open(path, "rb") as f, gzip.open(f"{path}.gz", "wb") as z:
+        shutil.copyfileobj(f, z)
+    path.unlink()
 
 
 def part_train(args, sizes: Sizes) -> dict:

@@ -70,6 +70,9 @@ def arguments(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--checkpoint", type=Path, help="the decode part's model (default: train's)")
     ap.add_argument("--batches", default="32,128,512", help="the decode part's batch sizes")
+    ap.add_argument(
+        "--trace", action="store_true", help="the profile part's Chrome traces to WORK/traces"
+    )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds")
     ap.add_argument("--budget", type=float, default=530, help="seconds for all parts")
     ap.add_argument(
@@ -94,6 +97,8 @@ def run_part(args, name: str, limit: float) -> dict:
     partial = path.with_suffix(".partial.json")  # what a part wrote before it failed
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=limit)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".log").write_text(proc.stdout + proc.stderr)  # TORCH_LOGS' lines too
         error = None if proc.returncode == 0 and path.is_file() else proc.stderr or proc.stdout
     except subprocess.TimeoutExpired:
         error = f"over its time limit of {limit:.0f} s"
@@ -178,8 +183,12 @@ def bench_rows(part: dict):
 def profile_rows(part: dict):
     for label, r in entries(part):
         busy = f", GPU busy {r['busy']:.0%}" if r["busy"] is not None else ""
+        kinds = ", ".join(f"{k} {ms:.1f}" for k, ms in r["kinds_ms_per_update"].items())
         top = "; ".join(f"{t['name'][:40]} {t['ms_per_update']:.2f} ms" for t in r["top"][:5])
-        yield f"profile {label}", f"{r['wall_ms_per_update']:.1f} ms/update{busy}; top: {top}"
+        yield (
+            f"profile {label}",
+            f"{r['wall_ms_per_update']:.1f} ms/update{busy}; by kind (ms): {kinds}; top: {top}",
+        )
 
 
 def decode_rows(part: dict):

@@ -22,7 +22,7 @@ ROOT = Path(__file__).parent.parent
 def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_report", "--smoke", "--out",
-         str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--budget", "900"],
+         str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--budget", "900", "--trace"],
         capture_output=True, text=True, timeout=1000,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -44,7 +44,15 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
         ref = bench[reference_of(f"base {name}")]
         assert agreement(bench[f"base {name}"]["losses"], ref["losses"])["max_rel"] < 1e-4
     assert reference_of("base compiled+graphs") == "base static"
-    assert all(p["top"] for name, p in parts["profile"].items() if name != "part_seconds")
+    profiles = {k: v for k, v in parts["profile"].items() if k != "part_seconds"}
+    assert list(profiles) == ["base eager", "base compiled", "base bf16-weights"]
+    for name, p in profiles.items():  # by kind: the whole of the kernels' time, split
+        assert p["top"] and math.isclose(sum(p["kinds_ms_per_update"].values()),
+                                         p["kernel_ms_per_update"], rel_tol=1e-6), name  # fmt: skip
+        assert (tmp_path / "work" / "traces" / f"{name.replace(' ', '-')}.json.gz").is_file()
+    assert profiles["base compiled"]["compilations"] > 0 == profiles["base eager"]["compilations"]
+    assert profiles["base bf16-weights"]["compilations"] == 0
+    assert (tmp_path / "work" / "parts" / "profile.log").is_file()
     train = parts["train"]
     assert train["steps"] == 8 and train["logged_tokens_per_s"] > 0 and 0 <= train["test"]["bleu"]
     decode = {k: v for k, v in parts["decode"].items() if k != "part_seconds"}
@@ -60,8 +68,8 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     assert len(parts["oom"]["oom_records"]) == 1 and parts["oom"]["last_step"] == 8
     table = (tmp_path / "out" / "report.md").read_text()
     assert table == out.stdout[out.stdout.index("environment:") :]
-    assert table.count("\n| ") == 23 and "failed" not in table
-    assert table.count("loss vs eager over 6 updates") == 2  # compiled, bf16 weights
+    assert table.count("\n| ") == 24 and "failed" not in table
+    assert table.count("loss vs eager over 6 updates") == 3  # compiled, bf16 weights, both
     assert table.count("loss vs static over 6 updates") == 2  # the graphs variants
 
 
@@ -95,3 +103,19 @@ def test_an_unknown_variant_is_refused_in_one_line(tmp_path):
             )
         )
         assert not (tmp_path / "report.json").exists()
+
+
+def test_kernels_are_told_apart_by_what_they_compute():
+    kind = gpu_parts.kernel_kind
+    assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matrix products"
+    assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT") == "matrix products"
+    assert kind("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert kind("fmha_cutlassB_bf16_aligned_64x64_k64_sm80") == "attention"  # not a gemm
+    assert kind("triton_red_fused__log_softmax_mean_0") == "generated (triton)"
+    assert kind("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
+    assert kind("Memcpy HtoD (Pageable -> Device)") == "copies and fills"
+    assert kind("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>") == (
+        "elementwise and reductions"
+    )
+    assert kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert kind("void cudnn::bn_fw_tr_1C11_kernel_NCHW") == "other"
