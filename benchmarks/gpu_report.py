@@ -22,7 +22,9 @@ this order (gpu_parts.py):
 - fp16     50 updates with fp16 autocast and the loss scaler
 - nccl     a one-process `torchrun` job (NCCL) that reaches its last checkpoint
 - oom      a real CUDA out-of-memory error in one step: skipped, and training goes on
-- profile  torch.profiler over base's steps, eager and compiled: top kernels, GPU busy time
+- profile  torch.profiler over base's steps, eager, compiled and with bf16 weights: top
+           kernels, the kernels' time by kind, GPU busy time, compilations (with --trace the
+           Chrome traces, to WORK/traces)
 
 Each part runs in a process of its own under a time limit, so a failure or an overrun costs
 that part only, and every part's limit leaves the later parts the least they need within
