@@ -60,9 +60,10 @@ class Sizes:
         self.config = "configs/toy.yaml" if args.smoke else "configs/multi30k.yaml"
 
 
-def mtx(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    """`python -m mtx ARGS` from the repository root, its failure left to `checked`."""
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+def mtx(*args: str, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m mtx ARGS` from the repository root (with `env` added to the environment),
+    its failure left to `checked`."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {})
     return harness.mtx(*args, timeout=timeout, check=False, cwd=ROOT, env=env)
 
 
@@ -105,8 +106,10 @@ def part_prepare(args, sizes: Sizes) -> dict:
 # each says whether it compiles). "static": eager over fixed batch shapes (the reference the
 # graphs variants' losses are compared with: their batches are not eager's). "graphs": static
 # batch shapes, each a CUDA graph (train.static_shapes with compile_mode reduce-overhead; on
-# the CPU's smoke run, traced without graphs). The names are what --variants and
-# --train-variant take.
+# the CPU's smoke run, traced without graphs). "cpp-wrapper": inductor's generated code
+# launches the kernels from C++, not Python (an environment variable, ENV: below, as a user
+# sets it for `mtx train`; no effect on the smoke run's traced step). The names are what
+# --variants and --train-variant take.
 VARIANTS = {
     "eager": ["train.compile=false"],  # explicit: train.compile's default (auto) compiles on CUDA
     "static": ["train.static_shapes=true", "train.compile=false"],
@@ -114,6 +117,7 @@ VARIANTS = {
     "bf16-weights": ["train.precision=bf16-weights", "train.compile=false"],
     "bf16-weights+compiled": ["train.precision=bf16-weights", "train.compile=true"],
     "compiled+graphs": ["train.compile=true", "train.static_shapes=true", "GRAPHS"],
+    "compiled+cpp-wrapper": ["train.compile=true", "ENV:TORCHINDUCTOR_CPP_WRAPPER=1"],
     "bf16-weights+compiled+graphs": [
         "train.precision=bf16-weights", "train.compile=true", "train.static_shapes=true", "GRAPHS",
     ],
@@ -123,7 +127,14 @@ VARIANTS = {
 def variant(sizes: Sizes, name: str) -> list[str]:
     """A variant's settings for this run (reduce-overhead on CUDA only)."""
     graphs = [] if sizes.smoke else ["train.compile_mode=reduce-overhead"]
-    return [x for item in VARIANTS[name] for x in (graphs if item == "GRAPHS" else [item])]
+    items = [item for item in VARIANTS[name] if not item.startswith("ENV:")]
+    return [x for item in items for x in (graphs if item == "GRAPHS" else [item])]
+
+
+def variant_env(name: str) -> dict[str, str]:
+    """The environment variables a variant sets (its ENV:NAME=VALUE items)."""
+    pairs = (item[4:].split("=", 1) for item in VARIANTS[name] if item.startswith("ENV:"))
+    return dict(pairs)
 
 
 def bench_args(sizes: Sizes, model: str, variant_sets: list[str], tokens: int):
@@ -151,7 +162,7 @@ def part_bench(args, sizes: Sizes) -> dict:
             label = f"{model} {name}"
             try:
                 proc = mtx(*bench_args(sizes, model, variant(sizes, name), sizes.bench_tokens),
-                           timeout=left(args, 240))  # fmt: skip
+                           timeout=left(args, 240), env=variant_env(name))  # fmt: skip
                 out[label] = json.loads(checked(proc).strip().splitlines()[-1])
                 eager = out.get(f"{model} eager", {}).get("tokens_per_s")
                 out[label]["vs_eager"] = out[label]["tokens_per_s"] / eager if eager else None
@@ -280,7 +291,8 @@ def part_train(args, sizes: Sizes) -> dict:
     else:
         items += [f"train.max_minutes={sizes.minutes}", "train.max_steps=1000000"]
     command = ("train", "--config", sizes.config, *sets(items))
-    wall = timed(lambda: checked(mtx(*command, timeout=left(args, 1e9))), 1, 0)[0].median
+    env = variant_env(args.train_variant)
+    wall = timed(lambda: checked(mtx(*command, timeout=left(args, 1e9), env=env)), 1, 0)[0].median
     train, valid = (read_metrics(RunDir(run).metrics, kind) for kind in ("train", "valid"))
     ckpt = RunDir(run).best
     test = json.loads(

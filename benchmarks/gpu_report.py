@@ -12,7 +12,8 @@ this order (gpu_parts.py):
            WMT-like lengths (Multi30k pairs joined 2 to 4 at random, up to 250 subwords;
            random ids of a 37k vocabulary), in every training variant of --variants
            (gpu_parts.VARIANTS: eager, compiled, bf16 weights, compiled with static shapes
-           and CUDA graphs, and all of them), each with its ratio to eager
+           and CUDA graphs, compiled with inductor's C++ wrapper, and combinations), each
+           with its ratio to eager
 - train    `mtx train --config configs/multi30k.yaml` for --minutes, its logged tokens/s
            beside `mtx bench train` of the same config, validation's share of the time, test2016 BLEU
 - decode   the trained model on val + test2016 + test2017 (3,014 lines), bf16, beam 4 and

@@ -68,8 +68,8 @@ def test_the_gpu_report_runs_every_part_and_writes_its_table(tmp_path):
     assert len(parts["oom"]["oom_records"]) == 1 and parts["oom"]["last_step"] == 8
     table = (tmp_path / "out" / "report.md").read_text()
     assert table == out.stdout[out.stdout.index("environment:") :]
-    assert table.count("\n| ") == 24 and "failed" not in table
-    assert table.count("loss vs eager over 6 updates") == 3  # compiled, bf16 weights, both
+    assert table.count("\n| ") == 25 and "failed" not in table
+    assert table.count("loss vs eager over 6 updates") == 4  # the compiled and bf16 ones
     assert table.count("loss vs static over 6 updates") == 2  # the graphs variants
 
 
@@ -119,3 +119,12 @@ def test_kernels_are_told_apart_by_what_they_compute():
     )
     assert kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
     assert kind("void cudnn::bn_fw_tr_1C11_kernel_NCHW") == "other"
+
+
+def test_a_variant_may_set_environment_variables_beside_its_settings():
+    args = report.arguments(["--out", "x", "--smoke"])
+    args.work = Path("x")
+    sizes = gpu_parts.Sizes(args)
+    assert gpu_parts.variant(sizes, "compiled+cpp-wrapper") == ["train.compile=true"]
+    assert gpu_parts.variant_env("compiled+cpp-wrapper") == {"TORCHINDUCTOR_CPP_WRAPPER": "1"}
+    assert gpu_parts.variant_env("compiled") == {}
