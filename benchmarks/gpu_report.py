@@ -25,7 +25,7 @@ this order (gpu_parts.py):
 - oom      a real CUDA out-of-memory error in one step: skipped, and training goes on
 - profile  torch.profiler over base's steps, eager, compiled and with bf16 weights: top
            kernels, the kernels' time by kind, GPU busy time, compilations (with --trace the
-           Chrome traces, to WORK/traces)
+           Chrome traces, to WORK/traces, which `python -m benchmarks.traces` reads)
 
 Each part runs in a process of its own under a time limit, so a failure or an overrun costs
 that part only, and every part's limit leaves the later parts the least they need within
