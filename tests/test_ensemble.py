@@ -14,6 +14,7 @@ from mtx.data import vocab
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.decode.translator import Translator
+from mtx.errors import MtxError
 from mtx.model.build import make_model
 
 SENTENCES = ["the dog sleeps.", "a cat sees the bird.", "the man gives a book to the child."] * 20
@@ -101,7 +102,7 @@ def test_translator_ensemble_through_the_api():
     out = translator.translate(lines)
     assert len(out) == 4 and out[0] == out[3]
     assert out == [translator.translate([line])[0] for line in lines]
-    with pytest.raises(ValueError, match="no single attention"):
+    with pytest.raises(MtxError, match="Ensemble has no single attention"):
         translator.cross_attention(lines[0], [5])
 
 

@@ -95,8 +95,9 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
 
 def test_an_ensemble_of_transformers_mixes_lengths_and_one_with_an_rnn_does_not():
     transformers = Ensemble([random_model(seed=1), random_model(seed=2)])
-    assert transformers.mixes_lengths
-    assert not Ensemble([random_model(seed=1), random_model(arch="rnn-gru-location")]).mixes_lengths
+    assert transformers.capabilities.mixed_lengths
+    with_rnn = Ensemble([random_model(seed=1), random_model(arch="rnn-gru-location")])
+    assert not with_rnn.capabilities.mixed_lengths
     srcs = sources(LENGTHS[:6])
     together = beam_search(transformers, mixed(srcs), beam=3, max_len_b=6)
     for i, src in enumerate(srcs):

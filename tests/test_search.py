@@ -7,6 +7,7 @@ from conftest import tiny_model_config
 from mtx.decode.rules import length_penalty, max_lengths, source_lengths
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
+from mtx.model.interface import Capabilities
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 ARCHS = {  # the models every search is tested with
@@ -72,6 +73,7 @@ class MyopicModel:
     """Step 1: A 0.5, B 0.4, EOS 0.1. After A everything is uncertain (EOS 0.34); after B,
     EOS 0.95. Greedy picks A then EOS (p = 0.17); beam search finds B EOS (p = 0.38)."""
 
+    capabilities = Capabilities()  # logits, a growing cache
     vocab = 6
     A, B = 4, 5
 
@@ -155,6 +157,8 @@ def test_every_hypothesis_ends_within_the_max_length(arch):
 
 class Uncached:
     """`model` decoding without a key/value cache: every step recomputes the whole prefix."""
+
+    capabilities = Capabilities()
 
     def __init__(self, model):
         self.model = model

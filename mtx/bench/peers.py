@@ -23,7 +23,7 @@ def batches(tr: Translator, lines: list[str], size: int) -> list[tuple[int, list
     """(output length limit, line indices) of batches of at most `size` lines, each of one
     limit, shortest first."""
     d, groups = tr.cfg.decode, defaultdict(list)
-    limit = tr.model.cfg.max_positions - 1
+    limit = tr.model.max_positions - 1
     for i, line in enumerate(lines):
         longest = rules.max_lengths(len(tr.encode(line)) - 1, d.max_len_a, d.max_len_b, limit)
         groups[longest].append(i)

@@ -1,5 +1,5 @@
-"""Translation batches: the lines sorted by length into batches of a source-token budget,
-each source padded to a length of its own.
+"""Translation batches: the one place that batches requests (request.py). Their sources are
+sorted by length into batches of a source-token budget, each padded to a length of its own.
 
 Each source is padded to its own `padded_length` (tokens.py), so a sentence is computed with
 the same shapes, and so the same numbers, alone or in any batch. A batch may hold several
@@ -9,9 +9,12 @@ encoder-decoder attention on its own).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from mtx.data.batching import pad
+from mtx.decode.request import Request, SearchBatch
 from mtx.model.groups import Groups
 from mtx.tokens import padded_length
 
@@ -42,11 +45,22 @@ def source_batches(
     return batches
 
 
-def batch_sources(
-    ids: list[list[int]], batch: SourceBatch, device: torch.device
-) -> tuple[torch.Tensor | Groups, list[int]]:
-    """A batch's sources on `device`, each group padded to its length (a `Groups` of them for
-    several lengths), and the lines of its rows, in order."""
-    parts = [pad([ids[i] for i in idx], length=n).to(device) for n, idx in batch]
+def request_batches(
+    requests: list[Request], max_tokens: int, device: torch.device, limit: int, mix: bool
+) -> Iterator[tuple[SearchBatch, list[int]]]:
+    """`requests` in batches (`source_batches`): each a `SearchBatch` on `device`, and the
+    indices in `requests` of its rows, in order."""
+    lengths = [len(r.source) for r in requests]
+    for batch in source_batches(lengths, max_tokens, limit, mix):
+        yield batch_requests(requests, batch, device)
+
+
+def batch_requests(
+    requests: list[Request], batch: SourceBatch, device: torch.device
+) -> tuple[SearchBatch, list[int]]:
+    """A batch's requests as a search reads them: their sources on `device`, each group padded
+    to its length (a `Groups` of them for several lengths), and their indices, in order."""
+    parts = [pad([list(requests[i].source) for i in idx], length=n).to(device) for n, idx in batch]
     rows = [i for _, idx in batch for i in idx]
-    return (parts[0] if len(parts) == 1 else Groups(parts)), rows
+    src = parts[0] if len(parts) == 1 else Groups(parts)
+    return SearchBatch(src, [requests[i] for i in rows]), rows

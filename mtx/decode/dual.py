@@ -85,7 +85,7 @@ def cross_entropies(scorer: Scorer, sources: list[str], targets: list[str]) -> l
     for i, (s, t) in enumerate(zip(sources, targets)):
         ids = tr.sp.encode(collapse(t)) + [EOS_ID]
         if len(ids) <= scorer.limit:
-            src.append(tr._encode(s))
+            src.append(tr.encode(s))
             tgt.append(ids)
             rows.append(i)
     for i, score in zip(rows, scorer.score_ids(src, tgt)):

@@ -5,28 +5,23 @@ p(y | x, prefix) = (1/M) sum_m p_m(y | x, prefix), as fairseq's ensembles do (th
 probabilities, not of log-probabilities: a token that one model rules out keeps the others'
 mass). `decode` returns its log, computed as r + log(mean_m exp(log p_m - r)) with r the
 largest log p_m: M copies of one model then give exactly that model's log-probabilities, and
-the search (told by `gives_log_probs`) uses them as they are.
+the search (told by `capabilities.log_probs`) uses them as they are.
 
-An `Ensemble` has the model interface the search uses (search.py): `encode` gives each model's
-memory and mask, `new_cache` an `EnsembleCache` that holds every model's own cache (reordering
-it reorders them all), `decode` runs each model on its own. Each model computes a sentence alone (batch-independent), and the mean is taken per row,
-so an ensemble is as independent of the batch as one model. The models may differ in
-architecture (a Transformer with the RNN); they must share the vocabulary.
+An `Ensemble` is a `Decodable` (model/interface.py), as one model is: `encode` gives each
+model's memory and mask, `new_cache` an `EnsembleCache` that holds every model's own cache
+(reordering it reorders them all), `decode` runs each model on its own. Each model computes a
+sentence alone (batch-independent), and the mean is taken per row, so an ensemble is as
+independent of the batch as one model. The models may differ in architecture (a Transformer
+with the RNN); they must share the vocabulary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-
-@dataclass
-class Limits:
-    """What the translator reads of a model's config: the longest sequence every model takes."""
-
-    max_positions: int
+from mtx.model.base import EncoderDecoder
+from mtx.model.interface import Capabilities, Lacks
 
 
 class Masks:
@@ -55,10 +50,8 @@ class EnsembleCache:
             part.select(sentences)
 
 
-class Ensemble:
-    gives_log_probs = True  # decode() returns normalised log-probabilities, not logits
-
-    def __init__(self, models: list) -> None:
+class Ensemble(Lacks):
+    def __init__(self, models: list[EncoderDecoder]) -> None:
         if len(models) < 2:
             raise ValueError("an ensemble takes at least two models")
         vocab = {m.vocab_size for m in models}
@@ -66,9 +59,18 @@ class Ensemble:
             raise ValueError(f"the models' vocabulary sizes differ: {sorted(vocab)}")
         self.models = models
         self.vocab_size = models[0].vocab_size
-        self.cfg = Limits(min(m.cfg.max_positions for m in models))
-        # sources of several lengths in one batch (model/groups.py) if every model takes them
-        self.mixes_lengths = all(getattr(m, "mixes_lengths", False) for m in models)
+        # decode() gives normalised log-probabilities; sources of several lengths in one batch
+        # (model/groups.py) if every model takes them
+        mixed = all(m.capabilities.mixed_lengths for m in models)
+        self.capabilities = Capabilities(log_probs=True, mixed_lengths=mixed)
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence every model takes."""
+        return min(m.max_positions for m in self.models)
+
+    def members(self) -> list[EncoderDecoder]:
+        return list(self.models)
 
     def to(self, *args, **kwargs) -> Ensemble:
         self.models = [m.to(*args, **kwargs) for m in self.models]
@@ -107,6 +109,3 @@ class Ensemble:
         r = stacked.max(dim=0).values
         r = r.masked_fill(r == -torch.inf, 0.0)  # no model allows the token: stays -inf
         return r + torch.log(torch.exp(stacked - r).mean(dim=0))
-
-    def cross_attention_modules(self) -> list:
-        raise ValueError("an ensemble has no single attention to show")

@@ -18,20 +18,25 @@ follows a changed rule, not only that their outputs agree):
 - a finished hypothesis is scored log P(Y) / lp(Y), with the length penalty of Wu et al.
   (2016), lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting EOS (`finished_score`); with
   `stopping: k_finished` a sentence is done once it has K finished hypotheses
-  (`enough_finished`); its n-best are the best scored, in finishing order among equals
-  (`best`).
+  (`enough_finished`); with `exact`, once no live hypothesis can still beat its n-th best
+  finished one, with `never` at its longest output only (`sentence_done`); its n-best are the
+  best scored, in finishing order among equals (`best`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from mtx.model.groups import Groups
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+# When a sentence's beam search may end (`sentence_done`): k_finished is the default and the
+# static search's only rule.
+STOPPING = ("k_finished", "exact", "never")
 NEVER_PRODUCED = (PAD_ID, UNK_ID, BOS_ID)
 assert sorted(NEVER_PRODUCED) == [0, 1, 2]  # a slice of the vocabulary: mask_never_produced
 
@@ -55,9 +60,11 @@ def source_lengths(src: Tensor | Groups) -> Tensor:
 
 def max_lengths(src_len: Tensor | int, a: float, b: int, limit: int) -> Tensor | int:
     """The longest output, EOS included, of sources of `src_len` tokens (EOS excluded):
-    a * src_len + b, at least 1 and at most `limit` (the model's longest sequence)."""
+    a * src_len + b, at least 1 and at most `limit` (the model's longest sequence), computed
+    in float32 for an int as for a tensor, so both give the same length."""
     if isinstance(src_len, int):
-        return max(1, min(int(a * src_len + b), limit))
+        length = np.float32(a) * np.float32(src_len) + np.float32(b)
+        return max(1, min(int(length), limit))
     return (a * src_len.float() + b).long().clamp(min=1, max=limit)
 
 
@@ -138,3 +145,33 @@ def enough_finished(finished: int | Tensor, K: int) -> bool | Tensor:
 def best(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
     """The `nbest` best finished hypotheses, best first (equals in the order they finished)."""
     return sorted(hyps, key=lambda h: -h.score)[:nbest]
+
+
+def check_stopping(stopping: str) -> None:
+    if stopping not in STOPPING:
+        raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
+
+
+def sentence_done(
+    fin: list[Hypothesis],
+    live_best: float,
+    longest: int,
+    K: int,
+    nbest: int,
+    alpha: float,
+    stopping: str,
+) -> bool:
+    """Whether a sentence's beam search may end by `stopping` (see STOPPING), besides reaching
+    its longest output: k_finished once K hypotheses have ended (`enough_finished`); exact once
+    no live one (best score `live_best` <= 0, at most `longest` tokens) can still beat the
+    nbest-th finished one; never, not before its longest output.
+
+    Log-probabilities only fall as a hypothesis grows, and lp grows with length, so a live
+    hypothesis of log-probability s can at best finish with s / lp(longest): with exact the
+    result is the one the beam would reach if every hypothesis ran to its longest output."""
+    if stopping == "k_finished":
+        return bool(enough_finished(len(fin), K))
+    if stopping == "never" or len(fin) < nbest:
+        return False
+    nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
+    return nth >= live_best / length_penalty(longest, alpha)  # live_best <= 0

@@ -49,7 +49,7 @@ class Scorer:
 
     def __init__(self, translator) -> None:  # decode/translator.py's Translator
         self.tr = translator
-        self.limit = translator.model.cfg.max_positions
+        self.limit = translator.model.max_positions
 
     def target_ids(self, line: str, number: int) -> list[int]:
         """A target line's ids with EOS; refused if longer than the model's positions."""
@@ -66,7 +66,7 @@ class Scorer:
         if len(sources) != len(targets):
             raise MtxError(f"{len(sources)} sources but {len(targets)} targets")
         self.tr.check_language()
-        src = [self.tr._encode(line) for line in sources]
+        src = [self.tr.encode(line) for line in sources]
         tgt = [self.target_ids(line, i) for i, line in enumerate(targets)]
         return self.score_ids(src, tgt)
 
@@ -103,9 +103,9 @@ class Scorer:
         tgt_out = pad([tgt[i] for i in rows], length=T).to(device)
         memory, mask = model.encode(source)
         out = model.decode(tgt_in, memory, mask)  # (B, T, V) logits, or log-probabilities
-        lprobs = out.float() if getattr(model, "gives_log_probs", False) else None
-        if lprobs is None:
-            lprobs = torch.log_softmax(out.float(), dim=-1)
+        lprobs = out.float()
+        if not model.capabilities.log_probs:
+            lprobs = torch.log_softmax(lprobs, dim=-1)
         picked = lprobs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1).double().cpu()
         scores = []
         for r, i in enumerate(rows):

@@ -2,17 +2,20 @@
 
 Shape legend: B sentences still being decoded, K beam size, V vocabulary, t steps so far.
 
-The model is anything with `encode(src) -> (memory, src_mask)`, `new_cache()`, and
-`decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)` (log-probabilities
-if it says `gives_log_probs`, as an ensemble does: decode/ensemble.py); the cache
+The model is a `Decodable` (model/interface.py): `encode(src) -> (memory, src_mask)`,
+`new_cache()`, and `decode(last_tokens (N, 1), memory, src_mask, cache) -> logits (N, 1, V)`
+(log-probabilities where its `capabilities.log_probs`, as an ensemble's: decode/ensemble.py;
+with `capabilities.candidates`, a shortlist's, it finds its continuations itself); the cache
 (model/cache.py) holds what each hypothesis has decoded (the Transformer's self-attention keys
 and values, the RNN's decoder state), one row per hypothesis, and what is computed from the
 encoder output, one row per sentence, computed at the first step and shared by the sentence's
 K beams: the search reorders the first (`reorder`) and selects the second (`select`).
 
-Every search decodes incrementally, and a sentence leaves the batch as soon as it is done, so
-the work shrinks as sentences end. Nothing depends on the other sentences of a batch: the
-maximum length (a * source tokens + b, EOS included) and the stopping test are per sentence,
+A search decodes a `SearchBatch` (request.py): the padded sources and each row's `Request`
+(a padded tensor alone is taken as sources with nothing asked of them). Every search decodes
+incrementally, and a sentence leaves the batch as soon as it is done, so the work shrinks as
+sentences end. Nothing depends on the other sentences of a batch: the maximum length (the
+request's own, else a * source tokens + b, EOS included) and the stopping test are per sentence,
 padding is masked, and sampling draws each sentence's random numbers from its own seed.
 PAD, UNK and BOS are never produced; at the maximum length only EOS is allowed. These rules,
 and those of the beam below, are written once in rules.py, which the static search
@@ -28,10 +31,9 @@ the best K that do not end become the next beam. When a sentence is done depends
 - "k_finished" (the default, as fairseq, and Hugging Face with early_stopping=True): once it
   has K finished hypotheses.
 - "exact": once no live hypothesis can still beat the n-th best finished one (n = nbest).
-  Log-probabilities only fall as a hypothesis grows, and lp grows with length, so a live
-  hypothesis of log-probability s can at best finish with s / lp(max length). The result is
-  then the one the beam would reach if every hypothesis ran to the maximum length.
 - "never": run to the maximum length (slow; the reference that "exact" is tested against).
+
+Both are rules of rules.py (`sentence_done`).
 
 Greedy search and sampling report score = log P(Y) (no length penalty: nothing is ranked).
 """
@@ -45,22 +47,22 @@ import torch
 from torch import Tensor
 
 from mtx.decode import rules
+from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
+from mtx.model.groups import Groups
+from mtx.model.interface import Decodable
 from mtx.tokens import BOS_ID, EOS_ID
 
-STOPPING = ("k_finished", "exact", "never")
+STOPPING = rules.STOPPING
 
 
-def max_lengths(src: Tensor, a: float, b: int, limit: int) -> list[int]:
-    """The longest output of each sentence of `src` (rules.max_lengths), on the host."""
-    return rules.max_lengths(rules.source_lengths(src), a, b, limit).tolist()
-
-
-def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[bool]) -> Tensor:
+def _log_probs(
+    model: Decodable, last: Tensor, memory, src_mask, cache, force_eos: list[bool]
+) -> Tensor:
     """(N, V) next-token log-probabilities of the N hypotheses whose last tokens are `last`
     (N, 1): PAD, UNK and BOS never; the rows where `force_eos` is True may only end."""
     out = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
-    lprobs = out if getattr(model, "gives_log_probs", False) else torch.log_softmax(out, dim=-1)
+    lprobs = out if model.capabilities.log_probs else torch.log_softmax(out, dim=-1)
     lprobs = rules.mask_never_produced(lprobs)
     if any(force_eos):
         lprobs = rules.only_eos(lprobs, torch.tensor(force_eos, device=lprobs.device))
@@ -68,12 +70,12 @@ def _log_probs(model, last: Tensor, memory, src_mask, cache, force_eos: list[boo
 
 
 def _continuations(
-    model, last: Tensor, memory, src_mask, cache, force_eos: list[bool], scores: Tensor
+    model: Decodable, last: Tensor, memory, src_mask, cache, force_eos: list[bool], scores: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The best 2K continuations of each sentence's K live beams of cumulative `scores`
     (B, K) whose last tokens are `last` (B * K, 1), as rules.top_candidates gives them;
     among its candidates only for a model with a lexical shortlist (shortlist.py)."""
-    if hasattr(model, "continuations"):
+    if model.capabilities.candidates:
         return model.continuations(last, memory, src_mask, cache, force_eos, scores)
     lprobs = _log_probs(model, last, memory, src_mask, cache, force_eos)
     return rules.top_candidates(scores, lprobs, scores.size(1))
@@ -116,19 +118,21 @@ def sentence_uniforms(seeds: list[list[int]], steps: int) -> Tensor:
 
 @torch.inference_mode()  # no autograd bookkeeping: cheaper small operations
 def greedy_search(
-    model,
-    src: Tensor,
+    model: Decodable,
+    batch: SearchBatch | Tensor | Groups,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     limit: int = 1024,
     sampling: Sampling | None = None,
     seeds: list[list[int]] | None = None,
 ) -> list[Hypothesis]:
-    """One hypothesis per sentence of `src` (B, S): the most probable token at every step, or
-    with `sampling` a token drawn at random, sentence i's draws seeded by `seeds[i]`."""
+    """One hypothesis per sentence of `batch` (B rows): the most probable token at every step,
+    or with `sampling` a token drawn at random, sentence i's draws seeded by `seeds[i]`."""
+    batch = SearchBatch.of(batch)
+    src = batch.src
     B0, device = src.size(0), src.device
     memory, src_mask = model.encode(src)
-    max_len = max_lengths(src, max_len_a, max_len_b, limit)
+    max_len = batch.max_lengths(max_len_a, max_len_b, limit)
     if sampling is not None:
         if seeds is None or len(seeds) != B0:
             raise ValueError("sampling needs one seed per sentence")
@@ -140,7 +144,7 @@ def greedy_search(
     out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
     for t in range(max(max_len)):
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive]
-        if sampling is None and hasattr(model, "continuations"):  # a shortlist's candidates
+        if sampling is None and model.capabilities.candidates:  # a shortlist's
             start = torch.zeros(len(alive), 1, device=device)
             top, _, best = _continuations(model, last, memory, src_mask, cache, force, start)
             tok, lp = best[:, 0], top[:, 0]
@@ -196,30 +200,10 @@ def note_finished(
         finished[alive[i]].append(Hypothesis(hyp, score, log_prob))
 
 
-def sentence_done(
-    fin: list[Hypothesis],
-    live_best: float,
-    longest: int,
-    K: int,
-    nbest: int,
-    alpha: float,
-    stopping: str,
-) -> bool:
-    """Whether a sentence's search may end (`stopping`, see STOPPING): K hypotheses have
-    ended, or no live one (best score `live_best` <= 0, at most `longest` tokens) can still
-    beat the nbest-th finished one."""
-    if stopping == "k_finished":
-        return rules.enough_finished(len(fin), K)
-    if stopping == "never" or len(fin) < nbest:
-        return False
-    nth = sorted((h.score for h in fin), reverse=True)[nbest - 1]
-    return nth >= live_best / rules.length_penalty(longest, alpha)  # live_best <= 0
-
-
 @torch.inference_mode()
 def beam_search(
-    model,
-    src: Tensor,
+    model: Decodable,
+    batch: SearchBatch | Tensor | Groups,
     beam: int = 4,
     alpha: float = 0.6,
     max_len_a: float = 1.0,
@@ -228,12 +212,14 @@ def beam_search(
     nbest: int = 1,
     stopping: str = "k_finished",
 ) -> list[list[Hypothesis]]:
-    """The `nbest` (at most `beam`) best hypotheses of each sentence of `src` (B, S), best first."""
-    if stopping not in STOPPING:
-        raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
-    K, B0, device = beam, src.size(0), src.device
+    """The `nbest` (at most `beam`) best hypotheses of each sentence of `batch` (B rows), best
+    first."""
+    rules.check_stopping(stopping)
+    batch = SearchBatch.of(batch)
+    src, K = batch.src, beam
+    B0, device = src.size(0), src.device
     memory, src_mask = model.encode(src)  # one row per sentence, not per beam
-    max_len = max_lengths(src, max_len_a, max_len_b, limit)
+    max_len = batch.max_lengths(max_len_a, max_len_b, limit)
     alive = list(range(B0))  # original index of each sentence still decoded
     cache = model.new_cache()
     tokens = torch.full((B0 * K, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t)
@@ -254,7 +240,7 @@ def beam_search(
         note_finished(finished, alive, host, rows, tokens, t + 1, alpha)
         done = [
             rules.at_limit(t + 1, max_len[b])
-            or sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
+            or rules.sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
             for i, b in enumerate(alive)
         ]
         if all(done):

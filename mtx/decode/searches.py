@@ -18,19 +18,19 @@ import torch
 
 from mtx.config import DecodeConfig
 from mtx.decode import rules
+from mtx.decode.request import Request, SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.decode.static import StaticSearch
-from mtx.decode.static import supports as supports_static
 from mtx.errors import MtxError
-from mtx.model.groups import Groups
+from mtx.model.interface import Decodable
 
 
 class Searches:
     """The searches of one model on one device; `__call__` runs the one `decode.*` names."""
 
-    def __init__(self, model, device: torch.device, vocabulary: str = "") -> None:
+    def __init__(self, model: Decodable, device: torch.device, vocabulary: str = "") -> None:
         """`vocabulary`: the SentencePiece model's shortlist.vocabulary_sha256 (what a
         shortlist must have been built with)."""
         self.model, self.device, self.vocabulary = model, device, vocabulary
@@ -40,47 +40,44 @@ class Searches:
     @property
     def limit(self) -> int:
         """The longest output the model takes, EOS included."""
-        return self.model.cfg.max_positions - 1
+        return self.model.max_positions - 1
 
-    def __call__(
-        self, src: torch.Tensor | Groups, d: DecodeConfig, nbest: int, lines: list[int]
-    ) -> list[list[Hypothesis]]:
-        """The `nbest` hypotheses of each sentence of `src` (B, S) or of a `Groups` batch, best
-        first; with sampling, `nbest` samples of each, `lines` giving each sentence's line
-        number (its seed)."""
+    def __call__(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
+        """The `nbest` hypotheses of each sentence of `batch` (batches.py), best first; with
+        sampling, `nbest` samples of each, seeded by each request's line number."""
         if d.sampling:
-            return self.sample(src, d, nbest, lines)
+            return self.sample(batch, d, nbest)
         static = self.static(d)
         if static is not None:
-            return static(src, nbest)
+            return static(batch, nbest)
         a, b, limit, model = d.max_len_a, d.max_len_b, self.limit, self.decoded(d)
         if d.beam == 1:
-            return [[h] for h in greedy_search(model, src, a, b, limit)]
-        return beam_search(model, src, d.beam, d.alpha, a, b, limit, nbest, d.stopping)
+            return [[h] for h in greedy_search(model, batch, a, b, limit)]
+        return beam_search(model, batch, d.beam, d.alpha, a, b, limit, nbest, d.stopping)
 
-    def decoded(self, d: DecodeConfig):
+    def decoded(self, d: DecodeConfig) -> Decodable:
         """What the shrinking search decodes: the model, or the model through the shortlist
         of `decode.shortlist` (loaded and checked the first time)."""
         if not d.shortlist:
             return self.model
         if d.shortlist not in self.shortlisted:
-            if not hasattr(self.model, "output_weight"):
+            if not self.model.capabilities.output_matrix:
                 raise MtxError("decode.shortlist takes one model, not an ensemble")
             shortlist = Shortlist.load(d.shortlist)
             shortlist.check(self.vocabulary, self.model.vocab_size, d.shortlist)
             self.shortlisted[d.shortlist] = Shortlisted(self.model, shortlist)
         return self.shortlisted[d.shortlist]
 
-    def sample(
-        self, src: torch.Tensor, d: DecodeConfig, nbest: int, lines: list[int]
-    ) -> list[list[Hypothesis]]:
-        """`nbest` samples of each sentence, the best first."""
-        seeds = [[d.seed, i, j] for i in lines for j in range(nbest)]
+    def sample(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
+        """`nbest` samples of each sentence, the best first: sample j of the request of line i
+        drawn from the seed (decode.seed, i, j)."""
+        seeds = [[d.seed, r.line, j] for r in batch.requests for j in range(nbest)]
+        requests: list[Request] = [r for r in batch.requests for _ in range(nbest)]
+        repeated = SearchBatch(batch.src.repeat_interleave(nbest, 0), requests)
         sampling = Sampling(d.temperature, d.top_k, d.top_p)
         hyps = greedy_search(
-            self.decoded(d), src.repeat_interleave(nbest, 0), d.max_len_a, d.max_len_b, self.limit,
-            sampling, seeds,
-        )  # fmt: skip
+            self.decoded(d), repeated, d.max_len_a, d.max_len_b, self.limit, sampling, seeds
+        )
         return [rules.best(hyps[i : i + nbest], nbest) for i in range(0, len(hyps), nbest)]
 
     def static(self, d: DecodeConfig) -> StaticSearch | None:
@@ -104,11 +101,13 @@ class Searches:
         return self.kept[key]
 
 
-def static_refusal(model, d: DecodeConfig, mode: str, device: torch.device) -> str | None:
+def static_refusal(
+    model: Decodable, d: DecodeConfig, mode: str, device: torch.device
+) -> str | None:
     """Why the static search cannot run with these decode settings (None: it can)."""
     if mode == "graphs" and device.type != "cuda":
         return f"CUDA graphs need a CUDA device, not {device.type}"
-    if not supports_static(model):
+    if not model.capabilities.static_cache:
         return f"{type(model).__name__} has no static cache (the Transformer alone has one)"
     if d.sampling:
         return "sampling runs in the shrinking search only"

@@ -33,7 +33,9 @@ from mtx.config import Config
 from mtx.decode import rules
 from mtx.errors import MtxError
 from mtx.files import atomic_write
+from mtx.model.base import EncoderDecoder
 from mtx.model.groups import Groups
+from mtx.model.interface import Capabilities, Lacks
 from mtx.model.packed import PackedLinear
 from mtx.model.rows import linear
 from mtx.tokens import EOS_ID, PAD_ID
@@ -243,9 +245,9 @@ def bucket_length(candidates: int) -> int:
     return max(64, 1 << (candidates - 1).bit_length())
 
 
-class Shortlisted:
-    """A model whose candidates are each sentence's shortlist (the search's model interface,
-    search.py): `continuations` finds the best continuations of beam and greedy search among
+class Shortlisted(Lacks):
+    """A model whose candidates are each sentence's shortlist (a `Decodable`,
+    model/interface.py, with `capabilities.candidates`): `continuations` finds the best continuations of beam and greedy search among
     them; `decode` gives the (N, V) log-probabilities that sampling draws from (-inf off the
     candidates).
 
@@ -259,13 +261,22 @@ class Shortlisted:
     (rules.top_candidates, bucket by bucket): a sentence's log-softmax and its choice of
     continuations run over the same values in the same places in any batch."""
 
-    gives_log_probs = True
-
-    def __init__(self, model, shortlist: Shortlist) -> None:
+    def __init__(self, model: EncoderDecoder, shortlist: Shortlist) -> None:
+        if not model.capabilities.output_matrix:
+            raise MtxError(f"a shortlist takes one model, not {type(model).__name__}")
         self.model, self.shortlist = model, shortlist
-        self.cfg, self.vocab_size = model.cfg, model.vocab_size
-        self.mixes_lengths = getattr(model, "mixes_lengths", False)
+        self.vocab_size = model.vocab_size
+        self.capabilities = Capabilities(
+            log_probs=True, mixed_lengths=model.capabilities.mixed_lengths, candidates=True
+        )
         self._sources: list[Tensor] = []
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.max_positions
+
+    def members(self) -> list[EncoderDecoder]:
+        return [self.model]
 
     def encode(self, src: Tensor | Groups):
         parts = src.parts if isinstance(src, Groups) else [src]
@@ -284,7 +295,7 @@ class Shortlisted:
             padded = torch.full((slots,), PAD_ID, dtype=torch.long)
             padded[: len(ids)] = ids
             sentences.append((columns.to(weight.device), padded.to(weight.device)))
-        packed = getattr(self.model, "packed_output", None)
+        packed = self.model.packed_output
         rows = weight.index_select(0, union.to(weight.device))
         project = _projection(rows, None if packed is None else packed.kind)
         allowed = rules.candidate_rules(self.vocab_size, weight.device)  # once a search

@@ -48,20 +48,16 @@ import torch
 from torch import Tensor
 
 from mtx.decode import rules
+from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.model.cache import StaticCache
+from mtx.model.interface import Decodable
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def rows_bucket(sentences: int) -> int:
     """The number of sentence rows a batch of `sentences` is padded up to: a power of two."""
     return 1 << max(sentences - 1, 0).bit_length()
-
-
-def supports(model) -> bool:
-    """Whether `model` can decode over a static cache (the Transformer; not an ensemble or
-    the RNN)."""
-    return hasattr(model, "new_static_cache")
 
 
 @dataclass
@@ -85,7 +81,7 @@ class State:
 class StaticSearch:
     def __init__(
         self,
-        model,
+        model: Decodable,
         beam: int = 4,
         alpha: float = 0.6,
         max_len_a: float = 1.0,
@@ -95,7 +91,7 @@ class StaticSearch:
         full: bool = True,
         check_every: int = 4,
     ) -> None:
-        if not supports(model):
+        if not model.capabilities.static_cache:
             raise ValueError(f"{type(model).__name__} has no static cache")
         if graphs and not full:
             raise ValueError("a CUDA graph needs the full cache (full=True)")
@@ -109,16 +105,18 @@ class StaticSearch:
         return rules.max_lengths(src_len, self.a, self.b, self.limit)
 
     @torch.inference_mode()
-    def __call__(self, src: Tensor, nbest: int = 1) -> list[list[Hypothesis]]:
-        """The `nbest` best hypotheses of each sentence of `src` (B, S), best first."""
-        B = src.size(0)
+    def __call__(self, batch: SearchBatch | Tensor, nbest: int = 1) -> list[list[Hypothesis]]:
+        """The `nbest` best hypotheses of each sentence of `batch` (B rows of one padded
+        length), best first."""
+        batch = SearchBatch.of(batch)
+        src, B = batch.src, batch.src.size(0)
         rows = rows_bucket(B)
         src = torch.cat([src, empty_sources(rows - B, src.size(1), src.device)])
         memory, src_mask = self.model.encode(src)
-        max_len = self.longest(rules.source_lengths(src))
-        max_len[B:] = 1  # padding sentences end at once
+        mine = batch.max_lengths(self.a, self.b, self.limit)
+        max_len = torch.tensor(mine + [1] * (rows - B), device=src.device)  # padding: 1 step
         steps = int(max_len.max())
-        L = self.longest(src.size(1) - 1)
+        L = max(self.longest(src.size(1) - 1), *mine)  # the cache's length: the padded one's
         key = (rows, src.size(1), self.K, memory.dtype)
         state = self.graphs.state(key) if self.graphs else None
         if state is None:

@@ -31,8 +31,9 @@ import torch
 from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.decode.batches import batch_sources, source_batches
+from mtx.decode.batches import request_batches
 from mtx.decode.ensemble import Ensemble
+from mtx.decode.request import Request, SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.decode.searches import Searches
 from mtx.decode.shortlist import vocabulary_sha256
@@ -41,8 +42,9 @@ from mtx.decode.stream import chunks
 from mtx.device import auto_dtype, pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
-from mtx.model.build import Model, load_model
+from mtx.model.build import load_model
 from mtx.model.groups import Groups
+from mtx.model.interface import Decodable
 from mtx.tokens import BOS_ID, encode_line
 
 # int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
@@ -68,7 +70,7 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
 class Translator:
     def __init__(
         self,
-        model: Model | Ensemble,
+        model: Decodable,
         cfg: Config,
         spm_proto: bytes,
         device: str = "auto",
@@ -170,7 +172,13 @@ class Translator:
 
     def _encode(self, line: str) -> list[int]:
         prefix = [self.tags[self.tgt_lang]] if self.tags else None
-        return encode_line(self.sp, line, self.model.cfg.max_positions, prefix)
+        return encode_line(self.sp, line, self.model.max_positions, prefix)
+
+    def request(self, line: str, number: int = 0, max_len: int | None = None) -> Request:
+        """What translating `line`, numbered `number` in its input (its samples' seed), asks
+        of a search (request.py); `max_len` its own longest output, EOS included."""
+        self.check_language()
+        return Request(tuple(self._encode(line)), number, max_len)
 
     def check_nbest(self, nbest: int) -> None:
         d = self.cfg.decode
@@ -180,14 +188,17 @@ class Translator:
             raise MtxError(f"--nbest {nbest} needs a beam of at least {nbest} (or sampling)")
 
     def search(
-        self, src: torch.Tensor | Groups, nbest: int = 1, lines: list[int] | None = None
+        self,
+        src: SearchBatch | torch.Tensor | Groups,
+        nbest: int = 1,
+        lines: list[int] | None = None,
     ) -> list[list[Hypothesis]]:
-        """The `nbest` hypotheses of each sentence of `src` (B, S), or of several padded
-        lengths (`Groups`, for a model that `mixes_lengths`), best first; with sampling,
-        `nbest` samples of each, `lines` giving each sentence's line number (its seed)."""
+        """The `nbest` hypotheses of each sentence of a `SearchBatch`, or of padded sources
+        `src` (B, S) or of several padded lengths (`Groups`, for a model with
+        `capabilities.mixed_lengths`), best first; with sampling, `nbest` samples of each,
+        seeded by each sentence's line number (`lines` for padded sources)."""
         self.check_nbest(nbest)
-        lines = list(range(src.size(0))) if lines is None else lines
-        return self.searches(src, self.cfg.decode, nbest, lines)
+        return self.searches(SearchBatch.of(src, lines), self.cfg.decode, nbest)
 
     def static_search(self) -> StaticSearch | None:
         """The static search `decode.search` asks for, or None for the shrinking one."""
@@ -205,20 +216,25 @@ class Translator:
     def _translate_ids(
         self, lines: list[str], nbest: int, first_line: int
     ) -> list[list[Hypothesis]]:
-        return self.translate_encoded([self._encode(line) for line in lines], nbest, first_line)
+        requests = [Request(tuple(self._encode(x)), first_line + i) for i, x in enumerate(lines)]
+        return self.translate_requests(requests, nbest)
 
     def translate_encoded(
         self, ids: list[list[int]], nbest: int = 1, first_line: int = 0
     ) -> list[list[Hypothesis]]:
-        """`translate_ids` of sources encoded already (`encode`): sorted by length into
-        batches of `decode.batch_tokens` padded source tokens, searched, in input order."""
-        out: list[list[Hypothesis]] = [[] for _ in ids]
-        lengths, limit = [len(x) for x in ids], self.model.cfg.max_positions
-        mix = getattr(self.model, "mixes_lengths", False) and self.static_search() is None
-        for batch in source_batches(lengths, self.cfg.decode.batch_tokens, limit, mix):
-            src, rows = batch_sources(ids, batch, self.device)
-            numbers = [first_line + i for i in rows]
-            for i, hyps in zip(rows, self.searches(src, self.cfg.decode, nbest, numbers)):
+        """`translate_ids` of sources encoded already (`encode`)."""
+        requests = [Request(tuple(x), first_line + i) for i, x in enumerate(ids)]
+        return self.translate_requests(requests, nbest)
+
+    def translate_requests(self, requests: list[Request], nbest: int = 1) -> list[list[Hypothesis]]:
+        """The hypotheses of each request (`request`), in order: sorted by source length into
+        batches of `decode.batch_tokens` padded source tokens (batches.py), searched."""
+        self.check_nbest(nbest)
+        out: list[list[Hypothesis]] = [[] for _ in requests]
+        d, limit = self.cfg.decode, self.model.max_positions
+        mix = self.model.capabilities.mixed_lengths and self.static_search() is None
+        for batch, rows in request_batches(requests, d.batch_tokens, self.device, limit, mix):
+            for i, hyps in zip(rows, self.searches(batch, d, nbest)):
                 out[i] = hyps
         return out
 

@@ -1,20 +1,32 @@
 """What every architecture shares: `forward` (what the trainer calls) and the pre-softmax
 projection that shares the embedding matrix (paper section 3.4). A model class that
-subclasses `EncoderDecoder` has `encode`, `decode`, `embed` (its nn.Embedding), `vocab_size`
-and `packed_output` (see `pack`)."""
+subclasses `EncoderDecoder` has `encode`, `decode`, `embed` (its nn.Embedding), `vocab_size`,
+`cfg` (its ModelConfig) and `packed_output` (see `pack`), and declares its `capabilities`: it
+is a `Decodable` (model/interface.py)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from mtx.model.interface import Capabilities
 from mtx.model.packed import Packable, PackedLinear, available
 from mtx.model.rows import linear
 
 
 class EncoderDecoder:
+    capabilities: Capabilities
     # Each part (config.PARTS, what train.freeze names): the prefixes of its parameter names.
     PARTS: dict[str, tuple[str, ...]] = {}
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the model takes (model.max_positions)."""
+        return self.cfg.max_positions
+
+    def members(self) -> list[EncoderDecoder]:
+        """The single models it decodes with: itself."""
+        return [self]
 
     def freeze(self, parts: list[str]) -> int:
         """Stop gradients to the parameters of `parts`; returns how many were frozen."""

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.base import EncoderDecoder
 from mtx.model.cache import RecurrentState
+from mtx.model.interface import Capabilities, Lacks
 from mtx.model.packed import PackedLinear
 from mtx.model.rnn_attention import RecurrentAttention
 from mtx.model.rows import linear, sigmoid
@@ -123,7 +124,8 @@ class BidirectionalLayer(nn.Module):
         return torch.cat(outputs, dim=-1)
 
 
-class RNN(EncoderDecoder, nn.Module):
+class RNN(EncoderDecoder, Lacks, nn.Module):
+    capabilities = Capabilities(output_matrix=True, attention=True)
     PARTS = {
         "embeddings": ("embed.",),  # shared by both sides and the output layer
         "encoder": ("encoder_layers.",),

@@ -27,6 +27,7 @@ from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.cache import GrowingCache, StaticCache
 from mtx.model.groups import Groups
+from mtx.model.interface import Capabilities, Lacks
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
@@ -34,8 +35,11 @@ from mtx.model.ssru import SSRU
 from mtx.tokens import PAD_ID
 
 
-class Transformer(EncoderDecoder, nn.Module):
-    mixes_lengths = True  # encode and decode take `Groups` of sources (model/groups.py)
+class Transformer(EncoderDecoder, Lacks, nn.Module):
+    # encode and decode take `Groups` of sources (model/groups.py); a static cache
+    capabilities = Capabilities(
+        mixed_lengths=True, static_cache=True, output_matrix=True, attention=True
+    )
     PARTS = {
         "embeddings": ("embed.", "position_embed."),  # the shared embedding is the output layer
         "encoder": ("encoder_layers.", "encoder_norm."),

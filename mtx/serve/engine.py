@@ -5,7 +5,7 @@ An engine takes a list of texts and the request's choices (beam, n-best) and ret
 Each engine lives in a decoding process of its own (workers.py), fed by one batcher worker
 (batcher.py) one batch at a time, so it needs no locking.
 
-`MtxEngine` is `Translator.translate_ids`: the same search, settings and batch independence as
+`MtxEngine` is `Translator.translate_requests`, a request per text: the same search, settings and batch independence as
 `mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
 else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
 faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
@@ -32,7 +32,7 @@ class MtxEngine:
     def __init__(self, translator: Translator) -> None:
         self.translator = translator
         self.cfg = translator.cfg
-        self.single_model = not hasattr(translator.model, "models")  # an Ensemble has models
+        self.single_model = translator.model.capabilities.attention  # not an Ensemble
         self._by_beam: dict[int, Translator] = {}
 
     def length(self, text: str) -> int:
@@ -48,14 +48,17 @@ class MtxEngine:
         if beam not in self._by_beam:
             self._by_beam[beam] = self.translator.with_decode(beam=beam)
         tr = self._by_beam[beam].into(tgt_lang)
+        # each text is line 0 of its own input: with decode.sampling its samples are seeded
+        # alike in any batch (a position in the batch would make them depend on it)
+        requests = [tr.request(text, 0) for text in texts]
         out = []
-        for text, hyps in zip(texts, tr.translate_ids(texts, nbest)):
+        for request, hyps in zip(requests, tr.translate_requests(requests, nbest)):
             out.append(
                 Result(
                     texts=[tr.detokenize(h.tokens) for h in hyps],
                     scores=[float(h.score) for h in hyps],
                     ids=list(hyps[0].tokens),
-                    tokens_in=len(tr.encode(text)),
+                    tokens_in=len(request.source),
                 )
             )
         return out
@@ -126,7 +129,7 @@ def ct2_options(tr: Translator, pieces: list[list[str]], beam: int, nbest: int) 
     """CTranslate2's options for a batch of source pieces, by mtx's rules (decode/rules.py):
     the longest output of the batch's longest source (CTranslate2 counts no EOS), the tokens
     never produced, decode.alpha as its length penalty."""
-    d, limit = tr.cfg.decode, tr.model.cfg.max_positions - 1
+    d, limit = tr.cfg.decode, tr.model.max_positions - 1
     longest = rules.max_lengths(max(len(p) for p in pieces), d.max_len_a, d.max_len_b, limit)
     return {
         "beam_size": beam,
@@ -160,12 +163,12 @@ def describe_engine(
     from mtx.model.transformer import count_parameters
 
     tr = engine.translator
-    models = getattr(tr.model, "models", [tr.model])  # an Ensemble's, in --checkpoint order
+    models = tr.model.members()  # an Ensemble's, in --checkpoint order
     return About(
         engine=engine.name,
         cfg=engine.cfg,
         spm_proto=tr.sp.serialized_model_proto(),
-        max_positions=tr.model.cfg.max_positions,  # what Translator.encode cuts sources to
+        max_positions=tr.model.max_positions,  # what Translator.encode cuts sources to
         single_model=engine.single_model,
         device=tr.device.type,
         checkpoints=[

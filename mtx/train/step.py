@@ -28,6 +28,7 @@ import torch
 from mtx.config import Config
 from mtx.data.batching import Batch
 from mtx.device import auto_dtype
+from mtx.model.base import EncoderDecoder
 from mtx.tokens import PAD_ID
 from mtx.train import compiled
 from mtx.train.loss import label_smoothed_nll, output_loss
@@ -152,7 +153,7 @@ def train_step(
     processes, so each scales its loss by world / ntokens: the sum is the gradient of the
     update's per-token loss, as one process with all the batches would compute it.
     """
-    if hasattr(loss_model, "output_weight"):  # a bare model
+    if isinstance(loss_model, EncoderDecoder):  # a bare model
         loss_model = LossModel(loss_model, cfg.train.label_smoothing)
     lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
     for group in optimizer.param_groups:

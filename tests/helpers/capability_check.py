@@ -164,7 +164,7 @@ def batchings(model, name: str, pack) -> tuple[list[str], int]:
                     if run(src[rows]) != [together[i] for i in rows]:
                         bad.append(f"{name}, {kind}, {search}: {label} {rows}")
                         break
-            if getattr(model, "mixes_lengths", False):  # several source lengths at once
+            if model.capabilities.mixed_lengths:  # several source lengths at once
                 checked += 1
                 alone = [run(own[i])[0] for i in order]
                 if run(mixed) != alone:

@@ -1,0 +1,71 @@
+"""What one sentence asks of a search (`Request`), and a batch of them as a search reads it
+(`SearchBatch`).
+
+Every entry point (`mtx translate` and corpus translation through the Translator, the server's
+engine, distillation) turns each input line into a `Request`; batches.py is the one place that
+sorts requests into batches and pads their sources into a `SearchBatch`; every search reads
+each row's request from it. A sentence's output depends on its own request alone: nothing in a
+request is read across rows.
+
+A request holds the source as the model reads it, its line number (the seed of its samples)
+and, if it has one, its own length limit. What a caller may add per sentence (a target prefix,
+constraints) is added here, as a field of `Request`, and read by the searches from the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from mtx.decode import rules
+from mtx.model.groups import Groups
+from mtx.tokens import PAD_ID
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sentence to translate."""
+
+    source: tuple[int, ...]  # source ids as the model reads them: its tag first, EOS last
+    line: int = 0  # its line number in the input: the seed of its samples
+    max_len: int | None = None  # its longest output, EOS included; None: decode.max_len_a/b's
+
+    def longest(self, a: float, b: int, limit: int) -> int:
+        """Its longest output, EOS included: its own `max_len`, else a * source tokens (EOS
+        excluded) + b (rules.max_lengths); never over `limit`, the model's."""
+        if self.max_len is not None:
+            return max(1, min(self.max_len, limit))
+        return rules.max_lengths(len(self.source) - 1, a, b, limit)
+
+
+@dataclass
+class SearchBatch:
+    """A batch as a search reads it: the padded sources (B, S) or a `Groups` of several padded
+    lengths (model/groups.py), and the request of each row, in order."""
+
+    src: Tensor | Groups
+    requests: list[Request]
+
+    def __post_init__(self) -> None:
+        if len(self.requests) != self.src.size(0):
+            raise ValueError(f"{len(self.requests)} requests for {self.src.size(0)} rows")
+
+    @classmethod
+    def of(cls, src: Tensor | Groups | SearchBatch, lines: list[int] | None = None) -> SearchBatch:
+        """A batch of padded sources with nothing asked of them but their line numbers
+        (`lines`, else 0, 1, ...): what tests and benchmarks decode."""
+        if isinstance(src, SearchBatch):
+            return src
+        parts = src.parts if isinstance(src, Groups) else [src]
+        rows = [tuple(r[r != PAD_ID].tolist()) for part in parts for r in part.cpu()]
+        lines = list(range(len(rows))) if lines is None else lines
+        return cls(src, [Request(ids, line) for ids, line in zip(rows, lines, strict=True)])
+
+    def max_lengths(self, a: float, b: int, limit: int) -> list[int]:
+        """Each row's longest output, EOS included (`Request.longest`)."""
+        return [r.longest(a, b, limit) for r in self.requests]
+
+    @property
+    def lines(self) -> list[int]:
+        return [r.line for r in self.requests]

@@ -1,0 +1,111 @@
+"""What a search decodes: the `Decodable` interface, declared once.
+
+Every search (decode/search.py, decode/static.py), the Translator, the scorer and the server
+decode a `Decodable` and read what it can do from its `capabilities`, never by probing it for
+methods (tests/test_architecture.py finds any `hasattr`/`getattr` of these names). Four kinds
+implement it: the Transformer (model/transformer.py), the RNN (model/rnn.py), an ensemble of
+either (decode/ensemble.py) and a model seen through its lexical shortlist
+(decode/shortlist.py).
+
+Shape legend: N hypothesis rows, S source length, T decoder inputs, V vocabulary, d width.
+
+- `encode(src)`: (B, S) source ids -> (memory, source mask), one row per sentence; a model
+  whose `capabilities.mixed_lengths` also takes a `Groups` of sources (model/groups.py).
+- `new_cache()`: what incremental decoding keeps between steps (model/cache.py), one row per
+  hypothesis for what it has decoded, one per sentence for what comes from the encoder.
+- `decode(tgt_in, memory, src_mask, cache)`: (N, T) inputs -> (N, T, V) logits, or
+  log-probabilities where `capabilities.log_probs`; with a cache, only the new positions.
+- `new_static_cache(...)`, `fill_memory(...)`: a cache allocated once and written in place,
+  what the static search replays (`capabilities.static_cache`).
+- `continuations(...)`: the best 2K continuations of each sentence's K beams found among the
+  model's own candidates (`capabilities.candidates`: a lexical shortlist).
+- `output_weight()`: the (V, d) pre-softmax projection a shortlist takes
+  (`capabilities.output_matrix`: one model, not an ensemble).
+- `cross_attention_modules()`: the encoder-decoder attention to show
+  (`capabilities.attention`).
+- `members()`: the single models it decodes with, in order (itself, or an ensemble's).
+
+A capability a kind lacks is a method that refuses in one line (`Lacks`), so that a caller who
+did not read the capability gets an error naming the model, not an AttributeError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from mtx.errors import MtxError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a `Decodable` can do beyond encode, decode and a growing cache."""
+
+    log_probs: bool = False  # decode() gives normalised log-probabilities, not logits
+    mixed_lengths: bool = False  # encode() and decode() take a Groups of source lengths
+    static_cache: bool = False  # new_static_cache() and fill_memory(): the static search
+    candidates: bool = False  # continuations(): searches among its own candidates
+    output_matrix: bool = False  # output_weight(): one pre-softmax projection (a shortlist's)
+    attention: bool = False  # cross_attention_modules(): one attention to show
+
+
+@runtime_checkable
+class Decodable(Protocol):
+    """The model interface of every search; see the module's docstring."""
+
+    capabilities: Capabilities
+    vocab_size: int
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence (source, or output with BOS) the model takes."""
+        ...
+
+    def members(self) -> list[Any]: ...
+
+    def encode(self, src: Any) -> tuple[Any, Any]: ...
+
+    def decode(self, tgt_in: Tensor, memory: Any, src_mask: Any, cache: Any = None) -> Tensor: ...
+
+    def new_cache(self) -> Any: ...
+
+    def new_static_cache(self, rows: int, length: int, full: bool, like: Tensor) -> Any: ...
+
+    def fill_memory(self, cache: Any, memory: Tensor) -> None: ...
+
+    def continuations(
+        self, last: Tensor, memory: Any, src_mask: Any, cache: Any, force_eos: list[bool],
+        scores: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]: ...  # fmt: skip
+
+    def output_weight(self) -> Tensor: ...
+
+    def cross_attention_modules(self) -> list[Any]: ...
+
+
+class Lacks:
+    """The methods of the capabilities a kind lacks, each refusing in one line. A class
+    lists this after the classes that implement what it has."""
+
+    def _lacks(self, what: str) -> MtxError:
+        return MtxError(f"{type(self).__name__} has no {what}")
+
+    def new_static_cache(self, rows: int, length: int, full: bool, like: Tensor) -> Any:
+        raise self._lacks("static cache (the static search decodes the Transformer alone)")
+
+    def fill_memory(self, cache: Any, memory: Tensor) -> None:
+        raise self._lacks("static cache (the static search decodes the Transformer alone)")
+
+    def continuations(
+        self, last: Tensor, memory: Any, src_mask: Any, cache: Any, force_eos: list[bool],
+        scores: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        raise self._lacks("candidates of its own (a lexical shortlist has)")
+
+    def output_weight(self) -> Tensor:
+        raise self._lacks("single output matrix")
+
+    def cross_attention_modules(self) -> list[Any]:
+        raise self._lacks("single attention to show")
