@@ -12,6 +12,7 @@ from mtx import corpora
 from mtx.checkpoint import Checkpoint
 from mtx.config import PARTS, Config, DataConfig, ModelConfig, load_config
 from mtx.model.build import make_model
+from mtx.model.decoder_self import decoder_self
 from mtx.model.flops import forward_flops, training_flops_per_token
 from mtx.model.transformer import count_parameters
 
@@ -144,5 +145,5 @@ def architecture(m: ModelConfig) -> str:
         f"d_model {m.d_model}, d_ff {m.d_ff}{decoder_ff}, {m.n_heads} heads, shared embeddings, "
         f"{m.positions} positions"
         + (f" (distances clipped at {m.max_relative_position})" if relative else "")
-        + (", SSRU decoder layers" if m.decoder_self == "ssru" else "")
+        + (f", {kind.description}" if (kind := decoder_self(m)).description else "")
     )

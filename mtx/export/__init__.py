@@ -24,14 +24,34 @@ from pathlib import Path
 
 from mtx import __version__, corpora
 from mtx.checkpoint import Checkpoint
+from mtx.config import ModelConfig
 from mtx.errors import MtxError
 from mtx.files import sha256_file
 from mtx.model.build import checkpoint_model
+from mtx.model.decoder_self import decoder_self
 
 FORMATS = ("hf", "ctranslate2")
 
 
 PAPER_ARCHITECTURE = {"arch": "transformer", "norm": "post", "positions": "sinusoidal"}
+
+
+def refusal(m: ModelConfig, fmt: str) -> str | None:
+    """Why format `fmt` cannot hold a model of `m` (None: it can)."""
+    arch = {k: getattr(m, k) for k in PAPER_ARCHITECTURE}
+    if arch != PAPER_ARCHITECTURE:
+        found = ", ".join(f"model.{k}={v}" for k, v in arch.items())
+        return (
+            "export supports the paper's Transformer only (post-norm, sinusoidal positions); "
+            f"this model has {found}"
+        )
+    kind = decoder_self(m)  # model/decoder_self.py
+    if fmt not in kind.exports:
+        return (
+            f"--format {fmt} has no {kind.label} decoder layer (model.decoder_self="
+            f"{m.decoder_self}); mtx translate and mtx serve run this model"
+        )
+    return None
 
 
 def export(
@@ -45,18 +65,9 @@ def export(
         raise MtxError(f"{output} already exists: remove it or choose another --output")
     ckpt = Checkpoint.load(path)
     cfg = ckpt.settings()
-    arch = {k: getattr(cfg.model, k) for k in PAPER_ARCHITECTURE}
-    if arch != PAPER_ARCHITECTURE:
-        found = ", ".join(f"model.{k}={v}" for k, v in arch.items())
-        raise MtxError(
-            f"{path}: export supports the paper's Transformer only (post-norm, sinusoidal "
-            f"positions); this model has {found}"
-        )
-    if cfg.model.decoder_self != "attention":
-        raise MtxError(
-            f"{path}: --format {fmt} has no SSRU decoder layer (model.decoder_self="
-            f"{cfg.model.decoder_self}); mtx translate and mtx serve run this model"
-        )
+    why = refusal(cfg.model, fmt)
+    if why:
+        raise MtxError(f"{path}: {why}")
     model, spm_proto = checkpoint_model(ckpt, cfg, path), ckpt.spm_model
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -182,7 +182,7 @@ class StaticLayer:
 class StaticCache:
     """A Transformer decoder's cache allocated once for a whole search: per layer, the
     self-attention keys and values (N, H, L, d_k), written in place at `position` (a () long
-    tensor on the device), or with `ssru_width` d an SSRU's cell (N, d, float32 as its
+    tensor on the device), or with `cell_width` d a recurrence's (an SSRU's) cell (N, d, float32 as its
     recurrence), and the encoder output's keys and values, written before the first step. A
     step's shapes then depend only on its window (below), and it touches the same memory
     every time, so that a CUDA graph can replay it (decode/static.py).
@@ -204,7 +204,7 @@ class StaticCache:
         d_k: int,
         full: bool,
         like: Tensor,
-        ssru_width: int = 0,
+        cell_width: int = 0,
     ) -> None:
         kw = {"dtype": like.dtype, "device": like.device}
         self.size, self.full = length, full
@@ -212,13 +212,13 @@ class StaticCache:
         self.slots = torch.arange(length, device=like.device)
         self.visible = self.slots == 0  # (L,) True at the positions written so far
         self.window_length = 1  # positions the current step reads (a host int)
-        kept = 0 if ssru_width else length  # an SSRU keeps no keys and values
+        kept = 0 if cell_width else length  # a recurrence (an SSRU) keeps no keys and values
         self.layers = [
             StaticLayer(
                 self,
                 torch.zeros(rows, H, kept, d_k, **kw),
                 torch.zeros(rows, H, kept, d_k, **kw),
-                torch.zeros(rows, ssru_width, device=like.device) if ssru_width else None,
+                torch.zeros(rows, cell_width, device=like.device) if cell_width else None,
             )
             for _ in range(layers)
         ]

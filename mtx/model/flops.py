@@ -8,6 +8,7 @@ Training costs 3x the forward pass (forward, and a backward of twice its cost).
 from __future__ import annotations
 
 from mtx.config import ModelConfig
+from mtx.model.decoder_self import decoder_self
 from mtx.model.rnn import GATES
 
 
@@ -24,12 +25,8 @@ def forward_flops(cfg: ModelConfig, vocab_size: int, src_len: int, tgt_len: int)
         + 2 * 2 * S * R * d  # relative positions
         + 2 * 2 * d * f * S  # feed-forward
     )
-    if cfg.decoder_self == "ssru":
-        self_part = 2 * 2 * d * d * T  # the gate's and the input's products (model/ssru.py)
-    else:
-        self_part = 4 * 2 * d * d * T + 2 * 2 * T * T * d + 2 * 2 * T * R * d
     decoder = cfg.decoder_layers * (
-        self_part
+        decoder_self(cfg).flops(cfg, T, R)  # model/decoder_self.py
         + 2 * 2 * d * d * T  # cross-attention: q and output projections
         + 2 * 2 * d * d * S  # its k, v of the encoder output
         + 2 * 2 * T * S * d  # its scores and weighted sums

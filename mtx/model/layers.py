@@ -20,8 +20,9 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.cache import LayerCache
+from mtx.model.decoder_self import decoder_self
 from mtx.model.packed import Packable
-from mtx.model.ssru import SSRU
+from mtx.model.positions import relative_distance
 
 
 class FeedForward(Packable, nn.Module):
@@ -49,10 +50,6 @@ class FeedForward(Packable, nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.project("fc2", self.project("fc1", x))
-
-
-def relative_distance(cfg: ModelConfig) -> int | None:
-    return cfg.max_relative_position if cfg.positions == "relative" else None
 
 
 def residual(x: Tensor, f, norm: nn.LayerNorm, dropout: nn.Dropout, pre: bool) -> Tensor:
@@ -94,14 +91,9 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ssru = cfg.decoder_self == "ssru"
-        if self.ssru:
-            self.self_attn = SSRU(cfg.d_model, cfg.init)
-        else:
-            self.self_attn = MultiHeadAttention(
-                cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-                max_relative_position=relative_distance(cfg), init=cfg.init,
-            )  # fmt: skip
+        kind = decoder_self(cfg)  # model/decoder_self.py: the paper's attention, an SSRU, ...
+        self.recurrent = kind.recurrent
+        self.self_attn = kind.build(cfg)
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.cross_attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True, init=cfg.init
@@ -123,10 +115,10 @@ class DecoderLayer(nn.Module):
 
         With `cache` (incremental decoding): `x` holds only the newest position(s); keys and
         values of earlier positions are read from, and the new ones appended to, `cache`, and
-        the cross-attention keys/values of `memory` are computed once and kept there. An SSRU
-        continues from the cell kept there instead.
+        the cross-attention keys/values of `memory` are computed once and kept there. A
+        recurrent self-sublayer (an SSRU) continues from the cell kept there instead.
         """
-        if self.ssru:
+        if self.recurrent:
             mask, causal = None, False  # a recurrence is causal by construction
         elif cache is None:
             mask, causal = None, True
@@ -137,7 +129,7 @@ class DecoderLayer(nn.Module):
             causal = False
 
         def self_attention(h: Tensor) -> Tensor:
-            if self.ssru:
+            if self.recurrent:
                 return self.self_attn(h, cache)
             return self.self_attn(h, mask=mask, causal=causal, cache=cache)
 

@@ -13,6 +13,13 @@ import math
 import torch
 from torch import Tensor
 
+from mtx.config import ModelConfig
+
+
+def relative_distance(cfg: ModelConfig) -> int | None:
+    """The largest distance relative positions tell apart (None: no relative positions)."""
+    return cfg.max_relative_position if cfg.positions == "relative" else None
+
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
     """(max_len, d_model) float32 table; row `pos` is the encoding of position `pos`."""

@@ -26,12 +26,12 @@ from mtx.config import ModelConfig
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.cache import GrowingCache, StaticCache
+from mtx.model.decoder_self import decoder_self
 from mtx.model.groups import Groups
 from mtx.model.interface import Capabilities, Lacks
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import sinusoidal_table
-from mtx.model.ssru import SSRU
 from mtx.tokens import PAD_ID
 
 
@@ -84,8 +84,12 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
             self.embed.weight[PAD_ID].zero_()
         if self.position_embed is not None:
             nn.init.normal_(self.position_embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+        # each decoder layer's self-sublayer whatever its kind (model/decoder_self.py)
+        own = {id(layer.self_attn) for layer in self.decoder_layers}
         for module in self.modules():
-            if isinstance(module, (MultiHeadAttention, FeedForward, SSRU, nn.LayerNorm)):
+            if isinstance(module, (MultiHeadAttention, FeedForward, nn.LayerNorm)) or (
+                id(module) in own
+            ):
                 module.reset_parameters()
 
     def embed_tokens(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
@@ -167,9 +171,9 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         """A cache of `length` positions for `rows` hypotheses, allocated once (dtype and
         device of `like`): see StaticCache."""
         H, d_k = self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        ssru_width = self.cfg.d_model if self.cfg.decoder_self == "ssru" else 0
-        layers = len(self.decoder_layers)
-        return StaticCache(layers, rows, H, length, d_k, full, like, ssru_width)
+        kind = decoder_self(self.cfg)  # a recurrent kind keeps a cell, not keys and values
+        width = kind.state_width(self.cfg) if kind.recurrent else 0
+        return StaticCache(len(self.decoder_layers), rows, H, length, d_k, full, like, width)
 
     def fill_memory(self, cache: StaticCache, memory: Tensor) -> None:
         """Compute the cross-attention keys and values of `memory` (B, S, d) into `cache`, in
