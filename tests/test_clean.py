@@ -29,15 +29,13 @@ from mtx.data.clean import (
 )
 from mtx.data.langid import TOGETHER, LanguageId, code
 
-OFF = Rules(False, False, 1.0, 0.0, False, 0.0, "en", "de")
+OFF = Rules.off("en", "de")
 CLEAN = ("A man rides a red bike down the street.", "Ein Mann fährt mit einem roten Fahrrad die Straße hinunter.")  # fmt: skip
 
 
 def only(**on) -> Rules:
     """The rules with only those named on."""
-    values = dict(nontext=False, markup=False, max_nonletters=1.0, copy=0.0, numbers=False,
-                  langid=0.0, src_lang="en", tgt_lang="de")  # fmt: skip
-    return Rules(**(values | on))
+    return OFF.replace(**on)
 
 
 _LID = LanguageId()  # loaded once (about 0.3 s): hypothesis's examples share it

@@ -12,8 +12,9 @@ import pytest
 from conftest import BOTH_WAYS, ROOT, run_config
 from helpers.common import invoke, mtx, write_pair
 
-from mtx.config import load_config
-from mtx.data.filtering import Dropped, dual_filter, table, take
+from mtx.config import CleanConfig, load_config
+from mtx.data.clean import PAIR_RULES, Rule, Rules
+from mtx.data.filtering import Dropped, dual_filter, order, table, take
 from mtx.data.prepare import prepare
 from mtx.decode.dual import DualCrossEntropy, cross_entropies
 from mtx.decode.score import Scorer
@@ -101,6 +102,46 @@ def test_each_rule_drops_its_pair_and_every_drop_is_accounted_for(tmp_path):
     assert rows[0] == ["train", "valid"]
     assert [r[0] for r in rows[1:11]] == ["read", *(why for _, _, why in NOISE), "kept"]
     assert rows[1] == ["read", str(len(pairs)), str(len(CLEAN))]
+
+
+def test_a_rule_registered_in_the_table_drops_counts_and_is_ordered(tmp_path):
+    """A made-up rule, added to clean.py's PAIR_RULES alone (its setting declared nowhere
+    else: at its default), drops its pair in prepare, counted in the manifest, dropped.tsv
+    and the printed table, in its place among the rules."""
+    shouting = Rule("shouting", "shouting", True, False,
+                    lambda on, s, t, n: t.isupper(), "a target in capitals")  # fmt: skip
+    before_copy = next(i for i, r in enumerate(PAIR_RULES) if r.name == "copy")
+    PAIR_RULES.insert(before_copy, shouting)  # registered: the table is the one place
+    try:
+        prepared_with_a_shouting_pair(tmp_path)
+    finally:
+        PAIR_RULES.remove(shouting)
+    assert "shouting" not in order()
+
+
+def prepared_with_a_shouting_pair(tmp_path):
+    prefix, pairs = corpus(tmp_path)
+    src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
+    src.insert(2, "Two cats sleep.")
+    tgt.insert(2, "ZWEI KATZEN SCHLAFEN.")
+    write_pair(prefix, src, tgt)
+    logged = []
+    prepare(config(tmp_path, "run", prefix), log=logged.append)
+    manifest = json.loads((tmp_path / "run/prepared/manifest.json").read_text())
+    assert manifest["splits"]["train"]["dropped"]["shouting"] == 1
+    assert ["train", "en-de", "3", "shouting"] in [r[:4] for r in dropped_rows(tmp_path / "run")]
+    start = logged.index("pairs dropped, by rule (every one in dropped.tsv):")
+    labels = [line.split()[0] for line in logged[start + 2 : start + 13]]
+    assert labels.index("nonletters") < labels.index("shouting") < labels.index("copy")
+    assert Rules.off().replace(shouting=True).reason("Hi.", "HALLO.") == "shouting"
+
+
+def test_each_built_in_rule_s_setting_is_declared_with_its_default():
+    clean_config = CleanConfig()
+    for rule in PAIR_RULES:
+        assert getattr(clean_config, rule.setting) == rule.default, rule.name
+        assert rule.name in order()
+    assert Rules.of(clean_config, "en", "de") == Rules("en", "de")
 
 
 def test_every_rule_can_be_turned_off(tmp_path):

@@ -34,12 +34,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mtx.bench.harness import describe_machine, result
 from mtx.checkpoint import Manifest, RunDir
-from mtx.data.clean import BATCH, Duplicates, Rules, normalise, pair_key
+from mtx.data.clean import BATCH, PAIR_RULES, Duplicates, Rules, normalise, pair_key
 from mtx.errors import MtxError
 
 BOILERPLATE = [
@@ -173,18 +173,11 @@ def rule_costs(pairs: list[tuple[str, str]]) -> dict[str, float]:
     """Seconds per million pairs of each rule alone, and of them all, on one core."""
     from mtx.data.langid import LanguageId
 
-    on = Rules(src_lang="de", tgt_lang="en")  # every rule at its default
-    off = Rules(False, False, 1.0, 0.0, False, 0.0, "de", "en")
-    fields = {
-        "nontext": "nontext",
-        "markup": "markup",
-        "nonletters": "max_nonletters",
-        "copy": "copy",
-        "numbers": "numbers",
-        "langid": "langid",
-    }  # rule -> its setting
-    alone = {rule: replace(off, **{f: getattr(on, f)}) for rule, f in fields.items()}  # fmt: skip
-    alone |= {"all but langid": replace(on, langid=0.0), "all": on}
+    on = Rules("de", "en")  # every rule at its default
+    off = Rules.off("de", "en")
+    alone = {r.name: off.replace(**{r.setting: r.default}) for r in PAIR_RULES}
+    alone |= {"langid": off.replace(langid=on.langid)}
+    alone |= {"all but langid": on.replace(langid=0.0), "all": on}
     lid, costs = LanguageId(), {}
     batches = [list(zip(*pairs[i : i + BATCH])) for i in range(0, len(pairs), BATCH)]
     for name, rules in {"none": off, **alone}.items():

@@ -2,7 +2,7 @@
 drop counted by its reason.
 
 Whitespace is stripped and collapsed on every side of every split first. Then each training
-pair meets the rules below in this order, and the first that fires is its reason (a pair is
+pair meets the rules below in this order (the per-pair ones are the table PAIR_RULES), and the first that fires is its reason (a pair is
 dropped, and counted, once):
 
     empty       a side is empty (validation pairs too)
@@ -36,7 +36,9 @@ import re
 import sys
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -178,18 +180,81 @@ def numbers(text: str) -> Counter[str]:
     )
 
 
-@dataclass(frozen=True)
-class Rules:
-    """The per-pair rules of the training split, as data.clean sets them (0 or False: off)."""
+def _nonletters(limit: float, src: str, tgt: str, norm) -> bool:
+    return nonletter_share(src) > limit or nonletter_share(tgt) > limit
 
-    nontext: bool = True
-    markup: bool = True
-    max_nonletters: float = 0.5
-    copy: float = 0.9
-    numbers: bool = True
-    langid: float = 0.5
-    src_lang: str = ""
-    tgt_lang: str = ""
+
+def _copy(share: float, src: str, tgt: str, norm) -> bool:
+    return copy_share(*(norm or (normalise(src), normalise(tgt)))) >= share
+
+
+def _numbers(on: bool, src: str, tgt: str, norm) -> bool:
+    return bool(_DIGIT.search(src) or _DIGIT.search(tgt)) and numbers(src) != numbers(tgt)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A per-pair rule: the reason it gives, its data.clean setting (its default, and the
+    value that turns it off) and whether it drops a pair (whitespace collapsed, neither side
+    empty; `norm` the pair normalised, or None to compute it if needed)."""
+
+    name: str  # the reason written for the pairs it drops (dropped.tsv, the manifest, the table)
+    setting: str  # its key under data.clean
+    default: Any  # as config.py's CleanConfig declares it (tests/test_filtering.py checks)
+    off: Any  # the setting's value that turns the rule off
+    fires: Callable[[Any, str, str, tuple[str, str] | None], bool]  # (setting, src, tgt, norm)
+    drops: str  # what it drops, in a few words (docs/data.md's table, `mtx prepare --help`)
+
+
+# The per-pair rules, in the order they meet a pair (the first that fires is its reason): the
+# one table that Rules and the order of reasons (data/filtering.py's `order`) read; a rule
+# added here runs in prepare at its default (settable once CleanConfig declares its key).
+PAIR_RULES: list[Rule] = [
+    Rule("nontext", "nontext", True, False,
+         lambda on, s, t, n: has_nontext(s) or has_nontext(t),
+         "control, replacement, private-use or unassigned characters"),
+    Rule("markup", "markup", True, False, lambda on, s, t, n: markup_reason(s, t),
+         "HTML entities, tags that do not nest, or different tags on the two sides"),
+    Rule("nonletters", "max_nonletters", 0.5, 1.0, _nonletters,
+         "a side with more than this share of non-letters (spaces aside)"),
+    Rule("copy", "copy", 0.9, 0.0, _copy, "a target that copies the source's words"),
+    Rule("numbers", "numbers", True, False, _numbers, "different numbers on the two sides"),
+]  # fmt: skip
+LANGID_DEFAULT = 0.5  # data.clean.langid's: the rule after PAIR_RULES, batched (langid.py)
+
+
+class Rules:
+    """The per-pair rules of the training split as data.clean sets them: each of PAIR_RULES
+    by its setting's name (at its default unless given), then the langid rule (0: off)."""
+
+    def __init__(
+        self, src_lang: str = "", tgt_lang: str = "", langid: float = LANGID_DEFAULT, **settings
+    ) -> None:
+        known = {r.setting for r in PAIR_RULES}
+        if set(settings) - known:
+            raise TypeError(f"no cleaning rule has the setting(s) {sorted(set(settings) - known)}")
+        self.src_lang, self.tgt_lang, self.langid = src_lang, tgt_lang, langid
+        self.settings = {r.setting: settings.get(r.setting, r.default) for r in PAIR_RULES}
+
+    @classmethod
+    def of(cls, clean, src_lang: str, tgt_lang: str) -> Rules:
+        """The rules a `CleanConfig` (data.clean) sets; a rule it declares no setting for
+        stays at its default."""
+        values = {r.setting: getattr(clean, r.setting, r.default) for r in PAIR_RULES}
+        return cls(src_lang, tgt_lang, clean.langid, **values)
+
+    @classmethod
+    def off(cls, src_lang: str = "", tgt_lang: str = "") -> Rules:
+        """Every rule off."""
+        return cls(src_lang, tgt_lang, 0.0, **{r.setting: r.off for r in PAIR_RULES})
+
+    def replace(self, **changes) -> Rules:
+        """These rules with some settings (or langid, the languages) changed."""
+        values = {"src_lang": self.src_lang, "tgt_lang": self.tgt_lang, "langid": self.langid}
+        return Rules(**(values | self.settings | changes))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rules) and vars(self) == vars(other)
 
     def reason(self, src: str, tgt: str, lid=None, norm: tuple[str, str] | None = None) -> str:
         """Why the pair (whitespace collapsed, neither side empty) is dropped, or ""; `lid`
@@ -207,7 +272,10 @@ class Rules:
         """`reason` of each pair: the rules pair by pair, then the langid rule on the pairs
         that pass them, their sides identified together (the same answers, faster)."""
         norms = norms or [None] * len(src)
-        out = [self._text_reason(s, t, n) for s, t, n in zip(src, tgt, norms)]
+        on = [
+            (r, self.settings[r.setting]) for r in PAIR_RULES if self.settings[r.setting] != r.off
+        ]
+        out = [_text_reason(on, s, t, n) for s, t, n in zip(src, tgt, norms)]
         if self.langid and lid is not None:
             rest = [i for i, r in enumerate(out) if not r]
             other_src = lid.others([src[i] for i in rest], self.src_lang, self.langid)
@@ -216,25 +284,13 @@ class Rules:
                 out[i] = "langid" if a or b else ""
         return out
 
-    def _text_reason(self, src: str, tgt: str, norm: tuple[str, str] | None) -> str:
-        """Why the pair is dropped by a rule other than langid, or "" (ORDER's order)."""
-        if self.nontext and (has_nontext(src) or has_nontext(tgt)):
-            return "nontext"
-        if self.markup and markup_reason(src, tgt):
-            return "markup"
-        if self.max_nonletters < 1 and (
-            nonletter_share(src) > self.max_nonletters or nonletter_share(tgt) > self.max_nonletters
-        ):
-            return "nonletters"
-        if self.copy and copy_share(*(norm or (normalise(src), normalise(tgt)))) >= self.copy:
-            return "copy"
-        if (
-            self.numbers
-            and (_DIGIT.search(src) or _DIGIT.search(tgt))
-            and (numbers(src) != numbers(tgt))
-        ):
-            return "numbers"
-        return ""
+
+def _text_reason(on: list[tuple[Rule, Any]], src: str, tgt: str, norm) -> str:
+    """The first of the rules `on` (with their settings) that drops the pair, or ""."""
+    for rule, value in on:
+        if rule.fires(value, src, tgt, norm):
+            return rule.name
+    return ""
 
 
 class PairCleaner:

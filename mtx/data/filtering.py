@@ -28,6 +28,7 @@ from mtx.data import lexical
 from mtx.data.clean import (
     BATCH,
     LENGTH_REASONS,
+    PAIR_RULES,
     Duplicates,
     PairCleaner,
     Rules,
@@ -37,8 +38,13 @@ from mtx.data.clean import (
 # (sources, targets, src_lang, tgt_lang) -> each pair's dual conditional cross-entropy score
 DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
 TAKE_BLOCK = 100_000  # rows `take` gathers at a time
-ORDER = ("empty", "nontext", "markup", "nonletters", "copy", "numbers", "langid", "duplicate",
-         "lexical", "dual", "too_long", "ratio")  # fmt: skip
+
+
+def order() -> tuple[str, ...]:
+    """Every reason a pair is dropped for, in the order the rules meet it: the per-pair rules
+    of clean.py's table (PAIR_RULES), then the stages of this module."""
+    rules = (r.name for r in PAIR_RULES)
+    return ("empty", *rules, "langid", "duplicate", "lexical", "dual", "too_long", "ratio")
 
 
 class Dropped:
@@ -86,8 +92,7 @@ def rules(d: DataConfig, src_lang: str, tgt_lang: str, log) -> Rules:
         for lang in (src_lang, tgt_lang):
             if not lid.knows(lang):
                 log(f"data.clean.langid: py3langid does not know {lang!r}; its side is not checked")
-    return Rules(c.nontext, c.markup, c.max_nonletters, c.copy, c.numbers, c.langid,
-                 src_lang, tgt_lang)  # fmt: skip
+    return Rules.of(c, src_lang, tgt_lang)
 
 
 def clean_part(
@@ -254,8 +259,9 @@ def report(splits: dict, log) -> None:
 def table(dropped: dict[str, Counter], kept: dict[str, int]) -> list[str]:
     """The lines of the table `mtx prepare` prints: pairs dropped by each rule, per split."""
     splits = list(dropped)
-    reasons = [r for r in ORDER if any(dropped[s][r] for s in splits)]
-    reasons += sorted({r for s in splits for r in dropped[s]} - set(ORDER) - {"read"})
+    known = order()
+    reasons = [r for r in known if any(dropped[s][r] for s in splits)]
+    reasons += sorted({r for s in splits for r in dropped[s]} - set(known) - {"read"})
     width = max([len(r) for r in reasons] + [8])
     lines = [f"{'':{width}}" + "".join(f"{s:>10}" for s in splits)]
     for label in ["read", *reasons]:
