@@ -203,7 +203,7 @@ class Rule:
     default: Any  # as config.py's CleanConfig declares it (tests/test_filtering.py checks)
     off: Any  # the setting's value that turns the rule off
     fires: Callable[[Any, str, str, tuple[str, str] | None], bool]  # (setting, src, tgt, norm)
-    drops: str  # what it drops, in a few words (docs/data.md's table, `mtx prepare --help`)
+    drops: str  # what it drops, in a few words
 
 
 # The per-pair rules, in the order they meet a pair (the first that fires is its reason): the
