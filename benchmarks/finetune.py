@@ -51,7 +51,7 @@ def cut(data: Path) -> None:
 def corpora(data: Path, without_old: bool) -> list[dict]:
     """configs/finetune.yaml's corpora, its paths pointed at `data` and the real Multi30k."""
     text = CONFIG.read_text().replace("runs/finetune/data", str(data))
-    entries = yaml.safe_load(text.replace("../shared/data/multi30k", str(M30K)))["data"]["corpora"]
+    entries = yaml.safe_load(text.replace("data/multi30k", str(M30K)))["data"]["corpora"]
     if without_old:  # the old data's validation set stays: forgetting shows while it trains
         entries[0]["valid"] = [f"new={entries[0]['valid'][0]}", f"old={M30K}/val"]
         return entries[:1]

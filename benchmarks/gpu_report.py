@@ -4,7 +4,7 @@
         [--minutes 3] [--variants eager,compiled,...] [--train-variant eager] [--smoke]
 
 DIR holds Multi30k's plain-text files (train.en, train.de, val.*, test2016.*, test2017.*; a
-copy of ../shared/data/multi30k, which does not travel to a lent GPU machine). The parts, in
+copy of data/multi30k, which does not travel to a lent GPU machine). The parts, in
 this order (gpu_parts.py):
 
 - prepare  `mtx prepare` of Multi30k (every other part reads it)

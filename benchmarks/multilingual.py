@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from mtx.bench.harness import ROOT, mtx, result, timed
 
-M30K = ROOT.parent / "shared" / "data" / "multi30k"
+M30K = Path(os.environ.get("M30K", ROOT / "data" / "multi30k"))  # mtx fetch multi30k
 # configs/multi30k.yaml's vocabulary, lengths and batches, and a model a CPU trains in
 # minutes: d_model 128, 2+2 layers, fairseq's few-update Multi30k recipe scaled down
 SMALL = [

@@ -4,7 +4,7 @@ seeds, and print the training and validation loss curves (in bits, as fairseq pr
 the test2016 sacreBLEU of each seed's last checkpoint.
 
     python -m benchmarks.per_update [--updates 568] [--seeds 1 2 3] [--jobs 1] [--device cpu]
-        [--set key=value ...] [--data ../shared/data/multi30k] [--out runs/per-update]
+        [--set key=value ...] [--data data/multi30k] [--out runs/per-update]
 
 The data are prepared once (joint SentencePiece BPE 8k) and copied into each seed's run. The
 settings (SETTINGS below): d_model 256, 3+3 layers, 4 heads, d_ff 1024, dropout 0.1, shared
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--set", action="append", default=[])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/multi30k")
+    parser.add_argument("--data", type=Path, default=ROOT / "data/multi30k")
     parser.add_argument("--out", type=Path, default=ROOT / "runs/per-update")
     parser.add_argument("--ablate", action="append", default=[], choices=sorted(ABLATIONS))
     parser.add_argument("--json", type=Path, help="also write the results here")

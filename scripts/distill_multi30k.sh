@@ -19,8 +19,9 @@
 # decoding race of the teacher and the student on test2016.
 set -euo pipefail
 WORK=${WORK:-runs/distill}
-M30K=${M30K:-../shared/data/multi30k}
+M30K=${M30K:-data/multi30k}
 MTX=${MTX:-python -m mtx}
+[ -f "$M30K/train.en" ] || $MTX fetch multi30k --output "$M30K"  # once: needs the network
 TEACHER_STEPS=${TEACHER_STEPS:-800}
 STUDENT_CONFIG=${STUDENT_CONFIG:-configs/multi30k-student.yaml}
 STUDENT_STEPS=${STUDENT_STEPS:-800}

@@ -13,8 +13,9 @@
 # `python -m benchmarks.finetune` compares this run with others (BENCHMARKS.md).
 set -euo pipefail
 WORK=runs/finetune
-M30K=${M30K:-../shared/data/multi30k}
+M30K=${M30K:-data/multi30k}
 MTX=${MTX:-python -m mtx}
+[ -f "$M30K/train.en" ] || $MTX fetch multi30k --output "$M30K"  # once: needs the network
 mkdir -p "$WORK/data"
 for l in en de; do
   head -n 400 "$M30K/test2017.$l" > "$WORK/data/ft_train.$l"

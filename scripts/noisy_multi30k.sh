@@ -26,8 +26,9 @@
 # resumed. Prints the rules' table, then one JSON line of test2016 scores per run.
 set -euo pipefail
 WORK=${WORK:-runs/noisy}
-M30K=${M30K:-../shared/data/multi30k}
+M30K=${M30K:-data/multi30k}
 MTX=${MTX:-python -m mtx}
+[ -f "$M30K/train.en" ] || $MTX fetch multi30k --output "$M30K"  # once: needs the network
 STEPS=${STEPS:-800}
 WARMUP=${WARMUP:-500}
 MAX_TOKENS=${MAX_TOKENS:-4096}

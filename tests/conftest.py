@@ -120,6 +120,9 @@ def toy_run(tmp_path_factory):
 
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+# the benchmarks read Multi30k from $M30K (default data/multi30k, `mtx fetch multi30k`): here,
+# the local copy
+os.environ["M30K"] = str(MULTI30K)
 
 
 @pytest.fixture(scope="session")

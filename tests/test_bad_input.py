@@ -133,6 +133,24 @@ def test_a_hub_dataset_while_offline_says_it_is_the_network(tmp_path, monkeypatc
     assert_one_line_error(result, "'hf:wmt/wmt14:de-en'", "network", "local files")
 
 
+def test_an_unreachable_hub_fails_at_once_and_leaves_no_run_folder(tmp_path, monkeypatch):
+    """No retries: the hub is tried once (one connection), and the run folder a failed
+    prepare made is gone."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+
+    def never(*args, **kwargs):
+        raise AssertionError("datasets was asked, and would have retried")
+
+    monkeypatch.setattr(sources.datasets, "load_dataset", never)
+    run = tmp_path / "runs" / "base"
+    values = [*corpus(tmp_path, "none"), "data.train=hf:wmt/wmt14:de-en", f"run_dir={run}"]
+    result = invoke("prepare", "--config", ROOT / "configs/base.yaml", *sets(values))
+    assert_one_line_error(result, "'hf:wmt/wmt14:de-en'", "cannot reach http://127.0.0.1:9")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_unusable_run_dir_is_a_one_line_error(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     values = corpus(tmp_path, "none") + [f"run_dir={tmp_path / 'file' / 'run'}"]

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import yaml
+from conftest import MULTI30K
 
 from benchmarks import finetune, multilingual, sampling
 from mtx import corpora
@@ -16,9 +17,7 @@ def test_the_fine_tuning_runs_are_configs_finetune_yaml_with_one_change(tmp_path
     alone = finetune.corpora(tmp_path / "data", without_old=True)
     shipped = yaml.safe_load(finetune.CONFIG.read_text())["data"]["corpora"]
     assert [c["name"] for c in mixed] == [c["name"] for c in shipped] == ["new", "old"]
-    assert (
-        mixed[1]["weight"] == shipped[1]["weight"] and str(multilingual.M30K) in mixed[1]["train"]
-    )
+    assert mixed[1]["weight"] == shipped[1]["weight"] and str(MULTI30K) in mixed[1]["train"]
     assert mixed[0]["train"] == f"{tmp_path / 'data'}/ft_train"
     for entries in (mixed, alone):
         cfg = load_config(finetune.CONFIG, [f"data.corpora={json.dumps(entries)}"])

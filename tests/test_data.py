@@ -2,6 +2,7 @@ import hashlib
 import json
 import pickle
 import re
+import socket
 
 import datasets
 import pyarrow as pa
@@ -79,7 +80,18 @@ def test_local_file_errors_name_the_file(tmp_path):
         sources.load_split(str(tmp_path / "u"), "en", "de", "train", tmp_path / "cache")
 
 
-def test_hub_spec_is_parsed_and_translation_column_mapped(monkeypatch, tmp_path):
+@pytest.fixture
+def hub(monkeypatch):
+    """A hub endpoint that answers connections: a socket listening on 127.0.0.1."""
+    server = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    yield
+    server.close()
+
+
+def test_hub_spec_is_parsed_and_translation_column_mapped(monkeypatch, tmp_path, hub):
     calls = []
 
     def fake_load_dataset(name, config, split):
@@ -96,7 +108,7 @@ def test_hub_spec_is_parsed_and_translation_column_mapped(monkeypatch, tmp_path)
     assert calls[-1] == ("wmt/wmt14", "de-en", "test")
 
 
-def test_hub_dataset_with_language_columns(monkeypatch, tmp_path):
+def test_hub_dataset_with_language_columns(monkeypatch, tmp_path, hub):
     monkeypatch.setattr(
         sources.datasets,
         "load_dataset",

@@ -1,6 +1,6 @@
 """`mtx bench clean`: the cleaning rules of `mtx prepare` on a corpus whose noise is known.
 
-    mtx bench clean --out runs/noisy/noisy [--data ../shared/data/multi30k]
+    mtx bench clean --out runs/noisy/noisy [--data data/multi30k]
                     [--third train.fr --third train.cs] [--noise 0.333] [--seed 1]
                     [--run-dir runs/noisy/check] [--set KEY=VALUE ...] [--json FILE]
 
@@ -60,7 +60,7 @@ KINDS = ("third", "copy", "misaligned", "boilerplate", "debris")
 @dataclass
 class Options:
     out: Path
-    data: Path = Path("../shared/data/multi30k")
+    data: Path = Path("data/multi30k")
     third: list[Path] = field(default_factory=list)
     noise: float = 1 / 3
     seed: int = 1

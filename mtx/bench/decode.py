@@ -1,7 +1,7 @@
 """Decoding speed race: mtx against Hugging Face MarianMT and CTranslate2 on the same weights.
 
     mtx bench decode --checkpoint RUN/checkpoints/best.pt [--checkpoint OTHER.pt] \
-        --src ../shared/data/multi30k/test2016.en [--ref ...test2016.de] [--batch 32] \
+        --src data/multi30k/test2016.en [--ref ...test2016.de] [--batch 32] \
         [--beam 4 --beam 1] [--threads 2] [--device cpu] [--dtype fp32] [--lines N] \
         [--rounds 2] [--stopping k_finished|exact] [--engines mtx,hf,...] [--json]
 

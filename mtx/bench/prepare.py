@@ -2,7 +2,7 @@
 of each stage and the peak memory.
 
     mtx bench prepare [--pairs 4500000] [--workers 1@1,1,2] [--work /tmp/bench_prepare]
-                      [--sample-every 2] [--data ../shared/data/multi30k]
+                      [--sample-every 2] [--data data/multi30k]
                       [--config configs/base.yaml] [--set KEY=VALUE ...] [--json FILE]
 
 The corpus is built from Multi30k's training pairs (--data), joining 2 or 3 pairs picked at
@@ -114,7 +114,7 @@ class Options:
     pairs: int = 4_500_000  # pairs of the corpus built from --data
     workers: list[str] = field(default_factory=lambda: ["1@1", "1", "2"])  # W, or W@C cores
     work: Path = Path("/tmp/bench_prepare")  # the corpus and the run directories
-    data: Path = Path("../shared/data/multi30k")  # Multi30k's plain-text files
+    data: Path = Path("data/multi30k")  # Multi30k's plain-text files
     config: Path = Path("configs/base.yaml")  # what `mtx prepare` runs with
     sample_every: float = 2.0  # seconds between memory samples
     json: Path | None = None  # also write the JSON result here

@@ -2,7 +2,7 @@
 on the same lines, and whether the model tells real pairs from shuffled ones.
 
     mtx bench score --checkpoint RUN/checkpoints/best.pt \
-        --src ../shared/data/multi30k/test2016.en [--tgt ...test2016.de] [--beam 4 --beam 1] \
+        --src data/multi30k/test2016.en [--tgt ...test2016.de] [--beam 4 --beam 1] \
         [--lines N] [--threads 2] [--device cpu] [--rounds 3] [--json]
 
 In one process, on the same lines: scoring the (source, reference) pairs, then translating the

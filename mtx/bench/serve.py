@@ -1,6 +1,6 @@
 """`mtx bench serve`: a load test of `mtx serve` on 127.0.0.1, against the batch CLI.
 
-    mtx bench serve --checkpoint CKPT --src ../shared/data/multi30k/test2016.en
+    mtx bench serve --checkpoint CKPT --src data/multi30k/test2016.en
 
 1. `mtx translate`'s search on the whole file in one process (Translator.translate, the CLI's
    code, after a warm-up, timed by the harness): sentences/s and target tokens/s.

@@ -1,5 +1,5 @@
 """The `mtx` command line. Each command parses its options, loads the config and calls one
-function: data.py (`prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
+function: data.py (`fetch`, `prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
 `export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`,
 `shortlist`), bench.py
 (`mtx bench ...`). The app and what they share are in app.py; the commands are registered
@@ -13,6 +13,7 @@ from mtx.cli.decoding import read_lines
 __all__ = ["app", "main", "read_lines"]
 
 for command in (
+    data.fetch,
     data.prepare,
     training.train,
     decoding.serve,

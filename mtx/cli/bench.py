@@ -217,7 +217,7 @@ def bench_prepare(
         "/tmp/bench_prepare"
     ),
     data: Annotated[Path, typer.Option(help="Multi30k's plain-text files.")] = Path(
-        "../shared/data/multi30k"
+        "data/multi30k"
     ),
     config: Annotated[Path, typer.Option(help="The config `mtx prepare` runs with.")] = Path(
         "configs/base.yaml"
@@ -243,7 +243,7 @@ def bench_clean(
         Path, typer.Option(help="Prefix of the noisy corpus written: OUT.de/.en/.kind.")
     ],
     data: Annotated[Path, typer.Option(help="Multi30k's plain-text files.")] = Path(
-        "../shared/data/multi30k"
+        "data/multi30k"
     ),
     third: Annotated[
         list[Path] | None,

@@ -10,6 +10,23 @@ import typer
 from mtx.cli.app import ConfigOpt, SetOpt, fail, load, log, run
 
 
+def fetch(
+    name: Annotated[str, typer.Argument(help="The corpus: multi30k.")],
+    output: Annotated[
+        Path | None, typer.Option(help="The folder to write (default: data/NAME).")
+    ] = None,
+    base: Annotated[
+        str | None, typer.Option(help="Another address for its files (a mirror).")
+    ] = None,
+) -> None:
+    """Download a public corpus (checked by SHA-256) into plain-text files that configs read."""
+    from mtx.data.fetch import fetch as do_fetch
+
+    folder = output or Path("data") / name
+    paths = run(do_fetch, name, folder, base, log=log)
+    log(f"{name}: {len(paths)} files in {folder}")
+
+
 def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
     """Load, clean, learn SentencePiece BPE and encode the data into RUN/prepared."""
     from mtx.data.prepare import prepare as do_prepare

@@ -180,6 +180,7 @@ def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
     tmp = final.with_name("prepared.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
+    made = [p for p in reversed(tmp.parents) if not p.exists()]  # removed again if it fails
     tmp.mkdir(parents=True)
     try:
         dropped = Dropped(PreparedFiles(tmp).dropped)
@@ -194,6 +195,9 @@ def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+            for folder in reversed(made):  # a failed prepare leaves no empty run folder
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
     log(
         f"prepared data in {final} (vocabulary {manifest.vocab_size}, "
         f"{manifest.splits['train'].kept} training pairs)"

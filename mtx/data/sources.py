@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import socket
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -137,8 +139,28 @@ def parse_hub_spec(spec: str, default_split: str) -> tuple[str, str | None, str]
     return name, config, split
 
 
+def hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached (None: it can, or HF_HUB_OFFLINE /
+    HF_DATASETS_OFFLINE say to use the local cache): one connection, no retries."""
+    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
+        return None
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+    except OSError as e:
+        return f"cannot reach {url.scheme}://{url.netloc} ({e.strerror or e})"
+    return None
+
+
 def load_hub(spec: str, src_lang: str, tgt_lang: str, default_split: str) -> datasets.Dataset:
     name, config, split = parse_hub_spec(spec, default_split)
+    why = hub_unreachable()
+    if why:  # at once: datasets would retry for half a minute before failing
+        raise MtxError(
+            f"hub dataset {spec!r}: {why}; it needs the network (or HF_DATASETS_OFFLINE=1 to "
+            "use a copy in the local cache); without it, point data.train / data.valid / "
+            "data.test at local files (a prefix P of P.SRC and P.TGT)"
+        )
     try:
         ds = datasets.load_dataset(name, config, split=split)
     except (ConnectionError, OSError, TimeoutError) as e:
