@@ -20,7 +20,7 @@ FLOORS = [
     {"checkpoint": ["mtx.checkpoint"]},
     {"model": ["mtx.model"], "data": ["mtx.data"], "evaluate": ["mtx.evaluate"]},
     {"decode": ["mtx.decode"]},
-    {"train": ["mtx.train"], "export": ["mtx.export"], "info": ["mtx.info"]},
+    {"train": ["mtx.train"], "export": ["mtx.export"], "info": ["mtx.info"], "jobs": ["mtx.jobs"]},
     {"serve": ["mtx.serve"], "plot": ["mtx.plot"]},
     {"bench": ["mtx.bench"]},
     {"cli": ["mtx.cli", "mtx.__main__"]},

@@ -1,4 +1,4 @@
-"""mtx distill (decode/distill.py): the teacher's translations, scored, the worst fraction
+"""mtx distill (jobs/distill.py): the teacher's translations, scored, the worst fraction
 dropped, the rest written as a corpus, with the counts and the threshold."""
 
 import json
@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from mtx.data import toy
-from mtx.decode.distill import closest, kept_lines, read_nbest
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.evaluate import SENTENCE_METRICS, sentence_metric
+from mtx.jobs.distill import closest, kept_lines, read_nbest
 
 LINES = 120
 

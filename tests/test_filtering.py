@@ -1,7 +1,7 @@
 """`mtx prepare`'s cleaning as a user meets it (mtx/data/filtering.py): each rule's drops
 counted in the manifest and the printed table, every dropped pair written once with its
 reason and line, the same result for any number of workers, and the dual cross-entropy
-filter (mtx/decode/dual.py)."""
+filter (mtx/jobs/dual.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from mtx.config import CleanConfig, load_config
 from mtx.data.clean import PAIR_RULES, Rule, Rules
 from mtx.data.filtering import Dropped, dual_filter, order, table, take
 from mtx.data.prepare import prepare
-from mtx.decode.dual import DualCrossEntropy, cross_entropies
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
+from mtx.jobs.dual import DualCrossEntropy
 from mtx.train.trainer import train
 
 TOY = ROOT / "configs" / "toy.yaml"
@@ -213,8 +213,8 @@ def test_the_dual_score_is_junczys_dowmunts_formula(both_ways):
     sources = ["the dog sleeps.", "the child sees the beautiful bread.", "x"]
     targets = ["der hund schläft.", "das kind sieht das schöne brot.", "das kind"]
     tr = Translator.from_checkpoint(both_ways, device="cpu")
-    forward = cross_entropies(Scorer(tr.into("de")), sources, targets)
-    backward = cross_entropies(Scorer(tr.into("en")), targets, sources)
+    forward = Scorer(tr.into("de")).cross_entropies(sources, targets)
+    backward = Scorer(tr.into("en")).cross_entropies(targets, sources)
     for f, b, pair in zip(forward, backward, zip(sources, targets)):
         fwd = Scorer(tr.into("de")).score([pair[0]], [pair[1]])[0]
         assert f == pytest.approx(-fwd.total / fwd.tokens)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from mtx.decode import score
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
 from mtx.tokens import EOS_ID
@@ -121,6 +122,20 @@ def test_a_target_longer_than_the_model_takes_is_refused_with_its_line(multi30k_
     long = " ".join(["Hund"] * (scorer.limit + 5))
     with pytest.raises(Exception, match="line 2: the target has"):
         scorer.score(["a", "b"], ["ein", long])
+
+
+def test_cross_entropies_score_a_too_long_target_inf_and_chunk_alike(multi30k_run, monkeypatch):
+    """Scorer.cross_entropies, the one scoring API of distillation and dual filtering: a
+    target longer than the model takes is +inf (never an error); chunks change nothing."""
+    scorer = Scorer(translator(multi30k_run))
+    long = " ".join(["Hund"] * (scorer.limit + 5))
+    src, tgt = ["a man", "two dogs", "a cat"], ["ein Mann", long, "eine Katze"]
+    xent = scorer.cross_entropies(src, tgt)
+    assert xent[1] == float("inf")
+    assert xent[0] == -scorer.score([src[0]], [tgt[0]])[0].mean
+    assert xent[2] == -scorer.score([src[2]], [tgt[2]])[0].mean
+    monkeypatch.setattr(score, "CHUNK", 1)
+    assert scorer.cross_entropies(src, tgt) == xent
 
 
 def test_mtx_bench_score_times_scoring_beside_translating(multi30k_run):

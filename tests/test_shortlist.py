@@ -8,10 +8,12 @@ import torch
 from helpers.common import invoke, mtx
 
 from mtx.data import toy
-from mtx.decode import rules, shortlist
-from mtx.decode.shortlist import Shortlist, bucket_length, build, vocabulary_sha256
+from mtx.decode import rules
+from mtx.decode.shortlist import Shortlist, bucket_length, vocabulary_sha256
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
+from mtx.jobs import shortlist as shortlist_jobs
+from mtx.jobs.shortlist import build
 from mtx.model.build import load_model
 from mtx.tokens import EOS_ID
 
@@ -35,7 +37,7 @@ def test_counting_in_chunks_gives_the_same_shortlist(monkeypatch):
     rng = np.random.default_rng(0)
     pairs = [(rng.integers(4, 60, 7).tolist(), rng.integers(4, 60, 9).tolist()) for _ in range(50)]
     whole = build(iter(pairs), 60, 5, 4, "v")
-    monkeypatch.setattr(shortlist, "CHUNK", 7)
+    monkeypatch.setattr(shortlist_jobs, "CHUNK", 7)
     chunked = build(iter(pairs), 60, 5, 4, "v")
     assert np.array_equal(whole.top, chunked.top)
     assert np.array_equal(whole.frequent, chunked.frequent)

@@ -34,7 +34,7 @@ def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
     cfg = load(config, set)
     dual = None
     if cfg.data.clean.dual_forward:  # its models loaded (or refused) before any work
-        from mtx.decode.dual import DualCrossEntropy
+        from mtx.jobs.dual import DualCrossEntropy
 
         dual = run(DualCrossEntropy, cfg.data.clean)
         run(dual.check, cfg.data)

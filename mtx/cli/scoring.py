@@ -1,5 +1,5 @@
 """`mtx score`: the log-probability a model gives each (source, target) pair (decode/score.py);
-`mtx distill`: a teacher's translations of a corpus, scored and filtered (decode/distill.py);
+`mtx distill`: a teacher's translations of a corpus, scored and filtered (jobs/distill.py);
 `mtx shortlist`: a lexical shortlist from a run's prepared data (decode/shortlist.py)."""
 
 from __future__ import annotations
@@ -136,13 +136,12 @@ def distill(
     its reference), scores its translations and drops the --drop-worst fraction of highest
     cross-entropy; DIR/distilled.SRC and DIR/distilled.TGT are a corpus for `mtx prepare`
     (data.train: DIR/distilled), DIR/distill.json the counts and the threshold."""
-    from mtx.decode.distill import Selection, check_selection
-    from mtx.decode.distill import distill as run_distill
+    from mtx.jobs.distill import Selection, check_drop_worst, check_selection
+    from mtx.jobs.distill import distill as run_distill
 
     if src is None or output_dir is None:
         fail("mtx distill needs --src and --output-dir")
-    if not 0 <= drop_worst < 1:
-        fail(f"--drop-worst must be in [0, 1), got {drop_worst}")
+    run(check_drop_worst, drop_worst)  # before the teacher is loaded
     selection = None if ref is None else Selection(ref, nbest, select)
     if selection is not None:
         run(check_selection, selection)  # before the teacher is loaded
@@ -201,7 +200,7 @@ def shortlist(
     likely for each sentence."""
     from mtx.checkpoint import RunDir
     from mtx.cli.app import load
-    from mtx.decode.shortlist import from_prepared
+    from mtx.jobs.shortlist import from_prepared
 
     cfg = load(config, set)
     path = output or RunDir.of(cfg).root / "shortlist.npz"

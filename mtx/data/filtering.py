@@ -36,7 +36,7 @@ from mtx.data.clean import (
 )
 
 # (sources, targets, src_lang, tgt_lang) -> each pair's dual conditional cross-entropy score
-DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # decode/dual.py
+DualScorer = Callable[[list[str], list[str], str, str], list[float]]  # jobs/dual.py
 TAKE_BLOCK = 100_000  # rows `take` gathers at a time
 
 

@@ -173,7 +173,7 @@ def read_spm_model(path: str) -> tuple[bytes, SpmSource]:
 
 def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
     """Prepare the run's data; returns RUN/prepared. `dual` scores pairs for the dual
-    cross-entropy filter (decode/dual.py), which data.clean.dual_forward asks for."""
+    cross-entropy filter (jobs/dual.py), which data.clean.dual_forward asks for."""
     if cfg.data.clean.dual_forward and dual is None:
         raise MtxError("data.clean.dual_forward is set but no scorer was given to prepare")
     final = RunDir.of(cfg).prepared

@@ -20,6 +20,7 @@ on a GPU, as in translation, up to rounding.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ import torch
 from mtx.data.batching import pad
 from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, EOS_ID, padded_length
+
+CHUNK = 20_000  # pairs `cross_entropies` scores at a time
 
 
 @dataclass
@@ -69,6 +72,27 @@ class Scorer:
         src = [self.tr.encode(line) for line in sources]
         tgt = [self.target_ids(line, i) for i, line in enumerate(targets)]
         return self.score_ids(src, tgt)
+
+    def cross_entropies(self, sources: list[str], targets: list[str]) -> list[float]:
+        """Each pair's cross-entropy: -log p(target | source) per target token (its mean
+        negative log-probability). The one policy for a target longer than the model takes:
+        +inf (the pair is then the worst scored, never an error); its source is cut, as
+        translation cuts it. Scored CHUNK pairs at a time (their per-token scores let go)."""
+        if len(sources) != len(targets):
+            raise MtxError(f"{len(sources)} sources but {len(targets)} targets")
+        self.tr.check_language()
+        out = [math.inf] * len(sources)
+        for start in range(0, len(sources), CHUNK):
+            src, tgt, rows = [], [], []
+            for i in range(start, min(start + CHUNK, len(sources))):
+                ids = self.tr.sp.encode(" ".join(targets[i].split())) + [EOS_ID]
+                if len(ids) <= self.limit:
+                    src.append(self.tr.encode(sources[i]))
+                    tgt.append(ids)
+                    rows.append(i)
+            for i, score in zip(rows, self.score_ids(src, tgt)):
+                out[i] = -score.mean
+        return out
 
     def score_ids(self, src: list[list[int]], tgt: list[list[int]]) -> list[Score]:
         """The score of each pair of ids (sources as the translator encodes them, targets

@@ -3,7 +3,7 @@ Filtering of Noisy Parallel Corpora"): `mtx prepare`'s filter for pairs that rul
 judge, such as misaligned ones.
 
 A forward model (src -> tgt) and a backward model (tgt -> src), both trained on clean data,
-score each pair by forced decoding (score.py); with H_f = -log p(y | x) / |y| and
+score each pair by forced decoding (decode/score.py); with H_f = -log p(y | x) / |y| and
 H_b = -log p(x | y) / |x| (nats per token, EOS included),
 
     score = |H_f - H_b| + (H_f + H_b) / 2
@@ -11,21 +11,18 @@ H_b = -log p(x | y) / |x| (nats per token, EOS included),
 is low when both models find the pair likely and agree about it. The forward model is
 data.clean.dual_forward; the backward one data.clean.dual_backward, or the same checkpoint
 when it translates both ways (a data.corpora model with language tags). A pair with a side
-longer than a model takes scores +inf (dropped by the filter).
+longer than a model takes scores +inf (dropped by the filter: Scorer.cross_entropies' policy).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from mtx import corpora
 from mtx.config import CleanConfig, DataConfig
-from mtx.data.clean import collapse
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.tokens import EOS_ID
 
 
 def _model(path: str, key: str) -> Translator:
@@ -71,23 +68,6 @@ class DualCrossEntropy:
         self, sources: list[str], targets: list[str], src_lang: str, tgt_lang: str
     ) -> list[float]:
         forward, backward = self.scorers(src_lang, tgt_lang)
-        h_f = cross_entropies(forward, sources, targets)
-        h_b = cross_entropies(backward, targets, sources)
+        h_f = forward.cross_entropies(sources, targets)
+        h_b = backward.cross_entropies(targets, sources)
         return [abs(f - b) + (f + b) / 2 for f, b in zip(h_f, h_b)]
-
-
-def cross_entropies(scorer: Scorer, sources: list[str], targets: list[str]) -> list[float]:
-    """-log p(target | source) per target token of each pair; +inf for a pair whose target
-    is longer than the model takes (its source is cut, as translation cuts it)."""
-    tr = scorer.tr
-    out = [math.inf] * len(sources)
-    src, tgt, rows = [], [], []
-    for i, (s, t) in enumerate(zip(sources, targets)):
-        ids = tr.sp.encode(collapse(t)) + [EOS_ID]
-        if len(ids) <= scorer.limit:
-            src.append(tr.encode(s))
-            tgt.append(ids)
-            rows.append(i)
-    for i, score in zip(rows, scorer.score_ids(src, tgt)):
-        out[i] = -score.mean
-    return out

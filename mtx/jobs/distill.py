@@ -37,8 +37,6 @@ from mtx.errors import MtxError
 from mtx.evaluate import SENTENCE_METRICS, sentence_metric
 from mtx.files import atomic_write_text
 
-SCORE_CHUNK = 20_000  # pairs scored at a time (their per-token scores are then let go)
-
 
 @dataclass
 class Selection:
@@ -79,13 +77,10 @@ class Report:
     chosen: Chosen | None = None  # with --ref: how each line's translation was chosen
 
 
-def cross_entropies(scorer: Scorer, sources: list[str], targets: list[str]) -> list[float]:
-    """Each pair's cross-entropy (minus the mean log-probability per target token)."""
-    out: list[float] = []
-    for i in range(0, len(sources), SCORE_CHUNK):
-        scores = scorer.score(sources[i : i + SCORE_CHUNK], targets[i : i + SCORE_CHUNK])
-        out += [-s.mean for s in scores]
-    return out
+def check_drop_worst(drop_worst: float) -> None:
+    """Refuse a `drop_worst` outside [0, 1) in one line."""
+    if not 0 <= drop_worst < 1:
+        raise MtxError(f"--drop-worst must be in [0, 1), got {drop_worst}")
 
 
 def kept_lines(xent: list[float], drop_worst: float) -> list[bool]:
@@ -235,8 +230,7 @@ def distill(
 ) -> Report:  # fmt: skip
     """Steps 1 to 4, `translate(output path, n best)` (corpus.py) writing the teacher's
     translations of `src` into a file."""
-    if not 0 <= drop_worst < 1:
-        raise MtxError(f"--drop-worst must be in [0, 1), got {drop_worst}")
+    check_drop_worst(drop_worst)
     if not src.is_file():
         raise MtxError(f"file not found: {src}")
     sources = list(read_lines(src))
@@ -244,7 +238,7 @@ def distill(
     refs = None if selection is None else references(selection, len(sources))
     out_dir.mkdir(parents=True, exist_ok=True)
     path, targets, chosen = teacher_targets(out_dir, langs[1], sources, translate, selection, refs)
-    xent = cross_entropies(Scorer(translator), sources, targets)
+    xent = Scorer(translator).cross_entropies(sources, targets)
     keep = kept_lines(xent, drop_worst)
     written = (sources, targets, keep, xent, drop_worst, teacher, path, chosen)
     return write_corpus(out_dir, langs, *written)
