@@ -138,10 +138,6 @@ def valid_sets(d) -> list[EvalSet]:
     return [v for c in corpora(d) for v in c.valid]
 
 
-def test_sets(d) -> list[EvalSet]:
-    return [c.test for c in corpora(d) if c.test is not None]
-
-
 def target_languages(d) -> list[str]:
     """The target languages of the corpora, sorted."""
     return sorted({c.tgt_lang for c in corpora(d)})

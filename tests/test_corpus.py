@@ -54,6 +54,8 @@ def test_a_corpus_translation_killed_and_resumed_writes_the_uninterrupted_file(t
     assert done.returncode == 0, done.stderr
     reference = (tmp_path / "ref.de").read_bytes()
     assert reference.count(b"\n") == LINES and "translated 300 lines" in done.stderr
+    # stderr is a pipe, not a terminal: plain progress lines, the last at the end
+    assert f"translated {LINES:,}/{LINES:,} lines (100%)" in done.stderr and "\r" not in done.stderr
     out, rng, target, kills = tmp_path / "out.de", random.Random(3), 0, 0
     while True:
         proc = subprocess.Popen(command(toy_run, src, out, *(["--resume"] if kills else [])),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +33,10 @@ def prepare(config: ConfigOpt = None, set: SetOpt = None) -> None:
     from mtx.data.prepare import prepare as do_prepare
 
     cfg = load(config, set)
+    if not sys.stderr.isatty():  # a log file gets mtx's own lines, not datasets' bars
+        import datasets
+
+        datasets.disable_progress_bars()
     dual = None
     if cfg.data.clean.dual_forward:  # its models loaded (or refused) before any work
         from mtx.jobs.dual import DualCrossEntropy

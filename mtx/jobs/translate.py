@@ -23,16 +23,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from mtx.data.sources import count_lines, read_lines
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
+from mtx.progress import Progress
 
 
 @dataclass
@@ -112,9 +110,8 @@ def translate_corpus(
     done = start(output, record, resume)
     lines: Iterable[str] = itertools.islice(read_lines(input), done, None)
     stream = translator.hypotheses_stream(lines, chunk_lines, None, nbest, first_line=done)
-    bar = tqdm(total=total, initial=done, unit=" lines", file=sys.stderr, disable=None)
     written = 0
-    with open(output, "ab") as f, bar:
+    with open(output, "ab") as f, Progress(total, "translated", "lines", initial=done) as bar:
         pending: list[str] = []
         for number, hyps in enumerate(stream, start=done):
             pending.append(fmt(number, hyps))
