@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -6,7 +7,7 @@ from conftest import run_config, tiny_model_config
 from helpers.common import last, records
 
 from mtx.checkpoint import Checkpoint, RunDir
-from mtx.config import Config
+from mtx.config import Config, load_config
 from mtx.data.batching import collate
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
@@ -178,3 +179,19 @@ def test_logged_tokens_per_second_leave_validation_time_out(tmp_path, prepared, 
     rates = [r["tokens_per_s"] for r in records(run, "train")]
     assert len(rates) == 3 and shift[0] == 4e9  # each window holds a validation
     assert min(rates) > 1e-3  # a window timed with a validation in it: under 512 * 4 / 1e9
+
+
+def test_the_saved_config_says_what_the_run_trained_on(tmp_path, prepared):
+    """A run may train on data another config prepared (a student on distilled data): its
+    config.yaml starts with the prepared data's sources, from their manifest, and still loads."""
+    cfg = run_config(tmp_path / "r", prepared, "train.max_steps=1", "data.train=never/read")
+    train(cfg, log=lambda *_: None)
+    text = (tmp_path / "r" / "config.yaml").read_text()
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    source = manifest["splits"]["train"]["source"]
+    assert source != "never/read"
+    assert (
+        text.splitlines()[1]
+        == f"#   train: {source} ({manifest['splits']['train']['kept']:,} pairs)"
+    )
+    assert load_config(tmp_path / "r" / "config.yaml").data.train == "never/read"

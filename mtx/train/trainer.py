@@ -57,6 +57,7 @@ class Trainer:
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         spm_proto, manifest = load_spm_proto(cfg), load_manifest(cfg)
+        self.manifest = manifest
         self.train_ds = load_prepared(cfg, "train")
         self.valid_sets = load_sets(cfg, "valid")
         names = [v.name for v in self.valid_sets]
@@ -114,7 +115,8 @@ class Trainer:
             summary_writer()  # a missing package fails before any work
         if self.dist.main:
             self.run_dir.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.run_dir.config, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+            atomic_write_text(self.run_dir.config, trained_on(self.manifest) + text)
         for line in self.opening():
             self.log(line)
         tensorboard = self.run_dir.tensorboard if cfg.train.tensorboard else None
@@ -373,3 +375,13 @@ def _run(cfg: Config, dist: Dist, resume: bool, overwrite: bool, log) -> dict[st
     if resume:
         trainer.resume()
     return trainer.run()
+
+
+def trained_on(manifest) -> str:
+    """config.yaml's first lines: the data the run trained on, as `mtx prepare` read it (its
+    manifest), which data.* below need not name (a run may train on data prepared by another
+    config, as a student on distilled data)."""
+    lines = ["# trained on the data prepared in prepared/ (its manifest.json):"]
+    for split, record in manifest.splits.items():
+        lines.append(f"#   {split}: {record.source} ({record.kept:,} pairs)")
+    return "\n".join(lines) + "\n"
