@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from sacrebleu.metrics import BLEU, CHRF
 
 from mtx.errors import MtxError
 
 
-def score(hyps: list[str], refs: list[str]) -> dict:
+@dataclass(frozen=True)
+class Scores:
+    """A corpus's sacreBLEU scores; `to_json` where they are written (`mtx evaluate --json`)."""
+
+    bleu: float  # rounded to 2 decimals, as printed
+    chrf: float
+    signature: str  # BLEU's
+    chrf_signature: str
+    bleu_detail: str  # sacreBLEU's line: BLEU = ... (BP = ... ratio = ...)
+    lines: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def score(hyps: list[str], refs: list[str]) -> Scores:
     """Corpus BLEU and chrF of detokenized hypotheses against one reference each."""
     if len(hyps) != len(refs):
         raise MtxError(
@@ -16,14 +33,14 @@ def score(hyps: list[str], refs: list[str]) -> dict:
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hyps, [refs])
     c = chrf.corpus_score(hyps, [refs])
-    return {
-        "bleu": round(b.score, 2),
-        "chrf": round(c.score, 2),
-        "signature": str(bleu.get_signature()),
-        "chrf_signature": str(chrf.get_signature()),
-        "bleu_detail": str(b),
-        "lines": len(hyps),
-    }
+    return Scores(
+        bleu=round(b.score, 2),
+        chrf=round(c.score, 2),
+        signature=str(bleu.get_signature()),
+        chrf_signature=str(chrf.get_signature()),
+        bleu_detail=str(b),
+        lines=len(hyps),
+    )
 
 
 SENTENCE_METRICS = ("bleu", "chrf")

@@ -204,6 +204,7 @@ PROTOCOL_KEYS = {
          "padded_tokens", "update_tokens", "after"},
         set(),
     ),
+    "sacreBLEU's scores (mtx/evaluate.py's Scores)": ({"bleu_detail", "chrf_signature"}, set()),
     "the manifest (mtx/checkpoint.py's Manifest)": (
         {"splits", "spm_sha256", "spm_source", "pairs_sha256", "file_sha256"},
         {"mtx.checkpoint"},

@@ -37,7 +37,7 @@ def test_valid_bleu_is_that_of_the_checkpoint_translating_the_split(tmp_path, pr
         path = run / "checkpoints" / ("last.pt" if r["step"] == 90 else "step-80.pt")
         hyps = Translator.from_checkpoint(path, device="cpu").translate(ds["src"])
         expected = score(hyps, ds["tgt"])
-        assert (r["valid_bleu"], r["valid_chrf"]) == (expected["bleu"], expected["chrf"])
+        assert (r["valid_bleu"], r["valid_chrf"]) == (expected.bleu, expected.chrf)
         assert 0 < r["bleu_seconds"] <= r["valid_seconds"]
     assert (run / "valid.hyp").read_text().splitlines() == hyps  # the last validation's
     assert valid[-1]["valid_chrf"] > 0

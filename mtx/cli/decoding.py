@@ -8,7 +8,7 @@ import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +25,9 @@ from mtx.cli.app import (
 )
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from mtx.evaluate import Scores
 
 BeamOpt = Annotated[int | None, typer.Option(help=setting_help("decode.beam"))]
 AlphaOpt = Annotated[float | None, typer.Option(help=setting_help("decode.alpha"))]
@@ -313,25 +316,25 @@ def evaluate(
     _print_scores(results, json_out)
 
 
-def _print_scores(results: dict[str, dict], json_out: bool) -> None:
+def _print_scores(results: dict[str, Scores], json_out: bool) -> None:
     """One set's scores as sacreBLEU prints them; several, each under its name, and their
     mean (in JSON: {"sets": {NAME: scores}, "bleu": mean, "chrf": mean})."""
-    if len(results) > 1:
-        mean = {
-            k: round(sum(r[k] for r in results.values()) / len(results), 2)
-            for k in ("bleu", "chrf")
-        }
+    n = len(results)
+    mean = {
+        "bleu": round(sum(r.bleu for r in results.values()) / n, 2),
+        "chrf": round(sum(r.chrf for r in results.values()) / n, 2),
+    }
     if json_out:
-        one = next(iter(results.values()))
-        typer.echo(json.dumps(one if len(results) == 1 else {"sets": results} | mean))
+        sets = {name: r.to_json() for name, r in results.items()}
+        typer.echo(json.dumps(next(iter(sets.values())) if n == 1 else {"sets": sets} | mean))
         return
     for name, result in results.items():
         indent = "  " if len(results) > 1 else ""
         if len(results) > 1:
             typer.echo(f"{name}:")
-        typer.echo(indent + result["bleu_detail"])
-        typer.echo(f"{indent}chrF2 = {result['chrf']:.2f}")
-        typer.echo(f"{indent}signature: {result['signature']}")
+        typer.echo(indent + result.bleu_detail)
+        typer.echo(f"{indent}chrF2 = {result.chrf:.2f}")
+        typer.echo(f"{indent}signature: {result.signature}")
     if len(results) > 1:
         typer.echo(
             f"mean over {len(results)} sets: BLEU {mean['bleu']:.2f}, chrF2 {mean['chrf']:.2f}"

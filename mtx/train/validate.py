@@ -109,6 +109,6 @@ def valid_bleu(
 
     def scored() -> dict[str, float]:
         result = score(hyps, lines["tgt"])
-        return {"valid_bleu": result["bleu"], "valid_chrf": result["chrf"]}
+        return {"valid_bleu": result.bleu, "valid_chrf": result.chrf}
 
     return dist.decide(scored), hyps
