@@ -328,6 +328,7 @@ def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run
     assert report["batched"][0]["requests"] == 6 and report["batched"][0]["errors"] == 0
     prepare = [sys.executable, "-m", "mtx", "bench", "prepare", "--pairs", "3000", "--workers",
                "1,2", "--work", str(tmp_path / "prep"), "--json", str(tmp_path / "prep.json"),
+               "--data", str(MULTI30K),
                "--set", "data.clean.langid=0"]  # fmt: skip
     done = subprocess.run(prepare, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
