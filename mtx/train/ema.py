@@ -8,8 +8,8 @@ with one `torch._foreach_lerp_` over all parameters, on the device, in float32: 
 for the host. The average starts as the weights it is created with (a new run's first weights,
 a fine-tuning run's loaded ones). Validation, best.pt and the weights of every checkpoint are
 the average's (`swapped` puts it in the model for as long as it is needed); a resumable
-checkpoint keeps the raw weights beside it (resume.py's Parts), so a resumed run continues both
-exactly.
+checkpoint keeps the raw weights beside it (resume.py's StatefulParts), so a resumed run
+continues both exactly.
 """
 
 from __future__ import annotations

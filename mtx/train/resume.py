@@ -6,8 +6,9 @@ newest one that loads (`restore`) and sends its contents to the other processes,
 nothing on disk but the prepared data. So a job whose machines have their own disks resumes as
 one on a shared disk does, and rank 1's disk never holds a checkpoint.
 
-Each function takes the parts it reads or changes (`Parts`: the model, the optimizer, the
-loss scaler, the train state, each with `state_dict`/`load_state_dict`), never the trainer. A
+Each function takes the parts it reads or changes (`StatefulParts`: the model, the optimizer,
+the loss scaler, the train state, each with `state_dict`/`load_state_dict`), never the
+trainer. (Not config.PARTS, the parts of a model that train.freeze names.) A
 resumable checkpoint holds the model, the optimizer, the loss scale, the run's position and
 the RNG state of every process; resuming on the same number of processes continues exactly
 where the run was (bit-identical on CPU).
@@ -33,7 +34,7 @@ from mtx.train.state import TrainState
 
 
 @dataclass
-class Parts:
+class StatefulParts:
     """The stateful parts of a run that its checkpoints save and restore, each with
     `state_dict`/`load_state_dict` (a part added here is saved and restored by `save` and
     `load` below, and nowhere else)."""
@@ -126,7 +127,7 @@ def restore(
     run: RunDir,
     dist: Dist,
     header: Checkpoint,
-    parts: Parts,
+    parts: StatefulParts,
     seed: int,
     log: Callable[[str], None],
 ) -> Checkpoint | None:
@@ -177,7 +178,7 @@ def _restore_rngs(ckpt: Checkpoint, dist: Dist, seed: int) -> None:
 
 
 def save_checkpoints(
-    run: RunDir, dist: Dist, header: Checkpoint, parts: Parts, is_best: bool, keep_last: int
+    run: RunDir, dist: Dist, header: Checkpoint, parts: StatefulParts, is_best: bool, keep_last: int
 ) -> None:
     """best.pt (weights) if best, then step-N.pt and last.pt (resumable: optimizer, loss
     scale, data position, RNG of every process). In this order a crash between two writes

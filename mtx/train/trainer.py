@@ -35,7 +35,7 @@ from mtx.train.distributed import Dist, fingerprint
 from mtx.train.ema import Ema
 from mtx.train.faults import OutOfMemory, StopSignals, check_nonfinite
 from mtx.train.metrics import MetricsLog, Window, summary_writer
-from mtx.train.resume import Parts, prepare_run_dir, restore, save_checkpoints
+from mtx.train.resume import StatefulParts, prepare_run_dir, restore, save_checkpoints
 from mtx.train.state import TrainState
 from mtx.train.step import UpdateStats, build_step
 from mtx.train.validate import combine, valid_bleu, validate
@@ -85,7 +85,9 @@ class Trainer:
         self.step = build_step(cfg, self.model, self.device, dist.world, dist.joined, self.say)
         self.state = TrainState()
         ema = Ema(self.model, cfg.train.ema) if cfg.train.ema else None  # after freezing
-        self.parts = Parts(self.model, self.step.optimizer, self.step.scaler, self.state, ema)
+        self.parts = StatefulParts(
+            self.model, self.step.optimizer, self.step.scaler, self.state, ema
+        )
         if start is not None:
             init.load_optimizer(self.step.optimizer, self.state, start, cfg.train)
         # what every checkpoint of the run holds beside the weights and the position
