@@ -58,7 +58,11 @@ class SearchBatch:
         if isinstance(src, SearchBatch):
             return src
         parts = src.parts if isinstance(src, Groups) else [src]
-        rows = [tuple(r[r != PAD_ID].tolist()) for part in parts for r in part.cpu()]
+        rows = [
+            tuple(row[:n])  # padding trails the source (data/batching.py's pad)
+            for part in parts
+            for row, n in zip(part.tolist(), (part != PAD_ID).sum(1).tolist())
+        ]
         lines = list(range(len(rows))) if lines is None else lines
         return cls(src, [Request(ids, line) for ids, line in zip(rows, lines, strict=True)])
 
