@@ -116,8 +116,9 @@ class StaticSearch:
         mine = batch.max_lengths(self.a, self.b, self.limit)
         max_len = torch.tensor(mine + [1] * (rows - B), device=src.device)  # padding: 1 step
         steps = int(max_len.max())
-        L = max(self.longest(src.size(1) - 1), *mine)  # the cache's length: the padded one's
-        key = (rows, src.size(1), self.K, memory.dtype)
+        # the cache's length: the padded source's longest output, or a request's own if longer
+        L = max(self.longest(src.size(1) - 1), *mine)
+        key = (rows, src.size(1), self.K, memory.dtype, L)  # a State (and graphs) per shape
         state = self.graphs.state(key) if self.graphs else None
         if state is None:
             state = self.new_state(rows, L, memory)
@@ -251,10 +252,11 @@ def empty_sources(n: int, width: int, device: torch.device) -> Tensor:
 
 
 class Graphs:
-    """CUDA graphs of a search step, one per shape (rows, source length, beam, dtype) and
-    window of the cache, each with the State it reads and writes: a later search of that shape
-    copies its inputs into the State and replays. Their intermediate tensors share one memory pool (graphs replay
-    one at a time); each State stays allocated while its graph is kept."""
+    """CUDA graphs of a search step, one per shape (rows, source length, beam, dtype, cache
+    length) and window of the cache, each with the State it reads and writes: a later search of
+    that shape copies its inputs into the State and replays. Their intermediate tensors share
+    one memory pool (graphs replay one at a time); each State stays allocated while its graph
+    is kept."""
 
     def __init__(self) -> None:
         self.captured: dict[tuple, tuple[State, torch.cuda.CUDAGraph]] = {}
