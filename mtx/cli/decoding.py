@@ -204,7 +204,7 @@ def _file_lines(path: Path) -> Iterator[str]:
 
 
 def _translate_corpus(translator, input, output, resume, nbest, chunk_lines, paths, said):
-    """--input into --output (corpus.py), resuming it with --resume; a summary on stderr."""
+    """--input into --output (jobs/translate.py), resuming it with --resume; a summary on stderr."""
     from mtx.jobs.translate import Record, translate_corpus
 
     run(_file_lines, input)  # a missing input: one line, before anything is written

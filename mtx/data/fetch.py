@@ -73,7 +73,7 @@ def _download(url: str, name: str, output: Path) -> bytes:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
             return response.read()
     except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", None) or e
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
         raise MtxError(
             f"mtx fetch {name}: cannot download {url} ({reason}); without the network, "
             f"download the files of {url.rsplit('/', 1)[0]}/, gunzip them and put them in "

@@ -216,8 +216,7 @@ class Translator:
     def _translate_ids(
         self, lines: list[str], nbest: int, first_line: int
     ) -> list[list[Hypothesis]]:
-        requests = [Request(tuple(self._encode(x)), first_line + i) for i, x in enumerate(lines)]
-        return self.translate_requests(requests, nbest)
+        return self.translate_encoded([self._encode(line) for line in lines], nbest, first_line)
 
     def translate_encoded(
         self, ids: list[list[int]], nbest: int = 1, first_line: int = 0

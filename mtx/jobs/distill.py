@@ -5,9 +5,9 @@ training sources, scored by the teacher, the worst fraction dropped, written as 
         [--drop-worst 0.05] [--ref train.de --nbest 8 --beam 8] [--resume]
 
 1. The teacher (one checkpoint or an ensemble) translates the sources into DIR/teacher.TGT
-   (corpus.py: chunk by chunk, resumable after a kill with --resume).
-2. It scores each (source, translation) pair (score.py): the cross-entropy of the translation,
-   minus its mean log-probability per target token.
+   (translate.py: chunk by chunk, resumable after a kill with --resume).
+2. It scores each (source, translation) pair (decode/score.py's `Scorer.cross_entropies`): the
+   cross-entropy of the translation, minus its mean log-probability per target token.
 3. The `drop_worst` fraction of pairs with the highest cross-entropy are dropped (ties: the
    later line first), and the rest written, in input order, as DIR/distilled.SRC and
    DIR/distilled.TGT: a local corpus that `mtx prepare` reads as `data.train: DIR/distilled`
@@ -228,7 +228,7 @@ def distill(
     translator, src: Path, out_dir: Path, langs: tuple[str, str], drop_worst: float,
     translate, teacher: list[str], selection: Selection | None = None,
 ) -> Report:  # fmt: skip
-    """Steps 1 to 4, `translate(output path, n best)` (corpus.py) writing the teacher's
+    """Steps 1 to 4, `translate(output path, n best)` (translate.py) writing the teacher's
     translations of `src` into a file."""
     check_drop_worst(drop_worst)
     if not src.is_file():

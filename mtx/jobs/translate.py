@@ -4,14 +4,14 @@
 
 The output holds one line per input line (with --nbest N, N lines 'LINE ||| TEXT ||| SCORE |||
 LOG-PROBABILITY' per input line, LINE counted from 0 over the whole input), written chunk by
-chunk, each chunk flushed to disk before the next is translated, with a progress bar and ETA
-on stderr. Beside it, OUTPUT.progress.json records what the run translates (the input's path
+chunk, each chunk flushed to disk before the next is translated, with its progress on stderr
+(mtx/progress.py: a bar on a terminal, plain lines in a log). Beside it, OUTPUT.progress.json records what the run translates (the input's path
 and size, the checkpoints, the settings, nbest).
 
 `--resume` continues a killed run: the output's complete lines are kept (an input line counts
 when all its N lines end in a newline), whatever a kill left after them is cut, those input
 lines are skipped, and translation goes on from the next. Since a line's translation depends
-on that line alone (translator.py: not on its batch, its neighbours or, with sampling, on
+on that line alone (decode/translator.py: not on its batch, its neighbours or, with sampling, on
 anything but the seed and its line number), the continued file is the same, line for line, as
 one written without interruption (tested with kill -9). Resuming a finished run translates
 nothing more; resuming with another input, checkpoint, setting or nbest than the record says

@@ -182,8 +182,9 @@ class StaticLayer:
 class StaticCache:
     """A Transformer decoder's cache allocated once for a whole search: per layer, the
     self-attention keys and values (N, H, L, d_k), written in place at `position` (a () long
-    tensor on the device), or with `cell_width` d a recurrence's (an SSRU's) cell (N, d, float32 as its
-    recurrence), and the encoder output's keys and values, written before the first step. A
+    tensor on the device), or with `cell_width` d a recurrence's (an SSRU's) cell (N, d,
+    float32 as its recurrence), and the encoder output's keys and values, written before the
+    first step. A
     step's shapes then depend only on its window (below), and it touches the same memory
     every time, so that a CUDA graph can replay it (decode/static.py).
 

@@ -5,11 +5,12 @@ An engine takes a list of texts and the request's choices (beam, n-best) and ret
 Each engine lives in a decoding process of its own (workers.py), fed by one batcher worker
 (batcher.py) one batch at a time, so it needs no locking.
 
-`MtxEngine` is `Translator.translate_requests`, a request per text: the same search, settings and batch independence as
-`mtx translate`, so a sentence gets the translation that `mtx translate` gives it, whatever
-else is in its batch. `CT2Engine` runs a CTranslate2 export of the checkpoint (mtx/export):
-faster on the CPU, but its search is CTranslate2's (its own length penalty and padding), so
-its outputs may differ from mtx's and from one batch to the next. `describe_engine` tells the
+`MtxEngine` is `Translator.translate_requests`, a request per text: the same search, settings
+and batch independence as `mtx translate`, so a sentence gets the translation that `mtx
+translate` gives it, whatever else is in its batch. `CT2Engine` runs a CTranslate2 export of
+the checkpoint (mtx/export): faster on the CPU, but its search is CTranslate2's (its own
+length penalty and padding), so its outputs may differ from mtx's and from one batch to the
+next. `describe_engine` tells the
 server's own process, which holds no engine, what it needs to know of one (front.py).
 """
 
