@@ -238,7 +238,8 @@ def profiled(cfg, batches: list[dict], cuda: bool, trace: Path | None = None) ->
         step(b, n + 1)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
-    compiling = {k: v - before[k] for k, v in stats().items()}  # this model's, warm-up's
+    before, after = before.record(), stats().record()
+    compiling = {k: v - before[k] for k, v in after.items()}  # this model's, warm-up's
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         timing, _ = timed(lambda: [step(b, 100 + n) for n, b in enumerate(batches)], 1, 0, sync)

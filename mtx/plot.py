@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mtx.checkpoint import RunDir
 from mtx.errors import MtxError
 from mtx.files import atomic_write, atomic_write_text
 from mtx.train.metrics import read_metrics
+
+if TYPE_CHECKING:
+    from mtx.decode.translator import Attention
 
 # panel title -> (metrics.jsonl key, kind of record); BLEU appears only where a run logs it
 CURVES = [
@@ -96,16 +100,17 @@ def attention_heatmap(
     plt.close(fig)
 
 
-def write_attention(directory: Path, number: int, record: dict, every_head: bool = False) -> None:
+def write_attention(
+    directory: Path, number: int, record: Attention, every_head: bool = False
+) -> None:
     """For input line `number` (from 1): NNNNNN.png, the attention averaged over decoder layers
     and heads, and NNNNNN.json with the subwords, that matrix and the alignment (for each
     output subword, the source subword it attends to most); with `every_head`, also
     NNNNNN.layerL.png (averaged over heads) and NNNNNN.layerL.headH.png, and the full
     (layers, heads, outputs, sources) weights in the JSON."""
-    weights = record["weights"]  # (L, H, T, S)
-    mean = weights.mean(dim=(0, 1))
+    weights, mean = record.weights, record.mean()  # (L, H, T, S), (T, S)
     stem = f"{number:06d}"
-    src, out = record["source"], record["output"]
+    src, out = record.source, record.output
     attention_heatmap(mean.numpy(), src, out, directory / f"{stem}.png", f"line {number}")
     if every_head:
         for layer in range(weights.size(0)):

@@ -190,6 +190,9 @@ def test_no_code_changes_the_import_path():
     assert found == allowed, "\n".join(found)
 
 
+# The benchmarks that read a run's metrics.jsonl (the file format) and report its figures.
+METRICS_READERS = {"benchmarks.gpu_parts", "benchmarks.gpu_report", "benchmarks.per_update"}
+
 # Protocols between modules that are types now: their string keys, and the one module where
 # each may still be spelled (the file format it reads and writes), if any. Words that other
 # formats use too ("src", a column of the prepared data; "sets", "kept") are left out.
@@ -205,6 +208,19 @@ PROTOCOL_KEYS = {
         set(),
     ),
     "sacreBLEU's scores (mtx/evaluate.py's Scores)": ({"bleu_detail", "chrf_signature"}, set()),
+    "a validation (mtx/train/validate.py's Validation; metrics.jsonl's valid records)": (
+        {"valid_loss", "valid_nll", "valid_ppl", "valid_bleu", "valid_chrf", "valid_seconds",
+         "bleu_seconds"},
+        {"mtx.train.validate", *METRICS_READERS},
+    ),
+    "a log line (mtx/train/metrics.py's TrainRecord, train/compiled.py's Compilations)": (
+        {"grad_norm", "compiled_graphs", "compile_seconds", "compilations"},
+        {"mtx.train.compiled", "mtx.bench.train", *METRICS_READERS},
+    ),
+    "an attention record (mtx/decode/translator.py's Attention)": (
+        {"weights", "output", "alignment"},
+        {"mtx.decode.translator", "mtx.plot"},  # the server's answer; --attention-dir's files
+    ),
     "the manifest (mtx/checkpoint.py's Manifest)": (
         {"splits", "spm_sha256", "spm_source", "pairs_sha256", "file_sha256"},
         {"mtx.checkpoint"},

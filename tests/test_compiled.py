@@ -67,8 +67,8 @@ def test_the_compiled_step_agrees_with_eager_and_compiles_nothing_after_one_epoc
         shapes.add((*batch.src.shape, batch.tgt_in.size(1)))
         step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
     assert step.is_compiled and len(first) > 50 and len(shapes) > 10
-    assert compiled.stats()["compilations"] == after_one["compilations"]  # no recompiles
-    assert after_one["compiled_graphs"] <= 8  # dynamic shapes: a few graphs for every shape
+    assert compiled.stats().compilations == after_one.compilations  # no recompiles
+    assert after_one.graphs <= 8  # dynamic shapes: a few graphs for every shape
 
 
 def test_padded_and_unpadded_batches_share_one_compiled_graph(prepared):
@@ -86,12 +86,12 @@ def test_padded_and_unpadded_batches_share_one_compiled_graph(prepared):
     mixed = [group[0] for group in list(by_length.values())[:4]]
     batches = [collate(*map(list, zip(*rows)), pad_to=1) for rows in (same, mixed, same)]
     assert [b.src_padded for b in batches] == [False, True, False]
-    before = compiled.stats()["compilations"]
+    before = compiled.stats().compilations
     with torch.no_grad():
         for batch in batches:
             expected = forward_loss(eager, batch, FP32)
             torch.testing.assert_close(forward_loss(step.compiled, batch, FP32), expected)
-    assert compiled.stats()["compilations"] - before == 1
+    assert compiled.stats().compilations - before == 1
     assert step.loss_model.mask_always and not eager.mask_always
 
 
@@ -122,12 +122,12 @@ def test_static_shapes_compile_twice_and_nothing_after_the_first_epoch(prepared)
             expected = forward_loss(eager, free, FP32)
             torch.testing.assert_close(forward_loss(eager, batch, FP32), expected)
             torch.testing.assert_close(forward_loss(step.compiled, batch, FP32), expected)
-    before = compiled.stats()["compilations"]
+    before = compiled.stats().compilations
     shapes = set()
     for n, batch in enumerate(first):
         step.run(lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer)
         shapes.add(tuple(batch.src.shape))
-    after_one = compiled.stats()["compilations"]
+    after_one = compiled.stats().compilations
     assert len(shapes) > 8  # more than dynamo's default number of graphs per frame
     assert after_one - before <= 2  # not one per shape
     for number in (1, 2):
@@ -136,7 +136,7 @@ def test_static_shapes_compile_twice_and_nothing_after_the_first_epoch(prepared)
             step.run(
                 lambda m, b=batch, n=n: train_step(m, optimizer, [b], cfg, n + 1, FP32), optimizer
             )
-    assert step.is_compiled and compiled.stats()["compilations"] == after_one
+    assert step.is_compiled and compiled.stats().compilations == after_one
 
 
 def test_a_step_that_fails_to_compile_runs_eagerly_with_one_warning(prepared):

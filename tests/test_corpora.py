@@ -19,7 +19,7 @@ from mtx.data.prepare import prepare
 from mtx.errors import MtxError
 from mtx.train.data import Mix, update_batches
 from mtx.train.trainer import train
-from mtx.train.validate import combine
+from mtx.train.validate import SetScores, combine
 
 QUIET = {"log": lambda *_: None}
 
@@ -63,7 +63,7 @@ def test_both_directions_get_a_tag_each_and_a_set_each():
         (["data.corpora=[{src_lang: en, tgt_lang: de, train: x, valid: [v], weight: 0}]"],
          r"data.corpora\[0\].weight must be positive"),
         (["data.valid=[a=x, a=y]"], "two validation sets are named 'a'"),
-        (["data.sampling=0.1", "train.static_shapes=true"], "use one or the other"),
+        (["data.bpe_dropout=0.1", "train.static_shapes=true"], "use one or the other"),
     ],
 )  # fmt: skip
 def test_bad_corpora_are_refused_in_one_line_naming_the_key(sets, message):
@@ -118,7 +118,7 @@ def test_prepare_tags_each_source_with_its_target_language(prepared_both_ways):
 
 
 def test_batches_mix_the_corpora_and_every_process_draws_the_same(prepared_both_ways, tmp_path):
-    cfg = run_config(tmp_path / "r", prepared_both_ways, BOTH_WAYS, "data.temperature=5")
+    cfg = run_config(tmp_path / "r", prepared_both_ways, BOTH_WAYS, "data.corpus_temperature=5")
     ds = datasets.load_from_disk(str(prepared_both_ways / "train"))
     mix = Mix.of(ds, cfg.data)
     assert np.allclose(mix.shares, [0.5, 0.5])
@@ -132,21 +132,33 @@ def test_batches_mix_the_corpora_and_every_process_draws_the_same(prepared_both_
 
 def test_validation_reports_each_set_and_best_follows_their_mean_or_one():
     per_set = {
-        "a": {"valid_loss": 2.0, "valid_nll": 1.0},
-        "b": {"valid_loss": 4.0, "valid_nll": 3.0},
+        "a": SetScores(loss=2.0, nll=1.0),
+        "b": SetScores(loss=4.0, nll=3.0, bleu=20.0, chrf=40.0),
     }
     mean = combine(per_set, "")
-    assert mean["valid_loss"] == 3.0 and mean["valid_loss/a"] == 2.0 and mean["valid_nll/b"] == 3.0
-    assert np.isclose(mean["valid_ppl"], np.exp(2.0))
-    assert combine(per_set, "b")["valid_loss"] == 4.0
-    assert combine({"a": per_set["a"]}, "") == per_set["a"]  # one set: as before
+    assert mean.summary.loss == 3.0 and mean.sets == per_set
+    assert np.isclose(mean.summary.ppl, np.exp(2.0))  # that of the mean NLL
+    assert (mean.summary.bleu, mean.summary.chrf) == (20.0, 40.0)  # of the sets that have it
+    record = mean.record()  # the metrics.jsonl keys
+    assert record["valid_loss"] == 3.0 and record["valid_loss/a"] == 2.0
+    assert record["valid_nll/b"] == 3.0 and record["valid_bleu/b"] == 20.0
+    assert "valid_bleu/a" not in record and "bleu_seconds" not in record
+    assert combine(per_set, "b").summary == per_set["b"]
+    one = combine({"a": per_set["a"]}, "")  # one set: its figures, no per-set keys
+    assert one.summary == per_set["a"] and not one.sets
+    assert set(one.record()) == {"valid_loss", "valid_nll", "valid_ppl", "valid_seconds"}
 
 
 WHOLE = ["train.max_steps=30", "train.tensorboard=true"]
 
 
 def test_a_run_of_both_directions_resumes_exactly_and_validates_each(prepared_both_ways, tmp_path):
-    settings = [BOTH_WAYS, "data.temperature=3", "train.valid_every=10", "train.bleu_every=1"]
+    settings = [
+        BOTH_WAYS,
+        "data.corpus_temperature=3",
+        "train.valid_every=10",
+        "train.bleu_every=1",
+    ]
     settings += ["train.valid_bleu_lines=8", "decode.max_len_b=6", "train.update_freq=2"]
     train(run_config(tmp_path / "whole", prepared_both_ways, *WHOLE, *settings), **QUIET)
     train(

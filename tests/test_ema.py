@@ -72,7 +72,7 @@ def test_validation_scores_the_average(tmp_path, prepared):
     smoothed = Checkpoint.load(on / "checkpoints" / "last.pt")
     assert all(torch.equal(plain.model[k], smoothed.resume.raw_model[k]) for k in plain.model)
     assert smoothed.resume.raw_model is not None and plain.resume.raw_model is None
-    assert math.isfinite(result["valid_loss"])
+    assert math.isfinite(result.summary.loss)
     assert records(on, "valid")[-1]["valid_loss"] != records(off, "valid")[-1]["valid_loss"]
     # `mtx average --raw`: the run without the average, from the run with it
     mtx("average", on / "checkpoints" / "last.pt", "--raw", "--output", tmp_path / "raw.pt")

@@ -71,7 +71,7 @@ def b_loss(model, cfg) -> float:
     if not isinstance(model, torch.nn.Module):
         model = load_model(model)[0]
     precision = Precision.choose(torch.device("cpu"), "fp32")
-    return validate(model, load_prepared(cfg, "valid"), cfg, precision, Dist())["valid_loss"]
+    return validate(model, load_prepared(cfg, "valid"), cfg, precision, Dist()).loss
 
 
 def test_fine_tuning_lowers_the_loss_on_the_new_domain(domains):

@@ -73,9 +73,9 @@ def test_attention_dir_writes_a_heatmap_and_the_weights_the_model_returned(
     for number, (line, hyps) in enumerate(zip(lines, tr.translate_ids(lines)), 1):
         about = json.loads((out / f"{number:06d}.json").read_text())
         record = tr.cross_attention(line, hyps[0].tokens)
-        want = record["weights"].mean(dim=(0, 1))  # (outputs, sources)
+        want = record.weights.mean(dim=(0, 1))  # (outputs, sources)
         got = torch.tensor(about["attention"])
-        assert about["source"] == record["source"] and about["output"] == record["output"]
+        assert about["source"] == record.source and about["output"] == record.output
         assert got.shape == (len(hyps[0].tokens) + 1, len(tr.encode(line)))
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
         torch.testing.assert_close(got.sum(1), torch.ones(len(got)))

@@ -222,7 +222,7 @@ def test_the_pipeline_trains_decodes_and_describes_an_rnn(prepared, tmp_path):
     tr = Translator.from_checkpoint(best)
     hyps = tr.translate_ids(lines[:1])[0][0]
     about = json.loads((tmp_path / "att" / "000001.json").read_text())
-    want = tr.cross_attention(lines[0], hyps.tokens)["weights"]  # (1 layer, 1 head, T, S)
+    want = tr.cross_attention(lines[0], hyps.tokens).weights  # (1 layer, 1 head, T, S)
     assert want.shape == (1, 1, len(hyps.tokens) + 1, len(tr.encode(lines[0])))
     torch.testing.assert_close(torch.tensor(about["attention"]), want[0, 0], atol=1e-6, rtol=0)
     assert (tmp_path / "att" / "000001.png").is_file()

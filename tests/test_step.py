@@ -79,7 +79,7 @@ def test_twenty_updates_between_log_lines_never_wait_for_the_device(settings):
             window.add(train_step(step_module, optimizer, update, cfg, n + 2, precision))
     assert mode.waits == []
     record = window.flush(21, 0.0, dist=_one_process())  # the next log line
-    assert record["loss"] > 0 and record["skipped"] == 0
+    assert record.loss > 0 and record.skipped == 0
 
 
 def test_the_counter_sees_what_waits():

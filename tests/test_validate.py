@@ -2,6 +2,7 @@
 split, best.pt by BLEU, early stopping with train.patience (restored on resume), and the
 metrics written to TensorBoard."""
 
+import dataclasses
 import sys
 
 import pytest
@@ -49,7 +50,8 @@ def scripted_bleu(monkeypatch):
     scores: list[float] = []
 
     def fake(*args):
-        return {"valid_bleu": scores.pop(0), "valid_chrf": 50.0}, ["a translation"]
+        scored = score(["a translation"], ["a translation"])
+        return dataclasses.replace(scored, bleu=scores.pop(0), chrf=50.0), ["a translation"]
 
     monkeypatch.setattr(trainer, "valid_bleu", fake)
     return scores

@@ -240,9 +240,9 @@ def timed_updates(step: Step, updates: list[list[Batch]], warmup: int, repeats: 
     timing, _ = timed(lambda: run(updates), repeats=repeats, warmup=0, sync=sync)
     after = compiled.stats()
     compiles = {
-        "compile_seconds": after["compile_seconds"],
-        "compilations": after["compilations"],
-        "timed_compilations": after["compilations"] - before["compilations"],
+        "compile_seconds": after.seconds,
+        "compilations": after.compilations,
+        "timed_compilations": after.compilations - before.compilations,
     }
     per_token = [float(loss) / max(tokens, 1) for loss, tokens in losses]
     return timing, warm_timing.median, compiles, per_token

@@ -67,6 +67,25 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
     return auto_dtype(device) if name == "auto" else DTYPES[name]
 
 
+@dataclasses.dataclass
+class Attention:
+    """The encoder-decoder attention of one translation: the source and output subwords (each
+    ending with EOS) and `weights`, a float32 tensor (decoder layers, heads, outputs,
+    sources) whose row t is the attention when predicting output subword t."""
+
+    source: list[str]
+    output: list[str]
+    weights: torch.Tensor
+
+    def mean(self) -> torch.Tensor:
+        """(outputs, sources): averaged over decoder layers and heads."""
+        return self.weights.mean(dim=(0, 1))
+
+    def to_json(self) -> dict:
+        """{"source", "output", "weights": the mean's rows}: what `mtx serve` answers."""
+        return {"source": self.source, "output": self.output, "weights": self.mean().tolist()}
+
+
 class Translator:
     def __init__(
         self,
@@ -241,12 +260,9 @@ class Translator:
         """One detokenized translation per input string, in input order."""
         return [self.detokenize(hyps[0].tokens) for hyps in self.translate_ids(lines)]
 
-    def cross_attention(self, line: str, tokens: list[int]) -> dict:
+    def cross_attention(self, line: str, tokens: list[int]) -> Attention:
         """The encoder-decoder attention while the decoder reads output `tokens` for source
-        `line` (teacher-forced: the weights the search saw for that output, up to rounding).
-        Returns the source and output subwords (each ending with EOS) and "weights", a float32
-        tensor (decoder layers, heads, outputs, sources): row t is the attention when
-        predicting output subword t."""
+        `line` (teacher-forced: the weights the search saw for that output, up to rounding)."""
         src_ids = self.encode(line)
         src = torch.tensor([src_ids], device=self.device)
         tgt_in = torch.tensor([[BOS_ID, *tokens]], device=self.device)
@@ -262,11 +278,11 @@ class Translator:
             for attn in layers:
                 attn.keep_weights, attn.weights = False, None
         piece = self.sp.id_to_piece
-        return {
-            "source": [piece(i) for i in src_ids[:-1]] + ["</s>"],
-            "output": [piece(i) for i in tokens] + ["</s>"],
-            "weights": weights,
-        }
+        return Attention(
+            source=[piece(i) for i in src_ids[:-1]] + ["</s>"],
+            output=[piece(i) for i in tokens] + ["</s>"],
+            weights=weights,
+        )
 
     def detokenize(self, ids: list[int]) -> str:
         return " ".join(self.sp.decode(ids).split())  # never a newline inside a line

@@ -68,9 +68,7 @@ class MtxEngine:
         """The encoder-decoder attention of the translation `ids` of `text`, averaged over
         decoder layers and heads: {"source": pieces, "output": pieces, "weights": rows}, one
         row per output subword (EOS last), one column per source subword (EOS last)."""
-        record = self.translator.into(tgt_lang).cross_attention(text, ids)
-        mean = record["weights"].mean(dim=(0, 1))
-        return {"source": record["source"], "output": record["output"], "weights": mean.tolist()}
+        return self.translator.into(tgt_lang).cross_attention(text, ids).to_json()
 
 
 class CT2Engine:

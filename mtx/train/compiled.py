@@ -1,8 +1,8 @@
 """`train.compile`: the training step's forward pass and loss through torch.compile, safely.
 
 - `auto` (the default) compiles on CUDA devices and not elsewhere (on a 2-core CPU the
-  compiled step was slower; on an H100 base's compiled step ran 1.68x eager, its losses
-  within 0.08%: BENCHMARKS.md); `true` and `false` force it. Compiling costs a run's first
+  compiled step was slower; on an H100 base's compiled step ran faster than eager, its losses
+  following eager's: BENCHMARKS.md has the figures); `true` and `false` force it. Compiling costs a run's first
   minutes, so short runs of small models stay eager (configs/multi30k.yaml).
 - What is compiled is the step's LossModel (step.py), DDP-wrapped under torchrun, with
   dynamic shapes: one graph serves every batch shape, and the bounded lengths of
@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -47,16 +48,33 @@ def compile_errors() -> tuple[type[BaseException], ...]:
     return (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError)
 
 
-def stats() -> dict[str, float]:
-    """Graphs compiled, compilations (the first of each frame and every recompile) and the
-    seconds spent compiling, in this process so far."""
+@dataclasses.dataclass(frozen=True)
+class Compilations:
+    """What torch.compile did in this process so far: graphs compiled, compilations (the
+    first of each frame and every recompile) and the seconds spent compiling."""
+
+    graphs: int
+    compilations: int
+    seconds: float
+
+    def record(self) -> dict:
+        """The metrics.jsonl keys."""
+        return {
+            "compiled_graphs": self.graphs,
+            "compilations": self.compilations,
+            "compile_seconds": self.seconds,
+        }
+
+
+def stats() -> Compilations:
+    """What was compiled in this process so far."""
     from torch._dynamo.utils import compilation_time_metrics, counters
 
-    return {
-        "compiled_graphs": counters["stats"]["unique_graphs"],
-        "compilations": counters["frames"]["ok"],
-        "compile_seconds": sum(compilation_time_metrics.get("_compile.compile_inner", [])),
-    }
+    return Compilations(
+        graphs=counters["stats"]["unique_graphs"],
+        compilations=counters["frames"]["ok"],
+        seconds=sum(compilation_time_metrics.get("_compile.compile_inner", [])),
+    )
 
 
 class StepModule:

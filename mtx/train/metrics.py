@@ -1,8 +1,9 @@
 """What a run reports: RUN/metrics.jsonl, and the window of losses and token counts between two
-log lines, kept on the device until read."""
+log lines, kept on the device until read, which becomes a log line's `TrainRecord`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -13,8 +14,36 @@ import torch
 
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
+from mtx.train.compiled import Compilations
 from mtx.train.distributed import Dist
 from mtx.train.step import UpdateStats
+
+
+@dataclasses.dataclass
+class TrainRecord:
+    """A log line's figures, over the updates since the last one and all processes: the
+    label-smoothed loss, NLL and perplexity per target token of the updates applied (None:
+    every update was skipped), the learning rate, the mean gradient norm, source + target
+    and target tokens per second, the share of padding, the updates skipped, and (a compiled
+    step) what was compiled so far."""
+
+    step: int
+    loss: float | None
+    nll: float | None
+    ppl: float | None
+    lr: float
+    grad_norm: float | None
+    tokens_per_s: float
+    tgt_tokens_per_s: float
+    padding: float
+    skipped: int
+    compiled: Compilations | None = None
+
+    def record(self) -> dict:
+        """Its metrics.jsonl record (without kind)."""
+        out = dataclasses.asdict(self)
+        del out["compiled"]
+        return out | (self.compiled.record() if self.compiled else {})
 
 
 class MetricsLog:
@@ -152,7 +181,7 @@ class Window:
     def worst_streak(self) -> int:
         return int(self.worst)  # the same on every process: skipping is decided together
 
-    def flush(self, step: int, lr: float, dist: Dist) -> dict:
+    def flush(self, step: int, lr: float, dist: Dist) -> TrainRecord:
         """The window's record, summed over all processes, and a fresh window."""
         elapsed = max(time.monotonic() - self.t, 1e-9)
         loss, nll, good, skipped, grad_norm = torch.stack(
@@ -164,17 +193,17 @@ class Window:
             [loss, nll, good, self.tgt_tokens, self.src_tokens, self.padded_tokens]
         )
         nll = nll / good if good else None  # None (JSON null): every update was skipped
-        record = {
-            "step": step,
-            "loss": loss / good if good else None,
-            "nll": nll,
-            "ppl": math.exp(min(nll, 100.0)) if good else None,
-            "lr": lr,
-            "grad_norm": grad_norm / applied if applied else None,
-            "tokens_per_s": (tgt + src) / elapsed,
-            "tgt_tokens_per_s": tgt / elapsed,
-            "padding": 1 - (tgt + src) / padded if padded else 0.0,
-            "skipped": skipped,
-        }
+        record = TrainRecord(
+            step=step,
+            loss=loss / good if good else None,
+            nll=nll,
+            ppl=math.exp(min(nll, 100.0)) if good else None,
+            lr=lr,
+            grad_norm=grad_norm / applied if applied else None,
+            tokens_per_s=(tgt + src) / elapsed,
+            tgt_tokens_per_s=tgt / elapsed,
+            padding=1 - (tgt + src) / padded if padded else 0.0,
+            skipped=skipped,
+        )
         self.reset()
         return record

@@ -6,21 +6,22 @@ from __future__ import annotations
 import dataclasses
 
 from mtx.checkpoint import Position
+from mtx.train.validate import SetScores
 
 
 class TrainState(Position):
     """Where the run stands (step, data position, best validation); saved in every checkpoint
     through `state_dict` and restored by `load_state_dict`."""
 
-    def observe(self, result: dict[str, float], metric: str) -> bool:
-        """Note a validation's results; True if it is the best yet by `metric` (loss: the
-        lowest valid_loss; bleu: the highest valid_bleu; a validation without BLEU does not
-        count for bleu)."""
-        better = {"loss": result["valid_loss"] < self.best_valid_loss}
-        self.best_valid_loss = min(self.best_valid_loss, result["valid_loss"])
-        if "valid_bleu" in result:
-            better["bleu"] = result["valid_bleu"] > self.best_valid_bleu
-            self.best_valid_bleu = max(self.best_valid_bleu, result["valid_bleu"])
+    def observe(self, result: SetScores, metric: str) -> bool:
+        """Note a validation's summary; True if it is the best yet by `metric` (loss: the
+        lowest loss; bleu: the highest BLEU; a validation without BLEU does not count for
+        bleu)."""
+        better = {"loss": result.loss < self.best_valid_loss}
+        self.best_valid_loss = min(self.best_valid_loss, result.loss)
+        if result.bleu is not None:
+            better["bleu"] = result.bleu > self.best_valid_bleu
+            self.best_valid_bleu = max(self.best_valid_bleu, result.bleu)
         if metric not in better:
             return False
         if better[metric]:

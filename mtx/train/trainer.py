@@ -34,11 +34,11 @@ from mtx.train import compiled, data, init
 from mtx.train.distributed import Dist, fingerprint
 from mtx.train.ema import Ema
 from mtx.train.faults import OutOfMemory, StopSignals, check_nonfinite
-from mtx.train.metrics import MetricsLog, Window, summary_writer
+from mtx.train.metrics import MetricsLog, TrainRecord, Window, summary_writer
 from mtx.train.resume import StatefulParts, prepare_run_dir, restore, save_checkpoints
 from mtx.train.state import TrainState
 from mtx.train.step import UpdateStats, build_step
-from mtx.train.validate import combine, valid_bleu, validate
+from mtx.train.validate import Validation, combine, valid_bleu, validate
 
 
 def quiet(*_) -> None:
@@ -68,7 +68,7 @@ class Trainer:
             )
         self.mix = data.Mix.of(self.train_ds, cfg.data)
         self.resegment, self.batching = None, cfg.train
-        if cfg.data.sampling:  # BPE-dropout on the fly (data/sampling.py)
+        if cfg.data.bpe_dropout:  # BPE-dropout on the fly (data/bpe_dropout.py)
             tagged = bool(manifest.tags)
             self.resegment, self.batching = data.sampled(cfg, spm_proto, tagged, self.train_ds)
         dist.check_same_data(fingerprint(manifest, spm_proto))
@@ -109,9 +109,9 @@ class Trainer:
             self.step.weights_loaded()
             self.header = dataclasses.replace(self.header, init_from=ckpt.init_from)
 
-    def run(self) -> dict[str, float]:
+    def run(self) -> Validation | None:
         """Train until train.max_steps, train.max_minutes, train.patience or a stop signal;
-        returns the last validation (empty if the run was stopped before validating)."""
+        returns the last validation (None if the run was stopped before validating)."""
         cfg = self.cfg
         if cfg.train.tensorboard:
             summary_writer()  # a missing package fails before any work
@@ -180,9 +180,9 @@ class Trainer:
             )
         return f"trained {s.step} steps in {minutes:.1f} min; checkpoints in {run.checkpoints}"
 
-    def loop(self, start: float) -> dict[str, float]:
+    def loop(self, start: float) -> Validation | None:
         state, t = self.state, self.cfg.train
-        result: dict[str, float] = {}
+        result = None
         finished = state.step >= t.max_steps or state.out_of_patience(t.patience)
         self.step.working_model.train()
         if not finished:
@@ -266,21 +266,21 @@ class Trainer:
         if self.dist.main:
             (self.progress or tqdm).write(message)
 
-    def log_train(self, record: dict) -> None:
+    def log_train(self, record: TrainRecord) -> None:
         if self.step.module.is_compiled:
-            record |= compiled.stats()
-        self.metrics.write(kind="train", **record)
-        if record["skipped"]:
+            record.compiled = compiled.stats()
+        self.metrics.write(kind="train", **record.record())
+        if record.skipped:
             self.say(
-                f"step {record['step']}: {record['skipped']} update(s) skipped since the last "
+                f"step {record.step}: {record.skipped} update(s) skipped since the last "
                 "log line (non-finite loss or gradient)"
             )
         self.check_nonfinite()
-        compilations = {"compiles": record["compilations"]} if "compilations" in record else {}
+        compilations = {"compiles": record.compiled.compilations} if record.compiled else {}
         self.progress.set_postfix(
-            loss="skipped" if record["loss"] is None else f"{record['loss']:.3f}",
-            lr=f"{record['lr']:.2e}",
-            tok_s=f"{record['tokens_per_s']:.0f}",
+            loss="skipped" if record.loss is None else f"{record.loss:.3f}",
+            lr=f"{record.lr:.2e}",
+            tok_s=f"{record.tokens_per_s:.0f}",
             **compilations,
         )
 
@@ -294,7 +294,7 @@ class Trainer:
         save_checkpoints(self.run_dir, self.dist, self.header, self.parts, is_best, keep)
         self.saved_step = self.state.step
 
-    def validate_and_save(self, last: bool = False) -> dict[str, float]:
+    def validate_and_save(self, last: bool = False) -> Validation:
         """Validate (loss; BLEU and chrF every train.bleu_every validations and at the `last`),
         note the best, checkpoint, and report."""
         self.check_nonfinite()
@@ -313,44 +313,43 @@ class Trainer:
                     bleu_start = time.monotonic()
                     args = (v.ds, self.header.spm_model, cfg, precision, self.dist, v.tgt_lang)
                     scores, hyps = valid_bleu(model, *args)
-                    per_set[v.name] |= scores
+                    per_set[v.name] = per_set[v.name].with_bleu(scores.bleu, scores.chrf)
                     all_hyps += hyps
                     bleu_seconds += time.monotonic() - bleu_start
         result = combine(per_set, t.best_valid)
         if bleu:
             if self.dist.main:  # the sets' translations one after the other, as prepared
                 atomic_write_text(self.run_dir.valid_hyp, "".join(h + "\n" for h in all_hyps))
-            result["bleu_seconds"] = bleu_seconds
-        result["valid_seconds"] = time.monotonic() - start
-        is_best = self.state.observe(result, t.best_metric)
+            result.bleu_seconds = bleu_seconds
+        result.seconds = time.monotonic() - start
+        is_best = self.state.observe(result.summary, t.best_metric)
         self.save(is_best)
-        self.metrics.write(kind="valid", step=self.state.step, best=is_best, **result)
+        self.metrics.write(kind="valid", step=self.state.step, best=is_best, **result.record())
         self.say(validation_line(self.state.step, result, is_best))
         return result
 
 
-def validation_line(step: int, result: dict[str, float], is_best: bool) -> str:
+def validation_line(step: int, result: Validation, is_best: bool) -> str:
     """The progress line of a validation; with several sets, each set's loss and BLEU after
     the figures best.pt follows."""
+    summary = result.summary
     bleu = ""
-    if "valid_bleu" in result:
-        bleu = f", BLEU {result['valid_bleu']:.2f}, chrF {result['valid_chrf']:.2f}"
-    names = [k.split("/", 1)[1] for k in result if k.startswith("valid_loss/")]
+    if summary.bleu is not None:
+        bleu = f", BLEU {summary.bleu:.2f}, chrF {summary.chrf:.2f}"
     sets = ""
-    for name in names:
-        score = result.get(f"valid_bleu/{name}")
-        sets += f"; {name} loss {result[f'valid_loss/{name}']:.3f}" + (
-            f" BLEU {score:.2f}" if score is not None else ""
+    for name, scores in result.sets.items():
+        sets += f"; {name} loss {scores.loss:.3f}" + (
+            f" BLEU {scores.bleu:.2f}" if scores.bleu is not None else ""
         )
     return (
-        f"step {step}: valid loss {result['valid_loss']:.3f}, "
-        f"ppl {result['valid_ppl']:.2f}{bleu}" + (" (best)" if is_best else "") + sets
+        f"step {step}: valid loss {summary.loss:.3f}, "
+        f"ppl {summary.ppl:.2f}{bleu}" + (" (best)" if is_best else "") + sets
     )
 
 
 def train(
     cfg: Config, resume: bool = False, overwrite: bool = False, log=print
-) -> dict[str, float]:
+) -> Validation | None:
     """`mtx train`: train on RUN/prepared, from scratch or from the run's newest checkpoint;
     one process, or one of those torchrun started. A collective that fails (a process died or
     stopped answering) becomes one line naming the process."""
@@ -365,7 +364,7 @@ def train(
         dist.close()
 
 
-def _run(cfg: Config, dist: Dist, resume: bool, overwrite: bool, log) -> dict[str, float]:
+def _run(cfg: Config, dist: Dist, resume: bool, overwrite: bool, log) -> Validation | None:
     """The trainer's whole life, over when this returns: no reference to it is left when
     train() tears the process group down (Dist.close)."""
     start = None
