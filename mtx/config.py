@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import sys
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ class CorpusConfig:
     test: str = setting("", "the test split (as train; empty: none)")
     name: str = setting("", "what its scores are reported as (default: SRC-TGT)")
     weight: float = setting(
-        1.0, "factor on its share of the training batches (after data.temperature)", POSITIVE
+        1.0, "factor on its share of the training batches (after data.corpus_temperature)", POSITIVE
     )
 
 
@@ -183,7 +184,7 @@ class DataConfig:
         "and test. With more than one target language the source starts with a tag >>xx<< "
         "naming the target language (docs/data.md)",
     )
-    temperature: float = setting(
+    corpus_temperature: float = setting(
         1.0,
         "data.corpora: corpus i makes a share of each epoch's pairs proportional to "
         "weight_i x n_i ** (1 / temperature) (1: as many as it has; 5: small corpora "
@@ -217,11 +218,11 @@ class DataConfig:
         "one) instead of training one: to fine-tune on new data (vocab_size is then unused)",
     )
     workers: int = setting(0, "processes that encode the data (0: one per CPU core)", NOT_NEGATIVE)
-    sampling: float = setting(
+    bpe_dropout: float = setting(
         0.0,
         "BPE-dropout on the fly: each epoch, training pairs are segmented anew, each possible "
         "merge left out with this probability (0: off; 0.1 as Provilkov et al.), by (seed, "
-        "epoch, pair) alone; never in validation or translation (data/sampling.py)",
+        "epoch, pair) alone; never in validation or translation (data/bpe_dropout.py)",
         FRACTION,
     )
 
@@ -564,9 +565,9 @@ class Config:
                     f"train.best_valid {t.best_valid!r} is not a validation set; they are "
                     f"{', '.join(names)}"
                 )
-        if d.sampling and t.static_shapes:
+        if d.bpe_dropout and t.static_shapes:
             raise MtxError(
-                "data.sampling makes lengths change every epoch; train.static_shapes needs "
+                "data.bpe_dropout makes lengths change every epoch; train.static_shapes needs "
                 "the prepared lengths: use one or the other"
             )
         # given, and not at its default (a config that mtx wrote out holds every key)
@@ -704,6 +705,25 @@ def _coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
 
 # --- keys, YAML and --set -----------------------------------------------------------------
 
+# Keys renamed, old -> new (within one section): a config file or --set may still use the old
+# name, with a one-line notice; a checkpoint's saved config is read silently.
+RENAMED = {
+    "data.sampling": "data.bpe_dropout",  # decode.sampling is the search's
+    "data.temperature": "data.corpus_temperature",  # decode.temperature is the search's
+}
+
+Notice = typing.Callable[[str], None]
+
+
+def _current(key: str, notice: Notice | None) -> str:
+    """The key's current name; a renamed key is noticed, when `notice` is given."""
+    new = RENAMED.get(key)
+    if new is None:
+        return key
+    if notice is not None:
+        notice(f"mtx: config key {key} is now {new}; the old name will be removed")
+    return new
+
 
 def _unknown(key: str) -> MtxError:
     if "[" in key:  # a key inside a list entry: data.corpora[0].trian
@@ -734,24 +754,28 @@ def all_keys() -> list[str]:
     return [key for key, _, _ in declared()]
 
 
-def _apply(obj: Any, values: dict[str, Any], prefix: str = "") -> None:
+def _apply(
+    obj: Any, values: dict[str, Any], prefix: str = "", notice: Notice | None = None
+) -> None:
     hints = typing.get_type_hints(type(obj))
     fields = {f.name: f for f in dataclasses.fields(obj) if _is_key(f)}
     for name, value in values.items():
-        key = f"{prefix}{name}"
+        key = _current(f"{prefix}{name}", notice)
+        name = key.removeprefix(prefix)
         if name not in fields:
             raise _unknown(key)
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise MtxError(f"config key {key} must be a mapping, got {value!r}")
-            _apply(getattr(obj, name), value, key + ".")
+            _apply(getattr(obj, name), value, key + ".", notice)
         else:
             setattr(obj, name, _coerce(key, value, tp, None))
 
 
-def set_key(cfg: Config, key: str, raw: str) -> None:
+def set_key(cfg: Config, key: str, raw: str, notice: Notice | None = None) -> None:
     """Apply one `--set key=value` override (value parsed as YAML, checked against the field)."""
+    key = _current(key, notice)
     types = {k: tp for k, tp, _ in declared()}
     if key not in types:
         raise _unknown(key)
@@ -766,14 +790,21 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     setattr(obj, name, _coerce(key, value, types[key], raw))
 
 
-def from_dict(values: dict[str, Any]) -> Config:
+def from_dict(values: dict[str, Any], notice: Notice | None = None) -> Config:
     cfg = Config()
-    _apply(cfg, values)
+    _apply(cfg, values, notice=notice)
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (or the defaults when `path` is None), apply overrides, validate."""
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, notice: Notice = _stderr
+) -> Config:
+    """Read a YAML config (or the defaults when `path` is None), apply overrides, validate; a
+    renamed key still works, and `notice` says so in one line."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -786,11 +817,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(values, dict):
             raise MtxError(f"{p}: the top level must be a mapping of config keys")
     try:
-        cfg = from_dict(values)
+        cfg = from_dict(values, notice)
     except MtxError as e:
         raise MtxError(f"{p}: {e}") from None
-    apply_overrides(cfg, overrides)
-    cfg.given = frozenset(_dotted(values)) | {o.split("=", 1)[0].strip() for o in overrides or []}
+    apply_overrides(cfg, overrides, notice)
+    given = [*_dotted(values), *(o.split("=", 1)[0].strip() for o in overrides or [])]
+    cfg.given = frozenset(RENAMED.get(key, key) for key in given)
     return cfg.validate()
 
 
@@ -802,12 +834,14 @@ def _dotted(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
             yield prefix + name
 
 
-def apply_overrides(cfg: Config, overrides: list[str] | None) -> Config:
+def apply_overrides(
+    cfg: Config, overrides: list[str] | None, notice: Notice | None = _stderr
+) -> Config:
     for item in overrides or []:
         if "=" not in item:
             raise MtxError(f"--set expects key=value, got {item!r}")
         key, raw = item.split("=", 1)
-        set_key(cfg, key.strip(), raw)
+        set_key(cfg, key.strip(), raw, notice)
     return cfg
 
 
@@ -893,6 +927,8 @@ def markdown() -> str:
         )
         if key == "data.corpora":
             lines += _entry_rows("data.corpora[i].", CorpusConfig)
+    lines += ["", "## Renamed keys", "", "Still read under their old names, with a notice:", ""]
+    lines += [f"- `{old}`: now `{new}`" for old, new in RENAMED.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mtx import corpora
-from mtx.config import Config, all_keys, load_config
+from mtx.config import Config, all_keys, from_dict, load_config
 from mtx.errors import MtxError
 
 
@@ -49,6 +49,29 @@ def test_yaml_file_and_overrides_compose(tmp_path):
     path.write_text(yaml.safe_dump({"model": {"d_model": 64, "n_heads": 4}, "train": {"seed": 3}}))
     cfg = load_config(path, ["train.seed=9"])
     assert cfg.model.d_model == 64 and cfg.train.seed == 9
+
+
+def test_renamed_keys_still_work_with_a_one_line_notice(tmp_path):
+    """data.sampling and data.temperature (names the search's decode.* keys also have) are
+    data.bpe_dropout and data.corpus_temperature; the old names, in a file or --set, set the
+    new keys and say so once each; a checkpoint's saved config is read without a word."""
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"data": {"sampling": 0.1}}))
+    notices = []
+    cfg = load_config(path, ["data.temperature=3"], notice=notices.append)
+    assert (cfg.data.bpe_dropout, cfg.data.corpus_temperature) == (0.1, 3.0)
+    assert cfg.decode.sampling is False and cfg.decode.temperature == 1.0
+    assert notices == [
+        "mtx: config key data.sampling is now data.bpe_dropout; the old name will be removed",
+        "mtx: config key data.temperature is now data.corpus_temperature; the old name will be "
+        "removed",
+    ]
+    assert {"data.bpe_dropout", "data.corpus_temperature"} <= cfg.given
+    saved = cfg.to_dict()
+    saved["data"]["sampling"] = saved["data"].pop("bpe_dropout")  # as an older run saved it
+    assert from_dict(saved).data.bpe_dropout == 0.1
+    with pytest.raises(MtxError, match="unknown config key data.samplig"):
+        load_config(None, ["data.samplig=0.1"])
 
 
 @pytest.mark.parametrize(

@@ -157,7 +157,7 @@ def test_several_corpora_with_sampling_train_on_two_machines_as_on_one(
 ):
     """Both directions mixed by temperature, each pair segmented anew each epoch: every
     process draws the same rows and the same segmentations by (seed, epoch, row) alone."""
-    settings = [BOTH_WAYS, "data.temperature=2", "data.sampling=0.1", *SAME]
+    settings = [BOTH_WAYS, "data.corpus_temperature=2", "data.bpe_dropout=0.1", *SAME]
     one = tmp_path / "one"
     threads = torch.get_num_threads()
     try:

@@ -237,7 +237,7 @@ def test_exact_stopping_finds_what_running_to_the_maximum_length_finds():
     assert better > 0  # stopping at K finished hypotheses does miss better ones
 
 
-def test_sampling_is_seeded_per_sentence_and_keeps_to_top_k():
+def test_bpe_dropout_is_seeded_per_sentence_and_keeps_to_top_k():
     model, src = random_model(), random_src(batch=6)
     sampling = Sampling(temperature=2.0, top_k=3)
     seeds = [[7, i] for i in range(6)]

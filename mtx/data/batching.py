@@ -187,7 +187,7 @@ class BatchDataset(torch.utils.data.Dataset):
         fixed_tokens: int = 0,
         resegment=None,
     ) -> None:
-        """`resegment`: a data/sampling.py `Resegment` for the epoch, to train on sampled
+        """`resegment`: a data/bpe_dropout.py `Resegment` for the epoch, to train on sampled
         segmentations instead of the prepared ones."""
         self.ds = ds.select_columns(["src_ids", "tgt_ids"])
         self.batches = batches

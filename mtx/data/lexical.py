@@ -13,10 +13,10 @@ translation is in the target, each word weighted by its rarity, log(pairs / c(s)
 "the" count for little, a word in every pair for nothing); words the table does not know are
 left out. The pair's score is the mean of its two coverages (one of them, when the other
 side has no word of any weight that the table knows; 1, keeping the pair, when neither has),
-and a pair scoring under data.clean.lexical is dropped. On noisy Multi30k, at 0.4% of the
-aligned pairs dropped, the mean finds 91% of the misaligned pairs, the lower of the two
-coverages 79%, one coverage of both sides' words pooled 89%. A part of fewer than MIN_PAIRS pairs is not filtered (too few
-to learn a table from). Languages written without spaces offer whole phrases as words, which
+and a pair scoring under data.clean.lexical is dropped. On noisy Multi30k the mean found more
+of the misaligned pairs than the lower of the two coverages or one coverage of both sides'
+words pooled (BENCHMARKS.md, "Cleaning noisy corpora"). A part of fewer than MIN_PAIRS pairs
+is not filtered (too few to learn a table from). Languages written without spaces offer whole phrases as words, which
 the table rarely knows: such pairs are kept.
 
 All of it is numpy over Arrow arrays, a block of BLOCK pairs at a time, in one process: the

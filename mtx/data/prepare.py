@@ -313,7 +313,7 @@ def _key(split: str, g: corpora.EvalSet) -> str:
 def _train_spm(d: DataConfig, train: list, log) -> tuple[bytes, SpmSource]:
     """(a joint SentencePiece BPE model trained on the training pairs, where it came from).
     With several corpora, on a sample of data.spm_sample pairs (0: as many as there are)
-    balanced by data.temperature, and one reserved piece per target language."""
+    balanced by data.corpus_temperature, and one reserved piece per target language."""
     tags = corpora.tags(d)
     log(f"training SentencePiece BPE (vocab_size {d.vocab_size})")
     if len(train) == 1:
@@ -330,7 +330,9 @@ def _balanced_sentences(d: DataConfig, texts: list[datasets.Dataset]) -> Iterato
     sizes = [len(t) for t in texts]
     total = min(d.spm_sample or sum(sizes), sum(sizes))
     weights = [c.weight for c in corpora.corpora(d)]
-    for i, (text, share) in enumerate(zip(texts, corpora.shares(sizes, weights, d.temperature))):
+    for i, (text, share) in enumerate(
+        zip(texts, corpora.shares(sizes, weights, d.corpus_temperature))
+    ):
         want = int(round(share * total))
         rng = np.random.default_rng([0, i])
         rows = np.concatenate([rng.permutation(len(text)) for _ in range(-(-want // len(text)))])

@@ -112,7 +112,8 @@ def count_lines(path: Path) -> int:
 
 def _read_local(src: Path, tgt: Path, cache_dir: str | os.PathLike) -> datasets.Dataset:
     """Two line-aligned files as a Dataset, written to an Arrow file of its own in cache_dir
-    a block of lines at a time (a row at a time through from_generator was 4x slower)."""
+    a block of lines at a time (a row at a time through from_generator was several times
+    slower)."""
     os.makedirs(cache_dir, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix="read-", suffix=".arrow", dir=cache_dir)
     os.close(fd)

@@ -7,14 +7,14 @@ with N times the update_freq, and a run resumes at any batch of any epoch.
 
 `stream` is one loader for the whole run: its workers go from one epoch to the next without
 stopping, where a loader per epoch started its workers again and drained its queue at every
-epoch's end (on Multi30k, an epoch of 130 updates, that cost a tenth of a second or more: one
-log window in ten ran about 15% slower, BENCHMARKS.md). Each batch comes with its update's
+epoch's end (on Multi30k's short epochs, a log window in ten ran measurably slower:
+BENCHMARKS.md). Each batch comes with its update's
 target tokens and where the run stands once its update is done (`Streamed`), so the trainer's
 position follows the data.
 
 With several corpora (`Mix`), an epoch is the rows mtx/corpora.py draws for it, by
-(seed, epoch) alone, batched as one corpus's rows are. With data.sampling, the workers
-segment each pair anew (data/sampling.py), by (seed, epoch, row) alone.
+(seed, epoch) alone, batched as one corpus's rows are. With data.bpe_dropout, the workers
+segment each pair anew (data/bpe_dropout.py), by (seed, epoch, row) alone.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from mtx import corpora
 from mtx.config import Config, DataConfig, TrainConfig
 from mtx.data.batching import Batch, BatchDataset, fixed_batches, lengths, token_batches
-from mtx.data.sampling import Resegment
+from mtx.data.bpe_dropout import Resegment
 from mtx.errors import MtxError
 from mtx.train.faults import ignore_stop_signals
 
@@ -50,15 +50,15 @@ class Mix:
             return None
         corpus = np.asarray(ds["group"], dtype=np.int64)
         sizes = np.bincount(corpus, minlength=len(cs))
-        return cls(corpus, corpora.shares(sizes, [c.weight for c in cs], d.temperature))
+        return cls(corpus, corpora.shares(sizes, [c.weight for c in cs], d.corpus_temperature))
 
 
 def sampled(cfg: Config, spm_proto: bytes, tagged: bool, ds) -> tuple[Resegment, TrainConfig]:
-    """data.sampling's segmenter (`tagged`: the prepared sources start with a target-language
+    """data.bpe_dropout's segmenter (`tagged`: the prepared sources start with a target-language
     tag, which sampling keeps), and the batching settings it needs: train.max_tokens divided
-    by how much longer sampled segmentations are on this data (data/sampling.py)."""
+    by how much longer sampled segmentations are on this data (data/bpe_dropout.py)."""
     d, t = cfg.data, cfg.train
-    resegment = Resegment(spm_proto, d.sampling, t.seed, tagged, d.max_len)
+    resegment = Resegment(spm_proto, d.bpe_dropout, t.seed, tagged, d.max_len)
     padded, resegment.tgt_ratio = resegment.growth(ds, t.max_tokens, t.pad_to)
     budget = max(int(t.max_tokens / max(padded, 1.0)), d.max_len + 1)
     return resegment, dataclasses.replace(t, max_tokens=budget)
@@ -131,7 +131,7 @@ class Stream(torch.utils.data.IterableDataset):
         self.rank, self.world, self.resegment = rank, world, resegment
 
     def tokens(self, prepared: int) -> int:
-        """An update's target tokens: as prepared, or with data.sampling as many times the
+        """An update's target tokens: as prepared, or with data.bpe_dropout as many times the
         sampled ratio (see `sampled`)."""
         if self.resegment is None:
             return prepared

@@ -2,8 +2,8 @@
 
 Autocast (`bf16`) keeps fp32 weights and casts each one to bf16 where an operation uses it:
 on an H100 an eager update spent much of its time on those casts (BENCHMARKS.md), as
-NVIDIA's Transformer README found for fp16 (per-op casting about 20% slower than fp16 weights
-with fp32 master copies). Here the step runs a bf16 working copy of the model: weights,
+NVIDIA's Transformer README found for fp16 (per-op casting slower than fp16 weights with fp32
+master copies). Here the step runs a bf16 working copy of the model: weights,
 activations and gradients in bf16, the loss's softmax and sums in fp32 (loss.py). After the
 backward pass the gradients are copied into the fp32 model as fp32, clipped, and Adam updates
 the fp32 weights; the working copy is then set to them, rounded to bf16.

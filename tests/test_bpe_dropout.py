@@ -1,4 +1,4 @@
-"""Subword regularisation on the fly (data/sampling.py): a pair's segmentation is a function of
+"""Subword regularisation on the fly (data/bpe_dropout.py): a pair's segmentation is a function of
 (seed, epoch, row) alone: the same for any worker count and after a resume, different from
 one epoch to the next, never in validation."""
 
@@ -14,8 +14,8 @@ from helpers.common import last, records
 
 from mtx.config import load_config
 from mtx.data import vocab
+from mtx.data.bpe_dropout import Merges, Resegment, pair_seed
 from mtx.data.prepared import load_prepared
-from mtx.data.sampling import Merges, Resegment, pair_seed
 from mtx.model.build import make_model
 from mtx.tokens import EOS_ID
 from mtx.train.data import Mix, sampled, stream
@@ -69,23 +69,23 @@ def test_a_tag_stays_first_and_a_too_long_side_keeps_its_prepared_ids(prepared_b
 def items(prepared, workers: int, epoch: int, batch: int, n: int, *extra) -> list:
     cfg = load_config(None, [*TINY_RUN, f"train.workers={workers}", *extra])
     ds = datasets.load_from_disk(str(prepared / "train"))
-    r = resegment(prepared, cfg.data.sampling, tagged="data.corpora" in str(extra))
+    r = resegment(prepared, cfg.data.bpe_dropout, tagged="data.corpora" in str(extra))
     mix = Mix.of(ds, cfg.data)
     loader = stream(ds, cfg.train, epoch, batch, 0, 1, torch.device("cpu"), mix, r)
     return [(b.batch.src.tolist(), b.batch.tgt_out.tolist()) for b in itertools.islice(loader, n)]
 
 
 def test_any_worker_count_samples_the_same_batches(prepared_both_ways):
-    settings = ("data.sampling=0.1", BOTH_WAYS, "data.temperature=2")
+    settings = ("data.bpe_dropout=0.1", BOTH_WAYS, "data.corpus_temperature=2")
     one = items(prepared_both_ways, 0, 0, 0, 12, *settings)
     assert items(prepared_both_ways, 2, 0, 0, 12, *settings) == one
     assert items(prepared_both_ways, 1, 0, 5, 7, *settings) == one[5:]  # resumed at batch 5
-    plain = items(prepared_both_ways, 0, 0, 0, 12, BOTH_WAYS, "data.temperature=2")
+    plain = items(prepared_both_ways, 0, 0, 0, 12, BOTH_WAYS, "data.corpus_temperature=2")
     assert plain != one
 
 
 def test_a_run_with_sampling_resumes_exactly_and_validates_on_prepared_ids(tmp_path, prepared):
-    settings = ["data.sampling=0.1", "train.max_tokens=2048", "train.valid_every=10"]
+    settings = ["data.bpe_dropout=0.1", "train.max_tokens=2048", "train.valid_every=10"]
     train(run_config(tmp_path / "whole", prepared, "train.max_steps=24", *settings), **QUIET)
     train(run_config(tmp_path / "parts", prepared, "train.max_steps=11", *settings), **QUIET)
     cfg = run_config(tmp_path / "parts", prepared, "train.max_steps=24", *settings)
@@ -111,7 +111,7 @@ def test_a_run_with_sampling_resumes_exactly_and_validates_on_prepared_ids(tmp_p
 def test_sampled_batches_hold_about_max_tokens(prepared_both_ways):
     """Sampled segmentations are longer: batches are formed with a budget shrunk by how much
     longer they are on the run's data, so that they hold about train.max_tokens."""
-    cfg = load_config(None, [*TINY_RUN, BOTH_WAYS, "data.sampling=0.1", "train.max_tokens=2048"])
+    cfg = load_config(None, [*TINY_RUN, BOTH_WAYS, "data.bpe_dropout=0.1", "train.max_tokens=2048"])
     ds = datasets.load_from_disk(str(prepared_both_ways / "train"))
     proto = (prepared_both_ways / "spm.model").read_bytes()
     r, batching = sampled(cfg, proto, True, ds)
@@ -143,7 +143,7 @@ def test_another_process_samples_the_same_segmentations(prepared):
     another process (or machine, or a resumed run) draws is what this one draws."""
     code = (
         "import sys, json, datasets; from pathlib import Path; "
-        "from mtx.data.sampling import Resegment; p = Path(sys.argv[1]); "
+        "from mtx.data.bpe_dropout import Resegment; p = Path(sys.argv[1]); "
         "ds = datasets.load_from_disk(str(p / 'train')).select(range(300)); "
         "r = Resegment((p / 'spm.model').read_bytes(), 0.1, 1, False, 250).for_epoch(3); "
         "print(json.dumps(r(list(range(300)), ds[:])))"

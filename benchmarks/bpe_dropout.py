@@ -1,18 +1,18 @@
-"""Subword regularisation (data.sampling, BPE-dropout on the fly): how fast one core segments,
+"""Subword regularisation (data.bpe_dropout, BPE-dropout on the fly): how fast one core segments,
 how much longer the segmentations are, and what it does for a low-resource model.
 
-    python -m benchmarks.sampling rate [--alpha 0.1] [--pairs 29000] [--json]
-    python -m benchmarks.sampling bleu [--pairs 10000] [--seeds 1 2 3] [--max-steps 3000]
+    python -m benchmarks.bpe_dropout rate [--alpha 0.1] [--pairs 29000] [--json]
+    python -m benchmarks.bpe_dropout bleu [--pairs 10000] [--seeds 1 2 3] [--max-steps 3000]
                                        [--set KEY=VALUE ...] [--work DIR] [--json]
 
 `rate`: Multi30k en-de's training pairs prepared (SentencePiece BPE 8000), then segmented
-as a loader worker does for an epoch (data/sampling.py's Resegment, one process, one
+as a loader worker does for an epoch (data/bpe_dropout.py's Resegment, one process, one
 thread), against the prepared segmentation: pairs per second per core, and the sampled
 tokens per prepared token.
 
 `bleu`: the first --pairs pairs of Multi30k de->en, a small model (benchmarks/multilingual.py's
 settings) trained until the validation loss has not improved for 3 validations (at most
---max-steps updates), with data.sampling 0 and 0.1, each seed; test2016 BLEU of best.pt, the
+--max-steps updates), with data.bpe_dropout 0 and 0.1, each seed; test2016 BLEU of best.pt, the
 updates run and the mean padding of the logged training windows.
 """
 
@@ -29,7 +29,7 @@ import yaml
 
 from benchmarks.multilingual import M30K, SMALL
 from mtx.bench.harness import mtx, result, timed
-from mtx.data.sampling import Resegment
+from mtx.data.bpe_dropout import Resegment
 from mtx.train.metrics import read_metrics
 
 
@@ -70,7 +70,7 @@ def bleu_run(work: Path, prepared: Path, alpha: float, seed: int, args) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     if not (run / "prepared").exists():
         (run / "prepared").symlink_to(prepared)
-    sets = [*SMALL, f"run_dir={run}", f"data.sampling={alpha}", f"train.seed={seed}",
+    sets = [*SMALL, f"run_dir={run}", f"data.bpe_dropout={alpha}", f"train.seed={seed}",
             f"train.max_steps={args.max_steps}", "train.valid_every=200", "train.patience=3",
             "train.workers=1", *args.set]  # fmt: skip
     config = prepared.parent / "run.yaml"
@@ -99,7 +99,7 @@ def bleu(work: Path, args) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.sampling", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.bpe_dropout", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("what", choices=["rate", "bleu"])
     ap.add_argument("--alpha", type=float, default=0.1)

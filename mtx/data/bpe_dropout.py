@@ -1,5 +1,5 @@
 """Subword regularisation on the fly: BPE-dropout (Provilkov et al. 2020), a new segmentation
-of every training pair in every epoch (data.sampling).
+of every training pair in every epoch (data.bpe_dropout).
 
 BPE-dropout, as its paper states it: a word is segmented from its characters by BPE's merges,
 the merge of the highest score among adjacent pairs first, except that at each step each
@@ -16,8 +16,7 @@ three. So it is the same on every process, after a resume and for any number of 
 workers, and two epochs segment a pair differently. Validation, test and translation read
 the prepared segmentation and never sample.
 
-Sampled segmentations are longer than the prepared ones (at alpha 0.1 on Multi30k, by a fifth:
-BENCHMARKS.md), and batches are formed from the prepared lengths. So `growth` measures, once
+Sampled segmentations are longer than the prepared ones (BENCHMARKS.md has how much longer), and batches are formed from the prepared lengths. So `growth` measures, once
 at the start and the same on every process, how much sampling grows batches of the run's own
 data (the first 2,000 pairs, epoch 0): the trainer forms batches with train.max_tokens divided
 by the padded growth, so that a sampled batch's padded size is about train.max_tokens, and
