@@ -1,5 +1,5 @@
 """The benchmarks of several corpora, fine-tuning and BPE-dropout (benchmarks/multilingual.py,
-finetune.py, sampling.py): what they run is what they say, on a scale a test affords."""
+finetune.py, bpe_dropout.py): what they run is what they say, on a scale a test affords."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 import yaml
 from conftest import MULTI30K
 
-from benchmarks import finetune, multilingual, sampling
+from benchmarks import bpe_dropout, finetune, multilingual
 from mtx import corpora
 from mtx.config import load_config
 
@@ -46,7 +46,7 @@ def test_the_multilingual_summary_compares_each_direction():
 
 
 def test_the_sampling_rate_segments_real_pairs(tmp_path):
-    figures = sampling.rate(tmp_path, 0.1, 300)
+    figures = bpe_dropout.rate(tmp_path, 0.1, 300)
     assert figures["pairs"] == 300 and figures["pairs_per_s_per_core"] > 0
     assert 1.02 < figures["tokens_per_prepared_token"] < 1.6
     assert 10 < figures["prepared_tokens_per_pair"] < 80
