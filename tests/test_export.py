@@ -222,14 +222,14 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
     out = subprocess.run(
         [sys.executable, "-m", "mtx", "bench", "decode", "--checkpoint",
          str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--beam", "1",
-         "--batch", "8", "--rounds", "2", "--json"],
+         "--batch", "8", "--rounds", "1", "--json"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     report = json.loads(out.stdout.splitlines()[-1])
     assert report["benchmark"] == "decode" and report["machine"]["cores"] >= 1
     rows = {r["engine"]: r for r in report["results"]}
     assert set(rows) == {"mtx", "mtx-int8", "hf", "ct2", "ct2-int8"}
-    assert all(r["spread"] >= 0 for r in rows.values())  # two rounds each
+    assert all(r["spread"] == 0 for r in rows.values())  # one round each (a process each)
     assert all(r["lines"] == 40 and r["tokens_per_s"] > 0 for r in rows.values())
     assert rows["hf"]["same_as_mtx"] == rows["ct2"]["same_as_mtx"] == 1.0
     # BLEU against src.de, found beside the source: equal outputs, equal scores

@@ -131,9 +131,11 @@ def test_translate_streams_a_pipe_with_bounded_read_ahead_and_memory(toy_run):
 
 
 def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run):
-    """All 1000 lines of Multi30k test2016: beam 4 one sentence at a time and in 8000-token
-    batches, greedy in 64- and 8000-token batches, and in reverse order: the same hypotheses,
-    bit for bit (scores included); and with int8 weights, beam 4 in 64- and 8000-token batches."""
+    """All 1000 lines of Multi30k test2016: beam 4 in 8000-token batches, the first 250 lines
+    one sentence at a time (what all 1000 alone cost is most of this test; the property is
+    the same), greedy in 64- and 8000-token batches, and in reverse order: the same
+    hypotheses, bit for bit (scores included); and with int8 weights, beam 4 in 64- and
+    8000-token batches."""
     lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()
     ckpt = multi30k_run / "checkpoints" / "best.pt"
 
@@ -152,7 +154,8 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
         # short training lands differently on every CPU (288 to 597 distinct seen across
         # ATen's default, AVX2 and AVX-512 kernels), hence the wide margin
         assert len({tuple(tokens) for tokens, _ in together}) > 100
-        assert hypotheses(beam, small, lines) == together
+        alone = 250 if small == 1 else len(lines)
+        assert hypotheses(beam, small, lines[:alone]) == together[:alone]
         assert hypotheses(beam, 8000, lines[::-1]) == together[::-1]
         if beam == 4:
             fp32 = together
@@ -165,9 +168,9 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
 
 def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
     """`mtx serve`'s decoding processes run with a share of the cores (serve/workers.py), and
-    must answer what `mtx translate` gives with all of them: beam 4 over 300 test2016 lines, in
+    must answer what `mtx translate` gives with all of them: beam 4 over 150 test2016 lines, in
     whole and 64-token batches, fp32 and int8, with 1 and 3 torch threads: bit for bit."""
-    lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:300]
+    lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:150]
     ckpt = multi30k_run / "checkpoints" / "best.pt"
     before = torch.get_num_threads()
     try:
@@ -180,7 +183,7 @@ def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
                 hyps = [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
                 out[threads, batch_tokens] = hyps
             first = out[3, 8000]
-            assert len({tuple(tokens) for tokens, _ in first}) > 50  # something to compare
+            assert len({tuple(tokens) for tokens, _ in first}) > 30  # something to compare
             assert all(hyps == first for hyps in out.values()), dtype
     finally:
         torch.set_num_threads(before)
