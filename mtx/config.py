@@ -249,6 +249,11 @@ class ModelConfig:
         "how a decoder layer reads the positions before it: self-attention (the paper) or an "
         "SSRU, a simpler simple recurrent unit (Kim et al. 2019; fast students' decoders)",
     )
+    activation: Literal["relu", "swish", "gelu"] = setting(
+        "relu",
+        "the feed-forward layers' activation: relu (the paper), swish (x sigmoid(x), OPUS-MT's "
+        "MarianMT models) or gelu (the exact, erf form: NLLB's)",
+    )
     dropout: float = setting(
         0.1, "on sublayer outputs and on embedding + position sums (the paper's)", FRACTION
     )
@@ -293,7 +298,7 @@ class ModelConfig:
                 f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
                 "direction of the bidirectional encoder has d_model / 2 units)"
             )
-        for key in ("norm", "positions", "init", "decoder_d_ff", "decoder_self"):
+        for key in ("norm", "positions", "init", "decoder_d_ff", "decoder_self", "activation"):
             value, default = getattr(m, key), getattr(ModelConfig, key)
             if value != default:
                 raise MtxError(f"model.{key} ({value}) is a transformer setting; model.arch is rnn")

@@ -48,7 +48,7 @@ def test_a_packed_layer_fuses_the_relu_and_keeps_batch_shapes(kind):
     torch.manual_seed(0)
     weight, bias = torch.randn(64, 32), torch.randn(64)
     x = torch.randn(3, 5, 32)
-    out = PackedLinear(weight, bias, kind, relu=True)(x)
+    out = PackedLinear(weight, bias, kind, activation="relu")(x)
     assert out.shape == (3, 5, 64) and out.min() == 0
     plain = F.relu(F.linear(x, weight, bias))
     assert ((out - plain).norm() / plain.norm()).item() < (1e-6 if kind == "fp32" else 0.03)
@@ -86,7 +86,10 @@ def test_pack_prepares_every_layer_and_is_used_in_eval_mode_only(monkeypatch):
                     {"q", "kv", "out"} if module.cross else {"qkv", "out"}
                 )
             if isinstance(module, FeedForward):
-                assert set(module.packed) == {"fc1", "fc2"} and module.packed["fc1"].relu
+                assert (
+                    set(module.packed) == {"fc1", "fc2"}
+                    and module.packed["fc1"].activation == "relu"
+                )
         assert model.packed_output is not None
         torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
         layers = model.cfg.encoder_layers * 4 + model.cfg.decoder_layers * 7 + 1

@@ -34,6 +34,10 @@ QUANTIZATIONS = (
 )
 
 
+# model.activation -> CTranslate2's Activation member (GELU: the exact, erf form)
+CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
+
+
 def _np(t: Tensor):
     return t.detach().float().cpu().contiguous().numpy()
 
@@ -46,7 +50,7 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
         (m.encoder_layers, m.decoder_layers),
         m.n_heads,
         pre_norm=False,
-        activation=common_spec.Activation.RELU,
+        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[m.activation]),
     )
     spec.config.layer_norm_epsilon = m.layer_norm_eps
     spec.config.add_source_eos = True

@@ -66,7 +66,7 @@ def marian_config(cfg: Config, vocab_size: int):
         encoder_ffn_dim=m.d_ff,
         decoder_ffn_dim=m.decoder_d_ff or m.d_ff,
         max_position_embeddings=m.max_positions,
-        activation_function="relu",
+        activation_function=m.activation,  # relu, swish and gelu: transformers' names too
         dropout=m.dropout,
         attention_dropout=m.attention_dropout,
         activation_dropout=0.0,

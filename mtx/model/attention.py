@@ -117,15 +117,15 @@ class MultiHeadAttention(Packable, nn.Module):
         B, n, _ = x.shape
         return x.view(B, n, parts, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, bool]:
+    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, str | None]:
         """ "qkv": W^Q, W^K, W^V together; "q" and "kv" (cross-attention): W^Q, and W^K with
         W^V; "out": W^O."""
         w, b, d = self.in_proj.weight, self.in_proj.bias, self.d_model
         if name == "out":
-            return self.out_proj.weight, self.out_proj.bias, False
+            return self.out_proj.weight, self.out_proj.bias, None
         if name == "qkv":
-            return w, b, False
-        return (w[:d], b[:d], False) if name == "q" else (w[d:], b[d:], False)
+            return w, b, None
+        return (w[:d], b[:d], None) if name == "q" else (w[d:], b[d:], None)
 
     def project_q(self, x: Tensor) -> Tensor:
         return self._heads(self.project("q", x), 1)[0]

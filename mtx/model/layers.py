@@ -7,7 +7,8 @@ Each sublayer is, with `model.norm`:
 - pre (Wang et al. 2019, Xiong et al. 2020): x + Dropout(Sublayer(LayerNorm(x))); the stacks
   then end with a LayerNorm of their own (transformer.py).
 The feed-forward sublayer is FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3), d_ff wide
-(`model.decoder_d_ff` in the decoder, when set). With `model.positions: relative`,
+(`model.decoder_d_ff` in the decoder, when set); `model.activation` puts swish or GELU in
+place of the ReLU (pretrained models' choices; model/rows.py has them). With `model.positions: relative`,
 self-attention adds Shaw et al.'s relative terms (attention.py). With `model.decoder_self:
 ssru`, a decoder layer's first sublayer is an SSRU (ssru.py) in place of self-attention.
 """
@@ -26,9 +27,11 @@ from mtx.model.positions import relative_distance
 
 
 class FeedForward(Packable, nn.Module):
-    def __init__(self, d_model: int, d_ff: int, init: str = "fairseq") -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, init: str = "fairseq", activation: str = "relu"
+    ) -> None:
         super().__init__()
-        self.init = init
+        self.init, self.activation = init, activation
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.linear_names, self.packed = ("fc1", "fc2"), {}  # see Packable
@@ -44,9 +47,9 @@ class FeedForward(Packable, nn.Module):
                 nn.init.xavier_uniform_(fc.weight)
                 nn.init.zeros_(fc.bias)
 
-    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, bool]:
+    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, str | None]:
         fc = self.fc1 if name == "fc1" else self.fc2
-        return fc.weight, fc.bias, name == "fc1"  # ReLU after the first
+        return fc.weight, fc.bias, self.activation if name == "fc1" else None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.project("fc2", self.project("fc1", x))
@@ -71,7 +74,7 @@ class EncoderLayer(nn.Module):
             max_relative_position=relative_distance(cfg), init=cfg.init,
         )  # fmt: skip
         self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.init)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.init, cfg.activation)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.norm == "pre"
@@ -99,7 +102,7 @@ class DecoderLayer(nn.Module):
             cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True, init=cfg.init
         )
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.decoder_d_ff or cfg.d_ff, cfg.init)
+        self.ffn = FeedForward(cfg.d_model, cfg.decoder_d_ff or cfg.d_ff, cfg.init, cfg.activation)
         self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
         self.pre = cfg.norm == "pre"

@@ -27,10 +27,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from mtx.model.rows import linear
+from mtx.model.rows import ACTIVATIONS, linear
 
 KINDS = ("fp32", "int8")
 
@@ -43,14 +42,17 @@ def available(kind: str) -> bool:
 
 
 class PackedLinear:
-    """F.linear(x, weight, bias), then ReLU if `relu`, for CPU inference with a weight
-    prepared for `kind`. x (..., in) float32 -> (..., out) float32."""
+    """F.linear(x, weight, bias), then `activation` (a name in rows.ACTIVATIONS, or None), for
+    CPU inference with a weight prepared for `kind`. x (..., in) float32 -> (..., out)
+    float32. oneDNN applies a ReLU within the product; another activation follows it."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, kind: str, relu: bool = False):
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, kind: str, activation: str | None = None
+    ):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         weight = weight.detach().float().contiguous()
-        self.kind, self.relu, self.out_features = kind, relu, weight.size(0)
+        self.kind, self.activation, self.out_features = kind, activation, weight.size(0)
         self.bias = None if bias is None else bias.detach().float().contiguous()
         if kind == "fp32":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
@@ -65,22 +67,23 @@ class PackedLinear:
 
     def __call__(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.size(-1))
+        fused = self.kind == "fp32" and self.activation == "relu"
         if self.kind == "fp32":
-            post = "relu" if self.relu else "none"
+            post = "relu" if fused else "none"
             out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, post, [], "")
         else:
             m = torch.linalg.vector_norm(flat, float("inf"), 1, keepdim=True).clamp(min=1e-30)
             spanned = torch.cat([flat / m, self.bounds])
             out = torch.ops.quantized.linear_dynamic(spanned, self.weight, True)[: flat.size(0)]
             out = out * m if self.bias is None else torch.addcmul(self.bias, out, m)
-            if self.relu:
-                out = F.relu(out)
+        if self.activation is not None and not fused:
+            out = ACTIVATIONS[self.activation](out)
         return out.view(*x.shape[:-1], self.out_features)
 
 
 class Packable:
     """Mixin for a module whose linear layers can be packed. `linear_layer(name)` gives one's
-    weight, bias and whether a ReLU follows; `pack(kind)` prepares those named in
+    weight, bias and the activation that follows it (None: none); `pack(kind)` prepares those named in
     `linear_names`; `project(name, x)` applies one: packed in eval mode once prepared, else
     F.linear with padded rows (model/rows.py)."""
 
@@ -88,21 +91,21 @@ class Packable:
     packed: dict[str, PackedLinear]
     training: bool
 
-    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, bool]:
+    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, str | None]:
         raise NotImplementedError
 
     def pack(self, kind: str | None) -> None:
         """Prepare every linear layer for `kind`, or drop the prepared copies (None)."""
         self.packed = {}
         for name in () if kind is None else self.linear_names:
-            weight, bias, relu = self.linear_layer(name)
-            self.packed[name] = PackedLinear(weight, bias, kind, relu)
+            weight, bias, activation = self.linear_layer(name)
+            self.packed[name] = PackedLinear(weight, bias, kind, activation)
 
     def project(self, name: str, x: Tensor) -> Tensor:
-        """Linear layer `name` on x (then its ReLU)."""
+        """Linear layer `name` on x (then its activation)."""
         packed = None if self.training else self.packed.get(name)
         if packed is not None:
             return packed(x)
-        weight, bias, relu = self.linear_layer(name)
+        weight, bias, activation = self.linear_layer(name)
         out = linear(x, weight, bias)
-        return F.relu(out) if relu else out
+        return out if activation is None else ACTIVATIONS[activation](out)

@@ -48,3 +48,14 @@ def sigmoid(x: Tensor) -> Tensor:
     """1 / (1 + exp(-x)) from exp, an addition and a division, each of which gives an element
     the same value wherever it falls in the tensor (see above), unlike torch.sigmoid."""
     return torch.reciprocal(torch.exp(-x) + 1.0)
+
+
+def swish(x: Tensor) -> Tensor:
+    """x sigmoid(x) (SiLU), from `sigmoid` above: F.silu's vector and scalar paths differ."""
+    return x * sigmoid(x)
+
+
+# The feed-forward layers' activations (model.activation), each safe in the sense above:
+# F.relu and F.gelu (exact, from erf) give an element the same value anywhere (checked with
+# the others in tests/test_capabilities.py).
+ACTIVATIONS = {"relu": F.relu, "swish": swish, "gelu": F.gelu}

@@ -49,8 +49,8 @@ class SSRU(Packable, nn.Module):
                 nn.init.xavier_uniform_(part)
         nn.init.zeros_(self.gate_bias)
 
-    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, bool]:
-        return self.proj.weight, None, False
+    def linear_layer(self, name: str) -> tuple[Tensor, Tensor | None, str | None]:
+        return self.proj.weight, None, None
 
     def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
         """(B, T, d) -> (B, T, d). With `cache`, x holds the positions after those cached:

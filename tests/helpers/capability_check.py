@@ -33,7 +33,7 @@ from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.model import packed
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
-from mtx.model.rows import linear, sigmoid
+from mtx.model.rows import ACTIVATIONS, linear, sigmoid
 from mtx.tokens import EOS_ID, PAD_ID, padded_length
 
 VOCAB = 53
@@ -44,6 +44,8 @@ def operations() -> list[str]:
         "exp": torch.exp,
         "tanh": torch.tanh,
         "rows.sigmoid": sigmoid,
+        "rows.swish": ACTIVATIONS["swish"],
+        "gelu": ACTIVATIONS["gelu"],
         "log_softmax": lambda x: torch.log_softmax(x, -1),
         "softmax": lambda x: torch.softmax(x, -1),
         "layer_norm": lambda x: F.layer_norm(x, x.shape[-1:]),
@@ -69,10 +71,14 @@ def operations() -> list[str]:
 def architectures() -> list[dict]:
     shared = dict(d_model=40, n_heads=4, d_ff=72, dropout=0.0, max_positions=64)
     out = []
+    # pre-norm with sinusoidal and learned positions takes swish and GELU (pretrained
+    # models' activations: model/rows.py); the other Transformers the paper's ReLU
+    activations = {("pre", "sinusoidal"): "swish", ("pre", "learned"): "gelu"}
     for norm in ("post", "pre"):
         for positions in ("sinusoidal", "learned", "relative"):
             out.append(dict(arch="transformer", norm=norm, positions=positions,
-                            max_relative_position=4, encoder_layers=2, decoder_layers=2))  # fmt: skip
+                            max_relative_position=4, encoder_layers=2, decoder_layers=2,
+                            activation=activations.get((norm, positions), "relu")))  # fmt: skip
     out.append(
         dict(
             arch="transformer",
@@ -182,7 +188,8 @@ def searches() -> tuple[list[str], int]:
             model.embed.weight.mul_(3.0)  # sharper outputs: hypotheses of various lengths
         name = ", ".join(f"{v}" for k, v in values.items() if k in ("arch", "norm", "positions",
                                                                      "rnn_cell", "attention",
-                                                                     "decoder_self"))  # fmt: skip
+                                                                     "decoder_self",
+                                                                     "activation"))  # fmt: skip
         found, n = batchings(model, name, model.pack)
         bad, checked = bad + found, checked + n
     return bad, checked
