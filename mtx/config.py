@@ -249,6 +249,11 @@ class ModelConfig:
         "how a decoder layer reads the positions before it: self-attention (the paper) or an "
         "SSRU, a simpler simple recurrent unit (Kim et al. 2019; fast students' decoders)",
     )
+    output_bias: bool = setting(
+        False,
+        "a trained bias on the pre-softmax logits (the paper has none; MarianMT's "
+        "final_logits_bias)",
+    )
     activation: Literal["relu", "swish", "gelu"] = setting(
         "relu",
         "the feed-forward layers' activation: relu (the paper), swish (x sigmoid(x), OPUS-MT's "
@@ -298,7 +303,8 @@ class ModelConfig:
                 f"model.d_model ({m.d_model}) must be even with model.arch rnn (each "
                 "direction of the bidirectional encoder has d_model / 2 units)"
             )
-        for key in ("norm", "positions", "init", "decoder_d_ff", "decoder_self", "activation"):
+        transformer = ("norm", "positions", "init", "decoder_d_ff", "decoder_self", "activation")
+        for key in (*transformer, "output_bias"):
             value, default = getattr(m, key), getattr(ModelConfig, key)
             if value != default:
                 raise MtxError(f"model.{key} ({value}) is a transformer setting; model.arch is rnn")

@@ -4,22 +4,19 @@ MarianMT model's logits, CTranslate2's log-probabilities) as in mtx."""
 
 import math
 
-import ctranslate2
 import pytest
 import torch
 from conftest import tiny_model_config
+from helpers.exports import check_exports
 from transformers import MarianMTModel
 
 from mtx.checkpoint import Checkpoint
 from mtx.config import load_config
-from mtx.data import toy
-from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.export import export
 from mtx.model.layers import FeedForward
 from mtx.model.rows import ACTIVATIONS
 from mtx.model.transformer import Transformer
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
 
 FORMULAS = {
     "relu": lambda x: torch.clamp(x, min=0),
@@ -74,30 +71,6 @@ def relabelled(request, toy_run, tmp_path_factory):
 
 def test_both_exports_compute_what_mtx_computes_with_each_activation(relabelled):
     name, root = relabelled
-    translator = Translator.from_checkpoint(root / "model.pt", device="cpu")
-    model, sp = translator.model, translator.sp
-    assert model.cfg.activation == name
-    lines = [src for src, _ in toy.split_pairs("test")[:12]]
-    src = torch.nn.utils.rnn.pad_sequence(
-        [torch.tensor(translator.encode(line)) for line in lines],
-        batch_first=True,
-        padding_value=PAD_ID,
-    )
-    hyps = translator.translate_ids(lines)
-    hf = MarianMTModel.from_pretrained(root / "hf").eval()
-    assert hf.config.activation_function == name
-    ct2 = ctranslate2.Translator(str(root / "ct2"), device="cpu")
-    targets = [[sp.id_to_piece(i) for i in h[0].tokens] for h in hyps]
-    scored = ct2.score_batch([sp.encode(line, out_type=str) for line in lines], targets)
-    with torch.no_grad():
-        tgt = torch.randint(4, model.vocab_size, (len(lines), 9))
-        tgt[:, 0] = BOS_ID
-        ours = model(src, tgt)
-        theirs = hf(input_ids=src, attention_mask=src != PAD_ID, decoder_input_ids=tgt).logits
-        torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
-        for line, hyp, result in zip(lines, hyps, scored):
-            one = torch.tensor([translator.encode(line)])
-            forced = torch.tensor([[BOS_ID, *hyp[0].tokens]])
-            lprobs = torch.log_softmax(model(one, forced)[0], -1)
-            expected = lprobs[torch.arange(forced.size(1)), [*hyp[0].tokens, EOS_ID]]
-            torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
+    translator = check_exports(root / "model.pt", root / "hf", root / "ct2")
+    assert translator.model.cfg.activation == name
+    assert MarianMTModel.from_pretrained(root / "hf").config.activation_function == name

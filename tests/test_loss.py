@@ -79,3 +79,31 @@ def test_the_chunked_output_loss_computes_in_autocasts_dtype():
     bf16 = hidden.detach().bfloat16().float() @ weight.detach().bfloat16().float().T
     want, _ = label_smoothed_nll(bf16, target, 0.1, 0)  # the bf16-rounded product
     torch.testing.assert_close(loss, want, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64])
+def test_the_chunked_output_loss_with_a_bias_has_the_value_and_gradients_of_the_whole_one(
+    chunk_rows, monkeypatch
+):
+    """With model.output_bias the logits are hidden @ weight^T + bias: the chunked loss's
+    value and its three gradients (hidden, weight, bias) are the whole logits', in float64."""
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_rows * 50)  # V = 50
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    bias = (torch.randn(50, dtype=torch.float64) * 3).requires_grad_()
+    target = torch.randint(1, 50, (37,))
+    target[[3, 10, 11, 36]] = 0  # padding
+    loss, nll = output_loss(hidden, weight, target, 0.1, 0, bias)
+    (loss * 3.0).backward()
+    got = hidden.grad.clone(), weight.grad.clone(), bias.grad.clone()
+    hidden.grad = weight.grad = bias.grad = None
+    logits = hidden @ weight.T + bias
+    want = F.cross_entropy(logits, target, ignore_index=0, label_smoothing=0.1, reduction="sum")
+    (want * 3.0).backward()
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    for mine, theirs in zip(got, (hidden.grad, weight.grad, bias.grad)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-12)
+    assert bias.grad.abs().max() > 0.1  # the bias is trained
+    unbiased, _ = output_loss(hidden, weight, target, 0.1, 0)
+    assert not torch.isclose(unbiased, loss)

@@ -202,7 +202,9 @@ class Shortlisted(Lacks):
             sentences.append((columns.to(weight.device), padded.to(weight.device)))
         packed = self.model.packed_output
         rows = weight.index_select(0, union.to(weight.device))
-        project = _projection(rows, None if packed is None else packed.kind)
+        bias = self.model.output_bias()
+        bias = None if bias is None else bias.index_select(0, union.to(bias.device))
+        project = _projection(rows, bias, None if packed is None else packed.kind)
         allowed = rules.candidate_rules(self.vocab_size, weight.device)  # once a search
         return ShortlistCache(self.model.new_cache(), project, len(union), sentences, allowed)
 
@@ -257,8 +259,8 @@ class Shortlisted(Lacks):
             yield bucket, (rows, ids), torch.log_softmax(slots, dim=-1), put
 
 
-def _projection(weight: Tensor, kind: str | None):
-    """x -> x @ weight.T: packed for the CPU as `kind` says, else with padded rows."""
+def _projection(weight: Tensor, bias: Tensor | None, kind: str | None):
+    """x -> x @ weight.T + bias: packed for the CPU as `kind` says, else with padded rows."""
     if kind is not None:
-        return PackedLinear(weight, None, kind)
-    return lambda x: linear(x, weight)
+        return PackedLinear(weight, bias, kind)
+    return lambda x: linear(x, weight, bias)

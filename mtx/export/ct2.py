@@ -77,6 +77,8 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
     spec.encoder.embeddings[0].weight = w["embed.weight"]
     spec.decoder.embeddings.weight = w["embed.weight"]
     spec.decoder.projection.weight = w["embed.weight"]
+    if "logits_bias" in w:  # model.output_bias
+        spec.decoder.projection.bias = w["logits_bias"]
     for i, layer in enumerate(spec.encoder.layer):
         name = f"encoder_layers.{i}"
         linear(layer.self_attention.linear[0], f"{name}.self_attn.in_proj")

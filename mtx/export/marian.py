@@ -14,7 +14,8 @@ two differences that the export maps exactly:
   logits.
 - Attention weights: our one (3d, d) `in_proj` becomes Marian's q_proj, k_proj, v_proj.
 
-Marian adds a zero `final_logits_bias`; the decoder starts from our BOS (decoder_start_token_id).
+Marian's `final_logits_bias` is the model's output bias (`model.output_bias`), or zeros; the
+decoder starts from our BOS (decoder_start_token_id).
 What Marian cannot express (another LayerNorm epsilon than its fixed 1e-5) is refused.
 """
 
@@ -110,7 +111,10 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
     for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
         out[f"{name}.weight"] = embed
     out["lm_head.weight"] = embed
-    out["final_logits_bias"] = torch.zeros(1, model.vocab_size)
+    bias = model.output_bias()  # model.output_bias, else Marian's zeros
+    out["final_logits_bias"] = (
+        torch.zeros(1, model.vocab_size) if bias is None else bias.detach().float().cpu()[None]
+    )
     for i in range(model.cfg.encoder_layers):
         dst, src = f"model.encoder.layers.{i}", f"encoder_layers.{i}"
         attention(f"{dst}.self_attn", f"{src}.self_attn")

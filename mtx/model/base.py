@@ -16,6 +16,7 @@ from mtx.model.rows import linear
 
 class EncoderDecoder:
     capabilities: Capabilities
+    logits_bias: Tensor | None  # model.output_bias: a bias on the pre-softmax logits, or None
     # Each part (config.PARTS, what train.freeze names): the prefixes of its parameter names.
     PARTS: dict[str, tuple[str, ...]] = {}
 
@@ -54,10 +55,15 @@ class EncoderDecoder:
         """(V, d) the pre-softmax projection: the shared embedding matrix."""
         return self.embed.weight
 
+    def output_bias(self) -> Tensor | None:
+        """(V,) the bias added to the logits (model.output_bias), or None."""
+        return self.logits_bias
+
     def output_projection(self, x: Tensor) -> Tensor:
-        """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection."""
+        """(..., d) -> (..., V) logits: the shared embedding matrix as pre-softmax projection
+        (plus the output bias, if any)."""
         if self.packed_output is None or self.training:
-            return linear(x, self.output_weight())
+            return linear(x, self.output_weight(), self.output_bias())
         return self.packed_output(x)
 
     def pack(self, kind: str | None) -> bool:
@@ -80,5 +86,5 @@ class EncoderDecoder:
             return False
         for module in layers:
             module.pack(kind)
-        self.packed_output = PackedLinear(w, None, kind)
+        self.packed_output = PackedLinear(w, self.output_bias(), kind)
         return True

@@ -19,8 +19,8 @@ Shape legend: N hypothesis rows, S source length, T decoder inputs, V vocabulary
   what the static search replays (`capabilities.static_cache`).
 - `continuations(...)`: the best 2K continuations of each sentence's K beams found among the
   model's own candidates (`capabilities.candidates`: a lexical shortlist).
-- `output_weight()`: the (V, d) pre-softmax projection a shortlist takes
-  (`capabilities.output_matrix`: one model, not an ensemble).
+- `output_weight()`, `output_bias()`: the (V, d) pre-softmax projection a shortlist takes,
+  and its (V,) bias or None (`capabilities.output_matrix`: one model, not an ensemble).
 - `cross_attention_modules()`: the encoder-decoder attention to show
   (`capabilities.attention`).
 - `members()`: the single models it decodes with, in order (itself, or an ensemble's).
@@ -82,6 +82,8 @@ class Decodable(Protocol):
 
     def output_weight(self) -> Tensor: ...
 
+    def output_bias(self) -> Tensor | None: ...
+
     def cross_attention_modules(self) -> list[Any]: ...
 
 
@@ -105,6 +107,9 @@ class Lacks:
         raise self._lacks("candidates of its own (a lexical shortlist has)")
 
     def output_weight(self) -> Tensor:
+        raise self._lacks("single output matrix")
+
+    def output_bias(self) -> Tensor | None:
         raise self._lacks("single output matrix")
 
     def cross_attention_modules(self) -> list[Any]:

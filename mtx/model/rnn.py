@@ -138,6 +138,7 @@ class RNN(EncoderDecoder, Lacks, nn.Module):
         self.vocab_size = vocab_size
         d, kind = cfg.d_model, cfg.rnn_cell
         self.embed = nn.Embedding(vocab_size, d, padding_idx=PAD_ID)
+        self.logits_bias = None  # model.output_bias is the Transformer's
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(
             BidirectionalLayer(kind, d, d // 2) for _ in range(cfg.encoder_layers)

@@ -41,7 +41,8 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         mixed_lengths=True, static_cache=True, output_matrix=True, attention=True
     )
     PARTS = {
-        "embeddings": ("embed.", "position_embed."),  # the shared embedding is the output layer
+        # the shared embedding is the output layer (with its bias, model.output_bias)
+        "embeddings": ("embed.", "position_embed.", "logits_bias"),
         "encoder": ("encoder_layers.", "encoder_norm."),
         "decoder": ("decoder_layers.", "decoder_norm."),
     }
@@ -51,6 +52,8 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
+        # model.output_bias, MarianMT's final_logits_bias
+        self.logits_bias = nn.Parameter(torch.zeros(vocab_size)) if cfg.output_bias else None
         table = sinusoidal_table(cfg.max_positions, cfg.d_model)
         self.register_buffer("positions", table, persistent=False)
         self.position_embed = None
@@ -76,11 +79,15 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         nn.Linear's (its second layer about half Xavier's), as fairseq does: each sublayer then
         adds less to the residual stream at first, and on Multi30k the validation loss early
         in training is lower and test BLEU higher than with Xavier-uniform everywhere
-        (`model.init: xavier`; BENCHMARKS.md, "Learning per update", has the figures). W^V's scale does the most, then the feed-forward layers' and W^Q's, W^K's.
+        (`model.init: xavier`; BENCHMARKS.md, "Learning per update", has the figures). W^V's
+        scale does the most, then the feed-forward layers' and W^Q's, W^K's. The output bias
+        (model.output_bias) starts at zero.
         """
         nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
         with torch.no_grad():
             self.embed.weight[PAD_ID].zero_()
+            if self.logits_bias is not None:
+                self.logits_bias.zero_()
         if self.position_embed is not None:
             nn.init.normal_(self.position_embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
         # each decoder layer's self-sublayer whatever its kind (model/decoder_self.py)

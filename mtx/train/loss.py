@@ -42,46 +42,56 @@ def label_smoothed_nll(
 def chunked_loss_and_grads(
     hidden: Tensor,
     weight: Tensor,
+    bias: Tensor | None,
     target: Tensor,
     eps: float,
     pad_id: int,
     dtype: torch.dtype,
     chunk: int,
-    need_grads: tuple[bool, bool] = (False, False),
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """(smoothed loss sum, NLL sum) of logits = hidden @ weight^T, computed `chunk` rows at a
-    time, and where `need_grads` asks, their gradients with respect to hidden and weight.
+    need_grads: tuple[bool, bool, bool] = (False, False, False),
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """(smoothed loss sum, NLL sum) of logits = hidden @ weight^T (+ bias), computed `chunk`
+    rows at a time, and where `need_grads` asks, their gradients with respect to hidden,
+    weight and bias.
 
-    hidden (N, d), weight (V, d), target (N,); products in `dtype`, softmax and sums in fp32
-    (or in fp64 for fp64 inputs)."""
+    hidden (N, d), weight (V, d), bias (V,) or None, target (N,); products in `dtype`, the
+    bias, softmax and sums in fp32 (or in fp64 for fp64 inputs)."""
     N, V = hidden.size(0), weight.size(0)
     w = weight.to(dtype)
     acc = torch.promote_types(dtype, torch.float32)
-    need_h, need_w = need_grads
+    b = None if bias is None else bias.to(acc)
+    need_h, need_w, need_b = need_grads
     grad_h = torch.empty_like(hidden) if need_h else None
     grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+    grad_b = torch.zeros(V, dtype=acc, device=weight.device) if need_b else None
     loss = hidden.new_zeros((), dtype=acc)
     nll = hidden.new_zeros((), dtype=acc)
     for start in range(0, N, chunk):
         h = hidden[start : start + chunk].to(dtype)  # (n, d)
         t = target[start : start + chunk].unsqueeze(1)  # (n, 1)
-        lprobs = torch.log_softmax((h @ w.t()).to(acc), dim=-1)  # (n, V)
+        logits = (h @ w.t()).to(acc)
+        if b is not None:
+            logits = logits + b
+        lprobs = torch.log_softmax(logits, dim=-1)  # (n, V)
         keep = t != pad_id  # (n, 1)
         chunk_nll = -lprobs.gather(1, t.clamp(min=0)).masked_fill(~keep, 0.0).sum()
         smooth = -lprobs.mean(dim=-1, keepdim=True).masked_fill(~keep, 0.0).sum()
         loss += (1.0 - eps) * chunk_nll + eps * smooth
         nll += chunk_nll
-        if not (need_h or need_w):
+        if not (need_h or need_w or need_b):
             continue
         # p - q: softmax minus the smoothed target (1 - eps on y, eps / V everywhere)
         grad = lprobs.exp_().sub_(eps / V)  # in place of lprobs, which is not needed again
         grad.scatter_add_(1, t.clamp(min=0), grad.new_full(t.shape, eps - 1.0))
-        grad = grad.masked_fill_(~keep, 0.0).to(dtype)  # (n, V)
+        grad = grad.masked_fill_(~keep, 0.0)  # (n, V)
+        if need_b:
+            grad_b += grad.sum(0)
+        grad = grad.to(dtype)
         if need_h:
             grad_h[start : start + chunk] = grad @ w
         if need_w:
             grad_w += (grad.t() @ h).to(acc)
-    return loss, nll, grad_h, grad_w
+    return loss, nll, grad_h, grad_w, grad_b
 
 
 class ChunkedOutputLoss(torch.autograd.Function):
@@ -90,34 +100,44 @@ class ChunkedOutputLoss(torch.autograd.Function):
     d loss / d hidden (N x d) and d loss / d weight (V x d) are kept, far less than N x V."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, eps, pad_id, dtype, chunk):
-        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        args = (hidden, weight, target, eps, pad_id, dtype, chunk, need)
-        loss, nll, grad_h, grad_w = chunked_loss_and_grads(*args)
-        ctx.save_for_backward(grad_h, grad_w)
+    def forward(ctx, hidden, weight, bias, target, eps, pad_id, dtype, chunk):
+        need = tuple(ctx.needs_input_grad[:3])
+        args = (hidden, weight, bias, target, eps, pad_id, dtype, chunk, need)
+        loss, nll, grad_h, grad_w, grad_b = chunked_loss_and_grads(*args)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
-        grad_h, grad_w = ctx.saved_tensors
+        grad_h, grad_w, grad_b = ctx.saved_tensors
         dh = None if grad_h is None else grad_h * grad_loss.to(grad_h.dtype)
         dw = None if grad_w is None else (grad_w * grad_loss).to(ctx.weight_dtype)
-        return dh, dw, None, None, None, None, None
+        db = None if grad_b is None else (grad_b * grad_loss).to(ctx.bias_dtype)
+        return dh, dw, db, None, None, None, None, None
 
 
 def output_loss(
-    hidden: Tensor, weight: Tensor, target: Tensor, eps: float, pad_id: int
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    pad_id: int,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """hidden (N, d) decoder output states, weight (V, d) the output projection, target (N,) ->
-    (smoothed loss sum, NLL sum), as label_smoothed_nll(hidden @ weight^T, ...) computes them,
-    the products in autocast's dtype where it is on (else hidden's)."""
+    """hidden (N, d) decoder output states, weight (V, d) the output projection and bias (V,)
+    its bias or None, target (N,) -> (smoothed loss sum, NLL sum), as
+    label_smoothed_nll(hidden @ weight^T + bias, ...) computes them, the products in
+    autocast's dtype where it is on (else hidden's)."""
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     chunk = max(1, CHUNK_ELEMENTS // weight.size(0))
-    args = (hidden, weight, target, eps, pad_id, dtype, chunk)
+    args = (hidden, weight, bias, target, eps, pad_id, dtype, chunk)
+    trained = hidden.requires_grad or weight.requires_grad
+    trained = trained or (bias is not None and bias.requires_grad)
     with torch.autocast(device, enabled=False):
-        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        if torch.is_grad_enabled() and trained:
             return ChunkedOutputLoss.apply(*args)
         return chunked_loss_and_grads(*args)[:2]  # validation: no gradients to compute

@@ -104,7 +104,8 @@ class LossModel(torch.nn.Module):
         hidden = self.model(src, tgt_in, tgt_index, padded, project=False)  # (N, d)
         target = tgt_out.flatten()[tgt_index]  # (N,)
         if self.chunked:
-            return output_loss(hidden, self.model.output_weight(), target, self.eps, PAD_ID)
+            weight, bias = self.model.output_weight(), self.model.output_bias()
+            return output_loss(hidden, weight, target, self.eps, PAD_ID, bias)
         logits = self.model.output_projection(hidden)  # (N, V)
         return label_smoothed_nll(logits, target, self.eps, PAD_ID)
 
