@@ -50,7 +50,7 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
         (m.encoder_layers, m.decoder_layers),
         m.n_heads,
         pre_norm=False,
-        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[m.activation]),
+        activation=common_spec.Activation[CT2_ACTIVATIONS[m.activation]],
     )
     spec.config.layer_norm_epsilon = m.layer_norm_eps
     spec.config.add_source_eos = True
