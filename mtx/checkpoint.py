@@ -331,6 +331,26 @@ class Checkpoint:
         return _from_payload(payload, path)
 
 
+def read_tensors(path: Path) -> dict[str, Tensor]:
+    """Another toolkit's weights (a pretrained model's, mtx/pretrained/): a .safetensors
+    file, or a PyTorch pickle through the safe loader (weights_only: never an unsafe
+    unpickling); MtxError in one line if they cannot be read."""
+    try:
+        if path.suffix == ".safetensors":
+            try:
+                from safetensors.torch import load_file
+            except ImportError:
+                need = "reading it needs safetensors: pip install 'mtx[import]'"
+                raise MtxError(f"{path}: {need}") from None
+            return load_file(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except MtxError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise MtxError(f"{path}: its weights cannot be read ({first})") from None
+
+
 # --- the format on disk: the only place that knows its keys --------------------------------
 
 

@@ -259,6 +259,11 @@ class ModelConfig:
         "the feed-forward layers' activation: relu (the paper), swish (x sigmoid(x), OPUS-MT's "
         "MarianMT models) or gelu (the exact, erf form: NLLB's)",
     )
+    decoder_start: Literal["bos", "pad", "eos"] = setting(
+        "bos",
+        "the decoder's first input: bos (mtx's vocabularies), pad (an imported MarianMT model: "
+        "its vocabulary has no BOS, id 2 is a piece) or eos (an imported NLLB model)",
+    )
     dropout: float = setting(
         0.1, "on sublayer outputs and on embedding + position sums (the paper's)", FRACTION
     )

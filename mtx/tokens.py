@@ -4,9 +4,26 @@ the lengths batches and sources are padded to. No torch here: `mtx serve`'s HTTP
 tokens with these (serve/front.py), and the config checks that the longest padded pair fits
 the model (config.py)."""
 
+from dataclasses import dataclass
+
 import numpy as np
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Specials:
+    """What a vocabulary's special ids mean to the decoder (PAD, UNK and EOS are always 0, 1
+    and 3; an imported vocabulary is permuted onto them): the token the decoder starts from,
+    and how many ids from 0 up no output contains."""
+
+    start: int
+    never_below: int
+
+
+# model.decoder_start: bos (mtx's own: id 2 is BOS, the start); pad (MarianMT: no BOS, id 2 is
+# a piece, the decoder starts from PAD); eos (fairseq and NLLB: starts from EOS, BOS unused)
+SPECIALS = {"bos": Specials(BOS_ID, 3), "pad": Specials(PAD_ID, 2), "eos": Specials(EOS_ID, 3)}
 
 SOURCE_BUCKET = 8
 

@@ -20,7 +20,12 @@ FLOORS = [
     {"checkpoint": ["mtx.checkpoint"]},
     {"model": ["mtx.model"], "data": ["mtx.data"], "evaluate": ["mtx.evaluate"]},
     {"decode": ["mtx.decode"]},
-    {"train": ["mtx.train"], "export": ["mtx.export"], "info": ["mtx.info"], "jobs": ["mtx.jobs"]},
+    {
+        "train": ["mtx.train"],
+        "export": ["mtx.export", "mtx.pretrained"],
+        "info": ["mtx.info"],
+        "jobs": ["mtx.jobs"],
+    },
     {"serve": ["mtx.serve"], "plot": ["mtx.plot"]},
     {"bench": ["mtx.bench"]},
     {"cli": ["mtx.cli", "mtx.__main__"]},

@@ -44,7 +44,7 @@ def test_a_pair_is_segmented_by_seed_epoch_and_row_alone(prepared):
     changed = sum(a != b for a, b in zip(e0[0], e1[0]))
     assert changed > 20  # another epoch, other segmentations
     assert resegment(prepared, seed=2).for_epoch(0)(rows, batch) != e0
-    sp = vocab.load((prepared / "spm.model").read_bytes())
+    sp = vocab.load_spm((prepared / "spm.model").read_bytes())
     for ids, text in zip(e0[0] + e0[1], batch["src"] + batch["tgt"]):
         assert ids[-1] == EOS_ID and sp.decode(ids[:-1]) == text  # the same text
     differ = sum(a != b for a, b in zip(e0[0], batch["src_ids"]))
@@ -130,7 +130,7 @@ def test_without_dropout_the_merges_segment_as_sentencepiece_does(multi30k_run):
     """Merges.sample at alpha 0 is SentencePiece's own BPE segmentation: every line of
     Multi30k's test2016, both languages, with the model of a real corpus."""
     proto = (multi30k_run / "prepared" / "spm.model").read_bytes()
-    merges, sp = Merges(proto), vocab.load(proto)
+    merges, sp = Merges(proto), vocab.load_spm(proto)
     for lang in ("en", "de"):
         for line in (MULTI30K / f"test2016.{lang}").read_text(encoding="utf-8").splitlines():
             ids = sp.encode(line)

@@ -96,7 +96,7 @@ def test_an_epoch_draws_its_rows_by_seed_and_epoch_alone():
 
 def test_prepare_tags_each_source_with_its_target_language(prepared_both_ways):
     manifest = json.loads((prepared_both_ways / "manifest.json").read_text())
-    sp = vocab.load((prepared_both_ways / "spm.model").read_bytes())
+    sp = vocab.load_spm((prepared_both_ways / "spm.model").read_bytes())
     assert manifest["tags"] == {"de": 4, "en": 5} == corpora.tag_ids(sp)
     assert ">>en<<" in sp.encode(">>en<< a dog", out_type=str)  # reserved: never split
     train = datasets.load_from_disk(str(prepared_both_ways / "train"))

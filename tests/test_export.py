@@ -115,7 +115,7 @@ def test_hf_generate_translates_as_mtx_does(hf_dir, translator, toy_test):
 
 
 def test_ct2_export_scores_and_translates_as_mtx_does(ct2_dir, translator, toy_test):
-    sp, model = translator.sp, translator.model
+    sp, model = translator.vocab.sp, translator.model
     proto = sp.serialized_model_proto()
     ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu")
     pieces = [sp.encode(line, out_type=str) for line in toy_test]
@@ -150,7 +150,7 @@ def test_ct2_beam_search_differs_only_where_it_searches_longer(ct2_dir, translat
     """CTranslate2 ends a sentence's beam search when its best candidate ends; mtx (like
     fairseq and Hugging Face's early_stopping=True) when it has K finished hypotheses. Where
     the two differ, CTranslate2 must have found an output the model scores higher."""
-    sp = translator.sp
+    sp = translator.vocab.sp
     ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu")
     mine = translator.translate_ids(toy_test)
     differ = 0
@@ -213,6 +213,7 @@ def test_export_refuses_what_it_cannot_do(toy_run, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # nothing half-written
 
 
+@pytest.mark.slow
 def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test, tmp_path):
     """`mtx bench decode` (benchmarks/decode.py): each engine translates the same batches; the
     peers (same weights, alpha 0, mtx's length limit) give mtx's greedy output."""
@@ -245,6 +246,7 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
     assert [rows[e]["dtype"] for e in ("mtx", "hf")] == ["float32"] * 2
 
 
+@pytest.mark.slow
 def test_the_decoding_race_runs_mtx_in_translate_s_own_batches(toy_run, toy_test, tmp_path):
     """--batch-tokens: the mtx engines translate every line through translate_encoded's
     batches (lengths mixed), the same outputs as batches of one length (batch independence);

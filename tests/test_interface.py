@@ -95,7 +95,7 @@ class LogProbs:
     max_positions = 64
 
     def __init__(self, model):
-        self.model = model
+        self.model, self.specials = model, model.specials
 
     def encode(self, src):
         return self.model.encode(src)

@@ -171,7 +171,7 @@ def test_the_hf_export_keeps_marians_language_tags(exports, greedy):
 
 def test_the_ctranslate2_export_translates_with_the_tag_as_a_prefix(exports, greedy):
     ct2 = ctranslate2.Translator(str(exports / "ct2"), device="cpu")
-    sp = greedy.sp
+    sp = greedy.vocab.sp
     suppress = [[sp.id_to_piece(i)] for i in (PAD_ID, UNK_ID, BOS_ID)]
     for lang, texts in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
         into = greedy.into(lang)

@@ -68,7 +68,7 @@ def test_a_shortlist_keeps_the_bias_of_its_candidates(biased, tmp_path):
     everything = Shortlist(
         np.tile(np.arange(4, vocab, dtype=np.int32), (vocab, 1)),
         np.arange(4, 4, dtype=np.int32),
-        vocabulary_sha256(plain.sp.serialized_model_proto()),
+        vocabulary_sha256(plain.vocab.sp.serialized_model_proto()),
     )
     everything.save(tmp_path / "all.npz")
     lines = [src for src, _ in toy.split_pairs("test")[:20]]

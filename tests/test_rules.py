@@ -19,7 +19,7 @@ from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
 from mtx.model.transformer import Transformer
 from mtx.serve.engine import ct2_options
-from mtx.tokens import EOS_ID, PAD_ID
+from mtx.tokens import EOS_ID, PAD_ID, SPECIALS
 
 VOCAB, K, ALPHA, B_LEN, LIMIT = 40, 4, 0.6, 30, 100
 
@@ -76,8 +76,8 @@ def test_both_searches_rule_out_the_tokens_the_rules_rule_out(model, src, monkey
     assert any(common in h.tokens for n in before for h in n)
     real = rules.mask_never_produced
 
-    def also_common(lprobs):
-        real(lprobs)[:, common] = -torch.inf
+    def also_common(lprobs, specials):
+        real(lprobs, specials)[:, common] = -torch.inf
         return lprobs
 
     monkeypatch.setattr(rules, "mask_never_produced", also_common)
@@ -144,15 +144,47 @@ def test_the_peer_benchmark_and_the_ctranslate2_engine_take_the_limit_from_the_r
     tr = Translator(model, Config(), proto, device="cpu")
     lines = ["a dog runs .", "the cat sleeps on the mat ."]
     lengths = [len(tr.encode(line)) - 1 for line in lines]  # EOS excluded
-    pieces = [[tr.sp.id_to_piece(i) for i in tr.encode(line)[:-1]] for line in lines]
+    pieces = [[tr.vocab.id_to_piece(i) for i in tr.encode(line)[:-1]] for line in lines]
     # mtx's own limit: source tokens + 50, EOS included; CTranslate2 counts no EOS
     assert [limit for limit, _ in batches(tr, lines, 8)] == sorted(n + 50 for n in lengths)
     options = ct2_options(tr, pieces, 4, 2)
     assert options["max_decoding_length"] == max(lengths) + 50 - 1
     assert [p for [p] in options["suppress_sequences"]] == ["<pad>", "<unk>", "<s>"]
     monkeypatch.setattr(rules, "max_lengths", lambda n, a, b, limit: 2 * n + 1)
-    monkeypatch.setattr(rules, "NEVER_PRODUCED", (0,))
+    monkeypatch.setattr(rules, "never_produced", lambda specials: [0])
     assert [limit for limit, _ in batches(tr, lines, 8)] == sorted(2 * n + 1 for n in lengths)
     options = ct2_options(tr, pieces, 4, 2)
     assert options["max_decoding_length"] == 2 * max(lengths)
     assert options["suppress_sequences"] == [["<pad>"]]
+
+
+@pytest.mark.parametrize("start", ["bos", "pad", "eos"])
+@pytest.mark.parametrize("beam", [K, 1])
+def test_both_searches_start_from_the_models_start_token_and_rule_out_its_specials(
+    src, start, beam
+):
+    """model.decoder_start: every search's first input is the model's start token, and id 2
+    is ruled out where it is BOS, free where it is a piece (an imported MarianMT
+    vocabulary: pad)."""
+    torch.manual_seed(0)
+    m = Transformer(tiny_model_config(decoder_start=start, output_bias=True), VOCAB).eval()
+    with torch.no_grad():
+        m.logits_bias[2] = 50.0  # id 2 first wherever it is allowed
+    first_inputs = []
+    real = m.decode
+
+    def decode(tgt_in, *args, **kwargs):
+        first_inputs.append(int(tgt_in[0, 0]))
+        return real(tgt_in, *args, **kwargs)
+
+    m.decode = decode
+    static = StaticSearch(m, beam, ALPHA, 1.0, B_LEN, LIMIT, full=False)
+    if beam == 1:
+        shrinking = lambda: [[h] for h in greedy_search(m, src, 1.0, B_LEN, LIMIT)]  # noqa: E731
+    else:
+        shrinking = lambda: beam_search(m, src, beam, ALPHA, 1.0, B_LEN, LIMIT)  # noqa: E731
+    for search in (lambda: static(src), shrinking):
+        first_inputs.clear()
+        outputs = {t for n in search() for h in n for t in h.tokens}
+        assert (2 in outputs) == (start == "pad")
+        assert first_inputs[0] == SPECIALS[start].start

@@ -8,7 +8,7 @@ from mtx.decode.rules import length_penalty, max_lengths, source_lengths
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
 from mtx.model.interface import Capabilities
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, SPECIALS
 
 ARCHS = {  # the models every search is tested with
     "transformer": {},
@@ -74,6 +74,7 @@ class MyopicModel:
     EOS 0.95. Greedy picks A then EOS (p = 0.17); beam search finds B EOS (p = 0.38)."""
 
     capabilities = Capabilities()  # logits, a growing cache
+    specials = SPECIALS["bos"]
     vocab = 6
     A, B = 4, 5
 
@@ -161,7 +162,7 @@ class Uncached:
     capabilities = Capabilities()
 
     def __init__(self, model):
-        self.model = model
+        self.model, self.specials = model, model.specials
 
     def encode(self, src, padded=True):
         return self.model.encode(src, padded)

@@ -117,8 +117,8 @@ def test_a_shortlisted_search_rules_out_what_the_rules_rule_out(
     common = max({t for out in before for t in out}, key=lambda t: sum(t in o for o in before))
     real = rules.mask_never_produced
 
-    def also_common(lprobs):
-        real(lprobs)[:, common] = -torch.inf
+    def also_common(lprobs, specials):
+        real(lprobs, specials)[:, common] = -torch.inf
         return lprobs
 
     monkeypatch.setattr(rules, "mask_never_produced", also_common)

@@ -202,8 +202,8 @@ def test_the_narrow_decoder_exports_to_ctranslate2_with_the_same_scores(runs, tm
     ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
     lines = ["a b c", "d e f g", "h"]
     ours = tr.translate_ids(lines)
-    targets = [[tr.sp.id_to_piece(i) for i in h[0].tokens] for h in ours]
-    scored = ct2.score_batch([tr.sp.encode(line, out_type=str) for line in lines], targets)
+    targets = [[tr.vocab.sp.id_to_piece(i) for i in h[0].tokens] for h in ours]
+    scored = ct2.score_batch([tr.vocab.sp.encode(line, out_type=str) for line in lines], targets)
     with torch.no_grad():
         for line, hyp, result in zip(lines, ours, scored):
             src = torch.tensor([tr.encode(line)])
@@ -227,6 +227,7 @@ def test_the_narrow_decoder_exports_to_marian_with_the_same_logits():
         torch.testing.assert_close(theirs, model(src, tgt), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_decoding_race_puts_a_student_beside_its_teacher(runs, tmp_path):
     """`mtx bench decode` with two checkpoints: each engine with each, on the same batches;
     the export that cannot hold the SSRU is left out for the student, and said."""

@@ -32,7 +32,7 @@ def _lines() -> list[str]:
 @pytest.fixture(scope="module")
 def sp() -> spm.SentencePieceProcessor:
     """A BPE model as `mtx prepare` trains it, on Multi30k's training captions."""
-    return vocab.load(vocab.train_bpe(iter(_lines()[::4]), 2000, 0, 0.9995, TAGS))
+    return vocab.load_spm(vocab.train_bpe(iter(_lines()[::4]), 2000, 0, 0.9995, TAGS))
 
 
 def _in_batches(words: Words, texts: list[str], size: int) -> list[list[int]]:
@@ -105,7 +105,7 @@ def test_a_model_whose_pieces_span_words_is_handed_whole_sentences():
         sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=1500,
         split_by_whitespace=False, minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
     )  # fmt: skip
-    sp = vocab.load(model.getvalue())
+    sp = vocab.load_spm(model.getvalue())
     assert not splits_at_words(sp)  # pieces such as "a▁man"
     words = Words(sp)
     assert _in_batches(words, lines[:2000], 500) == sp.encode(lines[:2000])
@@ -135,7 +135,7 @@ def test_a_unigram_model_given_by_data_spm_model_encodes_the_same():
         sentence_iterator=iter(lines), model_writer=model, model_type="unigram", vocab_size=1500,
         minloglevel=2, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
     )  # fmt: skip
-    sp = vocab.load(model.getvalue())
+    sp = vocab.load_spm(model.getvalue())
     assert splits_at_words(sp)
     texts = [" ".join(lines[i : i + 3]) for i in range(0, 6000, 3)]
     assert _in_batches(Words(sp), texts, 500) == sp.encode(texts)

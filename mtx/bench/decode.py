@@ -42,7 +42,6 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import sacrebleu
 import torch
@@ -52,6 +51,7 @@ from mtx.bench.peers import batches, ct2_generate, hf_generate
 from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
+from mtx.decode import rules
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.export import export
@@ -111,6 +111,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
     batches and its dtype. `work`: the batches as (limit, line indices), and every line's mtx
     ids and SentencePiece pieces; `work_dir` holds the exports (MODEL/ENGINE)."""
     plan, ids, pieces = work["plan"], work["ids"], work["pieces"]
+    origin, never = work["origin"], work["never"]  # the vocabulary's (an imported model's)
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[o.dtype]
     if name in SEARCHES:
@@ -146,7 +147,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
         hf = hf.to(o.device, torch_dtype).eval()
 
         def run_hf(src, limit, beam):
-            return hf_generate(hf, src.to(o.device), limit, beam)
+            return hf_generate(hf, src.to(o.device), limit, beam, origin, never)
 
         return run_hf, srcs, str(hf.dtype).removeprefix("torch.")
     import ctranslate2
@@ -157,10 +158,10 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
         intra_threads=o.threads,
         compute_type=ct2_type if name == "ct2" else ct2_int8_type,
     )
-    sp = SimpleNamespace(sp=vocab.load((work_dir / "spm.model").read_bytes()))
+    vocabulary = vocab.load((work_dir / "spm.model").read_bytes())
 
     def run_ct2(batch, limit, beam):
-        return [ids for ids, _ in ct2_generate(model, sp, batch, limit, beam)]
+        return [ids for ids, _ in ct2_generate(model, vocabulary, batch, limit, beam, never)]
 
     return run_ct2, [([pieces[i] for i in idx], limit) for limit, idx in plan], model.compute_type
 
@@ -226,11 +227,13 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
         work = {
             "plan": plan,
             "ids": [tr.encode(line) for line in lines],
-            "pieces": [tr.sp.encode(line, out_type=str) for line in lines],
+            "origin": tr.vocab.origin,
+            "never": rules.never_produced(tr.model.specials),
+            "pieces": [list(map(tr.vocab.id_to_piece, tr.vocab.source.encode(x))) for x in lines],
         }
         (Path(tmp) / "work.json").write_text(json.dumps(work))
         (Path(tmp) / "options.json").write_text(json.dumps(o.to_json()))
-        (Path(tmp) / "spm.model").write_bytes(tr.sp.serialized_model_proto())
+        (Path(tmp) / "spm.model").write_bytes(tr.vocab.blob)
         runs, left_out = exported(o, engines, Path(tmp))
         for r in range(o.rounds):  # every other round in reverse: noise falls on all
             for model, name in runs if r % 2 == 0 else runs[::-1]:
@@ -352,10 +355,8 @@ def run(o: Options) -> str:
     overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]
     tr = Translator.from_checkpoint(o.checkpoints[0], overrides, device="cpu")
     for path in o.checkpoints[1:]:
-        if Translator.from_checkpoint(path, device="cpu").sp.serialized_model_proto() != (
-            tr.sp.serialized_model_proto()
-        ):
-            raise MtxError(f"{path}: another SentencePiece model than {o.checkpoints[0]}'s")
+        if Translator.from_checkpoint(path, device="cpu").vocab.blob != tr.vocab.blob:
+            raise MtxError(f"{path}: another vocabulary than {o.checkpoints[0]}'s")
     plan, skipped = batches(tr, lines, o.batch), []
     if o.batch_tokens:  # every line in one call of translate_encoded, which batches them
         plan = [(0, list(range(len(lines))))]

@@ -33,33 +33,42 @@ def batches(tr: Translator, lines: list[str], size: int) -> list[tuple[int, list
     ]  # fmt: skip
 
 
-def hf_generate(hf, src: torch.Tensor, limit: int, beam: int) -> list[list[int]]:
-    """MarianMT `generate` on mtx-encoded sources (B, S) -> output ids without BOS and EOS."""
+def hf_generate(
+    hf, src: torch.Tensor, limit: int, beam: int, origin: list[int], never: list[int]
+) -> list[list[int]]:
+    """MarianMT `generate` on mtx-encoded sources (B, S) -> mtx's output ids without the
+    decoder start and EOS. `origin`: MarianMT's id of each of mtx's (an imported model keeps
+    its own); `never`: mtx's ids never produced."""
+    table = torch.tensor(origin, device=src.device)
+    back = {o: i for i, o in enumerate(origin)}
+    eos = origin[EOS_ID]
     with torch.no_grad():
         out = hf.generate(
-            input_ids=src,
+            input_ids=table[src],
             attention_mask=src != PAD_ID,
             num_beams=beam,
             length_penalty=0.0,
             early_stopping=True,
             max_new_tokens=limit,
-            bad_words_ids=[[i] for i in rules.NEVER_PRODUCED],
+            bad_words_ids=[[origin[i]] for i in never],
         )
     ids = []
-    for row in out[:, 1:].tolist():  # drop the decoder start (BOS)
-        ids.append(row[: row.index(EOS_ID)] if EOS_ID in row else [t for t in row if t != PAD_ID])
+    for row in out[:, 1:].tolist():  # drop the decoder start
+        row = row[: row.index(eos)] if eos in row else row
+        ids.append([back[t] for t in row if t != origin[PAD_ID]])
     return ids
 
 
-def ct2_generate(ct2, tr: Translator, pieces: list[list[str]], limit: int, beam: int):
-    """CTranslate2 `translate_batch` on SentencePiece pieces -> (output ids, score) each."""
+def ct2_generate(ct2, vocabulary, pieces: list[list[str]], limit: int, beam: int, never: list[int]):
+    """CTranslate2 `translate_batch` on SentencePiece pieces -> (output ids, score) each;
+    `never`: the ids never produced."""
     results = ct2.translate_batch(
         pieces,
         beam_size=beam,
         length_penalty=0.0,
         max_decoding_length=limit - 1,  # CTranslate2 does not count the EOS
-        suppress_sequences=[[tr.sp.id_to_piece(i)] for i in rules.NEVER_PRODUCED],
+        suppress_sequences=[[vocabulary.id_to_piece(i)] for i in never],
         return_scores=True,
         max_batch_size=len(pieces),
     )
-    return [([tr.sp.piece_to_id(p) for p in r.hypotheses[0]], r.scores[0]) for r in results]
+    return [([vocabulary.piece_to_id(p) for p in r.hypotheses[0]], r.scores[0]) for r in results]

@@ -65,7 +65,7 @@ def cli_baseline(checkpoint: Path, lines: list[str]) -> tuple[dict, list[str]]:
     tr = Translator.from_checkpoint(checkpoint, device="cpu")
     tr.translate(lines[:64])  # warm-up
     timing, out = timed(lambda: tr.translate(lines), repeats=1, warmup=0)
-    tokens = sum(len(tr.sp.encode(x)) for x in out)
+    tokens = sum(len(tr.vocab.target.encode(x)) for x in out)
     seconds = timing.median
     rate = {"sentences_s": len(lines) / seconds, "tokens_s": tokens / seconds, "seconds": seconds}
     return rate, out

@@ -1,6 +1,6 @@
 """The `mtx` command line. Each command parses its options, loads the config and calls one
 function: data.py (`fetch`, `prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
-`export`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`,
+`export`, `import`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`,
 `shortlist`), bench.py
 (`mtx bench ...`). The app and what they share are in app.py; the commands are registered
 here, in the order `mtx --help` lists them.
@@ -28,6 +28,7 @@ for command in (
     training.average,
 ):
     app.command()(command)
+app.command("import")(training.import_)
 app.add_typer(bench.bench_app, name="bench")
 app.command()(data.toy)
 

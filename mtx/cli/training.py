@@ -1,4 +1,5 @@
-"""`mtx train`, and what is done with its checkpoints: `average`, `info`, `plot`, `export`."""
+"""`mtx train`, and what is done with its checkpoints: `average`, `info`, `plot`, `export`;
+`import`, a checkpoint from a pretrained model."""
 
 from __future__ import annotations
 
@@ -85,6 +86,21 @@ def export(
 
     about = run(do_export, checkpoint, format, output, quantization)
     log(f"exported {checkpoint} (step {about['step']}) to {output} as {about['format']}")
+
+
+def import_(
+    source: Annotated[
+        str, typer.Argument(help="A Hugging Face MarianMT model: its directory, or a hub id.")
+    ],
+    output: Annotated[Path, typer.Option(help="The mtx checkpoint to write.")],
+    src_lang: Annotated[str | None, typer.Option(help="Its source language code.")] = None,
+    tgt_lang: Annotated[str | None, typer.Option(help="Its target language code.")] = None,
+) -> None:
+    """Turn a pretrained MarianMT (OPUS-MT) model into an mtx checkpoint."""
+    from mtx.pretrained import import_model
+
+    about = run(import_model, source, output, src_lang, tgt_lang)
+    log(f"imported {source} ({about}) to {output}")
 
 
 def average(

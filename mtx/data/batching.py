@@ -140,8 +140,10 @@ def collate(
     tgt_ids: list[list[int]],
     pad_to: int = 1,
     fixed_tokens: int = 0,
+    start: int = BOS_ID,
 ) -> Batch:
-    """src (B, S); tgt_in = BOS + target without its EOS (B, T); tgt_out = target with EOS (B, T);
+    """src (B, S); tgt_in = `start` (the decoder's first input, model.decoder_start) + target
+    without its EOS (B, T); tgt_out = target with EOS (B, T);
     tgt_index (N,): the flat positions in (B * T) of the N target tokens (not padding); S and T
     are the longest lengths rounded up by `bucket_length`.
 
@@ -159,7 +161,7 @@ def collate(
         empty = fixed_rows(S, fixed_tokens) - real
         src_ids, tgt_ids = src_ids + [[EOS_ID]] * empty, tgt_ids + [[]] * empty
     src, tgt_out = pad(src_ids, length=S), pad(tgt_ids, length=T)
-    tgt_in = pad([t[:-1] for t in tgt_ids], prefix=BOS_ID, length=T)
+    tgt_in = pad([t[:-1] for t in tgt_ids], prefix=start, length=T)
     if fixed_tokens:
         tgt_index = torch.arange(tgt_out.numel())
     else:
@@ -186,14 +188,15 @@ class BatchDataset(torch.utils.data.Dataset):
         pad_to: int = 1,
         fixed_tokens: int = 0,
         resegment=None,
+        start: int = BOS_ID,
     ) -> None:
         """`resegment`: a data/bpe_dropout.py `Resegment` for the epoch, to train on sampled
-        segmentations instead of the prepared ones."""
+        segmentations instead of the prepared ones; `start`: the decoder's first input."""
         self.ds = ds.select_columns(["src_ids", "tgt_ids"])
         self.batches = batches
         self.pad_to = pad_to
         self.fixed_tokens = fixed_tokens  # see collate
-        self.resegment = resegment
+        self.resegment, self.start = resegment, start
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -204,4 +207,4 @@ class BatchDataset(torch.utils.data.Dataset):
         src_ids, tgt_ids = batch["src_ids"], batch["tgt_ids"]
         if self.resegment is not None:
             src_ids, tgt_ids = self.resegment(rows, batch)
-        return collate(src_ids, tgt_ids, self.pad_to, self.fixed_tokens)
+        return collate(src_ids, tgt_ids, self.pad_to, self.fixed_tokens, self.start)

@@ -32,6 +32,7 @@ import random
 
 from mtx.data import vocab
 from mtx.data.batching import BatchDataset, lengths, token_batches
+from mtx.errors import MtxError
 from mtx.tokens import EOS_ID
 
 MASK = (1 << 32) - 1
@@ -51,7 +52,13 @@ class Merges:
     """A SentencePiece BPE model's merges: every normal piece's score, by piece."""
 
     def __init__(self, spm_proto: bytes) -> None:
-        self.sp = sp = vocab.load(spm_proto)
+        v = vocab.load(spm_proto)
+        if not isinstance(v, vocab.Joint):
+            raise MtxError(
+                "data.bpe_dropout samples the segmentations of mtx's own SentencePiece BPE "
+                "model; an imported model's vocabulary is not one: set data.bpe_dropout=0"
+            )
+        self.sp = sp = v.sp
         self.score, self.id = {}, {}
         for i in range(sp.get_piece_size()):
             if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i):

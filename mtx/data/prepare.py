@@ -4,8 +4,10 @@ Training, validation and `mtx evaluate --split` read it back with data/prepared.
 Layout of RUN/prepared/ (written to a temporary folder and renamed when complete, so an
 interrupted prepare never leaves data that `train` would accept):
 
-    spm.model          the joint SentencePiece model: trained here, or the one data.spm_model
-                       names (a SentencePiece model file, or a checkpoint, which embeds one)
+    spm.model          the vocabulary (data/vocab.py): the joint SentencePiece model trained
+                       here, or the one data.spm_model names (a SentencePiece model file, or a
+                       checkpoint, which embeds its vocabulary: an imported model's segments
+                       source and target with their own models, mtx/pretrained/)
     spm.vocab          its pieces, one per line with their id and score (for people to read)
     dropped.tsv        every pair the cleaning dropped, with its reason (data/filtering.py)
     manifest.json      the data's description: sources, sha256 of local source files, counts of
@@ -37,7 +39,6 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import sentencepiece as spm
 
 from mtx import __version__, corpora
 from mtx.checkpoint import Manifest, PreparedFiles, RunDir, SetRecord, SplitRecord, SpmSource
@@ -97,11 +98,13 @@ class Encoder:
         return self.__dict__ | {"words": None}
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        if self.words is None:
-            self.words = Words(spm.SentencePieceProcessor(model_file=self.path), self.threads)
+        if self.words is None:  # (source, target): one Words where one model segments both
+            v = vocab.load(Path(self.path).read_bytes())
+            source = Words(v.source, self.threads)
+            self.words = (source, source if v.target is v.source else Words(v.target, self.threads))
         n = len(batch)
-        src_ids = self._ids(batch["src"], self.tag)
-        tgt_ids = self._ids(batch["tgt"], 0)
+        src_ids = self._ids(self.words[0], batch["src"], self.tag)
+        tgt_ids = self._ids(self.words[1], batch["tgt"], 0)
         lines = batch["line"] if "line" in batch.column_names else pa.array([0] * n, pa.int64())
         return pa.table(
             {
@@ -116,9 +119,9 @@ class Encoder:
             }
         )
 
-    def _ids(self, texts: pa.ChunkedArray, tag: int) -> pa.ListArray:
+    def _ids(self, words: Words, texts: pa.ChunkedArray, tag: int) -> pa.ListArray:
         """Each text's ids after `tag` (0: none) and before EOS, as an Arrow list<int32>."""
-        ids, offsets = self.words.encode(texts.combine_chunks())
+        ids, offsets = words.encode(texts.combine_chunks())
         before = 1 if tag else 0
         sizes = np.diff(offsets)
         out_offsets = (offsets + (before + 1) * np.arange(len(offsets))).astype(np.int32)
@@ -157,11 +160,14 @@ def read_spm_model(path: str) -> tuple[bytes, SpmSource]:
         except MtxError as e:
             raise MtxError(f"data.spm_model: {e}") from None
     try:
-        sp = vocab.load(proto)
+        v = vocab.load(proto)
     except Exception:  # sentencepiece raises RuntimeError or OSError, with C++ detail
         raise MtxError(
             f"data.spm_model {p}: not a SentencePiece model file or an mtx checkpoint"
         ) from None
+    if not isinstance(v, vocab.Joint):  # an imported model's: its ids were mapped on import
+        return proto, SpmSource(kind, str(p.resolve()), sha256_file(p))
+    sp = v.sp
     ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise MtxError(
@@ -223,10 +229,9 @@ def _prepare_into(cfg: Config, out: PreparedFiles, dropped: Dropped, dual, log) 
         log(f"encoding with {spm_source.path} (data.spm_model); data.vocab_size is not used")
     out.spm_model.write_bytes(model_proto)
     sp = vocab.load(model_proto)
+    score = sp.sp.get_score if isinstance(sp, vocab.Joint) else lambda i: 0.0
     out.spm_vocab.write_text(
-        "".join(
-            f"{i}\t{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
-        ),
+        "".join(f"{i}\t{sp.id_to_piece(i)}\t{score(i):g}\n" for i in range(sp.get_piece_size())),
         encoding="utf-8",
     )
     # a model with tags (trained here for several target languages, or a multilingual

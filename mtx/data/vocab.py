@@ -1,15 +1,31 @@
-"""The joint SentencePiece BPE model shared by source and target.
+"""A model's vocabulary: its id table, and how source and target text become ids.
 
-Ids 0-3 are fixed (pad, unk, bos, eos): `mtx.tokens`.
+Two kinds, one interface (`Vocabulary`), stored in checkpoints and prepared data as bytes:
+
+- mtx's own (`Joint`): one SentencePiece BPE model trained here for source and target; the
+  model's ids are SentencePiece's, 0-3 fixed (pad, unk, bos, eos: `mtx.tokens`). Stored as
+  the SentencePiece model proto.
+- an imported OPUS-MT model's (`Paired`, mtx/pretrained/): a source and a target
+  SentencePiece model over one table of pieces (MarianMT's `source.spm`, `target.spm` and
+  `vocab.json`). Text is segmented by its side's model and each piece looked up in the
+  table, a piece the table lacks being UNK, as `MarianTokenizer` does. The table is held in
+  mtx's order (the import permutes the ids so that PAD, UNK and EOS are 0, 1 and 3; see
+  mtx/pretrained/marian.py). Stored as a zip of `table.json`, `source.spm`, `target.spm`,
+  written byte for byte the same for the same vocabulary.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import zipfile
 from collections.abc import Iterator
+from typing import Protocol
 
+import numpy as np
 import sentencepiece as spm
 
+from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 
@@ -45,5 +61,184 @@ def train_bpe(
     return model.getvalue()
 
 
-def load(model_proto: bytes) -> spm.SentencePieceProcessor:
+def load_spm(model_proto: bytes) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_proto=model_proto)
+
+
+class Mapped:
+    """A SentencePiece model whose pieces are looked up in a table of pieces (its own pieces,
+    ids and normalisation are SentencePiece's; `encode` gives the table's ids)."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, index: dict[str, int]) -> None:
+        self.sp, self.index = sp, index
+        size = sp.get_piece_size()
+        self.to_table = np.array([index.get(sp.id_to_piece(i), UNK_ID) for i in range(size)])
+        self.normalize, self.piece_to_id = sp.normalize, sp.piece_to_id
+        self.unk_id, self.id_to_piece, self.get_piece_size = (
+            sp.unk_id,
+            sp.id_to_piece,
+            sp.get_piece_size,
+        )
+
+    def encode(self, text: str | list[str], num_threads: int = 1) -> list[int] | list[list[int]]:
+        """The table's ids of `text` (or of each text of a list)."""
+        texts = [text] if isinstance(text, str) else text
+        out = [
+            self._ids(t, ids)
+            for t, ids in zip(texts, self.sp.encode(texts, num_threads=num_threads))
+        ]
+        return out[0] if isinstance(text, str) else out
+
+    def _ids(self, text: str, ids: list[int]) -> list[int]:
+        if self.sp.unk_id() not in ids:
+            return self.to_table[ids].tolist()
+        # an unknown character's piece is its own text, which the table may hold
+        return [self.index.get(p, UNK_ID) for p in self.sp.encode(text, out_type=str)]
+
+
+class Vocabulary(Protocol):
+    """The id table of a model (`get_piece_size()` pieces, `id_to_piece`, `piece_to_id`, which
+    ids are special), the segmenters of its `source` and `target` text (each with
+    `encode(text or texts)` giving table ids, and `normalize`), `decode` of output ids into
+    target text, and `blob`, the bytes it is stored as. The methods keep SentencePiece's
+    names: mtx's own vocabulary is its SentencePiece model."""
+
+    blob: bytes
+    source: spm.SentencePieceProcessor | Mapped
+    target: spm.SentencePieceProcessor | Mapped
+    origin: list[int]  # each id's in the model it was imported from (mtx's own: itself)
+    decoder_start: str  # what model.decoder_start must be with it (mtx/tokens.py's SPECIALS)
+    kind: str  # what it is, in words
+    models: tuple[bytes, bytes]  # the source and the target SentencePiece model protos
+
+    def get_piece_size(self) -> int: ...
+
+    def id_to_piece(self, i: int) -> str: ...
+
+    def piece_to_id(self, piece: str) -> int: ...
+
+    def is_control(self, i: int) -> bool: ...
+
+    def is_unknown(self, i: int) -> bool: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class Joint:
+    """mtx's own: one SentencePiece model for both sides, its ids the table's."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob, self.models = blob, (blob, blob)
+        self.sp = self.source = self.target = load_spm(blob)
+        self.origin = list(range(self.sp.get_piece_size()))
+        self.decoder_start, self.kind = "bos", "mtx's own SentencePiece model"
+
+    def get_piece_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(i)
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.sp.piece_to_id(piece)
+
+    def is_control(self, i: int) -> bool:
+        return self.sp.is_control(i)
+
+    def is_unknown(self, i: int) -> bool:
+        return self.sp.is_unknown(i)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode(ids)
+
+
+TABLE, SOURCE, TARGET = "table.json", "source.spm", "target.spm"
+
+
+class Paired:
+    """An imported OPUS-MT vocabulary: two SentencePiece models over one table of pieces."""
+
+    def __init__(
+        self,
+        pieces: list[str],
+        source: bytes,
+        target: bytes,
+        specials: list[int],
+        origin: list[int],
+        blob: bytes | None = None,
+    ) -> None:
+        """`pieces` in our id order; `specials`: the ids decoding leaves out; `origin`: each
+        id's in the imported model; `blob`: what they were read from (None: zip them)."""
+        self.pieces, self.specials, self.origin = pieces, set(specials), origin
+        self.decoder_start = "pad"  # MarianMT's: no BOS, id 2 is a piece
+        self.kind = "an imported MarianMT model's"
+        self.models = (source, target)
+        self.index = {p: i for i, p in enumerate(pieces)}
+        if len(self.index) != len(pieces):
+            raise MtxError("the vocabulary holds a piece twice")
+        self.source = Mapped(load_spm(source), self.index)
+        self.target = Mapped(load_spm(target), self.index)
+        self.blob = blob or _zip(
+            {
+                TABLE: json.dumps(
+                    {"pieces": pieces, "specials": specials, "origin": origin}
+                ).encode(),
+                SOURCE: source,
+                TARGET: target,
+            }
+        )
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[i]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.index.get(piece, UNK_ID)
+
+    def is_control(self, i: int) -> bool:
+        return i in self.specials and i != UNK_ID
+
+    def is_unknown(self, i: int) -> bool:
+        return i == UNK_ID
+
+    def decode(self, ids: list[int]) -> str:
+        """The target text of `ids`, special ids left out (as MarianTokenizer's decode with
+        skip_special_tokens)."""
+        pieces = [self.pieces[i] for i in ids if i not in self.specials]
+        return self.target.sp.decode_pieces(pieces)
+
+
+def check_decoder_start(v: Vocabulary, decoder_start: str) -> None:
+    """Refuse a model whose decoder starts otherwise than its vocabulary wants."""
+    if decoder_start != v.decoder_start:
+        raise MtxError(
+            f"model.decoder_start is {decoder_start}, but the vocabulary ({v.kind}) needs "
+            f"{v.decoder_start}: set model.decoder_start={v.decoder_start}"
+        )
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    """The files in a zip, byte for byte the same for the same files (fixed dates, order)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return out.getvalue()
+
+
+def load(blob: bytes) -> Vocabulary:
+    """The vocabulary stored as `blob` (a SentencePiece model proto, or a `Paired` zip)."""
+    if not blob.startswith(b"PK"):
+        return Joint(blob)
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        table = json.loads(z.read(TABLE))
+        return Paired(
+            table["pieces"],
+            z.read(SOURCE),
+            z.read(TARGET),
+            table["specials"],
+            table["origin"],
+            blob,
+        )

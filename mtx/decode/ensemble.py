@@ -57,8 +57,11 @@ class Ensemble(Lacks):
         vocab = {m.vocab_size for m in models}
         if len(vocab) != 1:
             raise ValueError(f"the models' vocabulary sizes differ: {sorted(vocab)}")
+        specials = {m.specials for m in models}
+        if len(specials) != 1:
+            raise ValueError("the models' decoders start from different tokens")
         self.models = models
-        self.vocab_size = models[0].vocab_size
+        self.vocab_size, self.specials = models[0].vocab_size, models[0].specials
         # decode() gives normalised log-probabilities; sources of several lengths in one batch
         # (model/groups.py) if every model takes them
         mixed = all(m.capabilities.mixed_lengths for m in models)

@@ -10,7 +10,9 @@ follows a changed rule, not only that their outputs agree):
 - the longest output of a sentence: a * source tokens (EOS excluded) + b, EOS included, at
   least 1 and at most the model's limit (`max_lengths`); at that length a hypothesis may
   only end (`at_limit`, `only_eos`), and its sentence is done;
-- PAD, UNK and BOS are never produced (`NEVER_PRODUCED`, `mask_never_produced`);
+- PAD, UNK and BOS are never produced (`mask_never_produced`; a MarianMT vocabulary has no
+  BOS, its id 2 is a piece: `Specials.never_below`, mtx/tokens.py); the first input is the
+  model's `specials.start`;
 - all beams start equal, so only the first expands at the first step (`start_beams`); each
   step considers the best 2K continuations of a sentence's K live hypotheses
   (`top_candidates`); those among the best K that end in EOS finish (`finishing`); the best
@@ -32,13 +34,16 @@ import torch
 from torch import Tensor
 
 from mtx.model.groups import Groups
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtx.tokens import EOS_ID, PAD_ID, Specials
 
 # When a sentence's beam search may end (`sentence_done`): k_finished is the default and the
 # static search's only rule.
 STOPPING = ("k_finished", "exact", "never")
-NEVER_PRODUCED = (PAD_ID, UNK_ID, BOS_ID)
-assert sorted(NEVER_PRODUCED) == [0, 1, 2]  # a slice of the vocabulary: mask_never_produced
+
+
+def never_produced(specials: Specials) -> list[int]:
+    """The ids no output contains: PAD, UNK and (where the vocabulary has one) BOS."""
+    return list(range(specials.never_below))
 
 
 @dataclass
@@ -74,9 +79,9 @@ def at_limit(length: int | Tensor, max_len: int | Tensor) -> bool | Tensor:
     return length >= max_len
 
 
-def mask_never_produced(lprobs: Tensor) -> Tensor:
-    """(N, V) log-probabilities with PAD, UNK and BOS ruled out, in place."""
-    lprobs[:, :3] = -torch.inf
+def mask_never_produced(lprobs: Tensor, specials: Specials) -> Tensor:
+    """(N, V) log-probabilities with PAD, UNK and BOS (`never_produced`) ruled out, in place."""
+    lprobs[:, : specials.never_below] = -torch.inf
     return lprobs
 
 
@@ -87,11 +92,11 @@ def only_eos(lprobs: Tensor, rows: Tensor) -> Tensor:
     return lprobs.masked_fill(rows.unsqueeze(1) & not_eos, -torch.inf)
 
 
-def candidate_rules(vocab: int, device: torch.device) -> Tensor:
+def candidate_rules(vocab: int, specials: Specials, device: torch.device) -> Tensor:
     """(2, vocab) bool: which tokens a hypothesis may produce, by the rules of
     `mask_never_produced` (row 0) and, where it may only end, of `only_eos` too (row 1); what
     a lexical shortlist's candidates are masked by (decode/shortlist.py)."""
-    free = mask_never_produced(torch.zeros(1, vocab, device=device))
+    free = mask_never_produced(torch.zeros(1, vocab, device=device), specials)
     forced = only_eos(free, torch.ones(1, dtype=torch.bool, device=device))
     return torch.cat([free, forced]) > -torch.inf
 

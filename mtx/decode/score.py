@@ -28,7 +28,7 @@ import torch
 
 from mtx.data.batching import pad
 from mtx.errors import MtxError
-from mtx.tokens import BOS_ID, EOS_ID, padded_length
+from mtx.tokens import EOS_ID, padded_length
 
 CHUNK = 20_000  # pairs `cross_entropies` scores at a time
 
@@ -56,7 +56,7 @@ class Scorer:
 
     def target_ids(self, line: str, number: int) -> list[int]:
         """A target line's ids with EOS; refused if longer than the model's positions."""
-        ids = self.tr.sp.encode(" ".join(line.split())) + [EOS_ID]
+        ids = self.tr.vocab.target.encode(" ".join(line.split())) + [EOS_ID]
         if len(ids) > self.limit:
             raise MtxError(
                 f"line {number + 1}: the target has {len(ids)} tokens with EOS, more than the "
@@ -85,7 +85,7 @@ class Scorer:
         for start in range(0, len(sources), CHUNK):
             src, tgt, rows = [], [], []
             for i in range(start, min(start + CHUNK, len(sources))):
-                ids = self.tr.sp.encode(" ".join(targets[i].split())) + [EOS_ID]
+                ids = self.tr.vocab.target.encode(" ".join(targets[i].split())) + [EOS_ID]
                 if len(ids) <= self.limit:
                     src.append(self.tr.encode(sources[i]))
                     tgt.append(ids)
@@ -123,7 +123,7 @@ class Scorer:
         S = padded_length(len(src[rows[0]]), self.limit)
         T = padded_length(len(tgt[rows[0]]), self.limit)
         source = pad([src[i] for i in rows], length=S).to(device)
-        tgt_in = pad([tgt[i][:-1] for i in rows], prefix=BOS_ID, length=T).to(device)
+        tgt_in = pad([tgt[i][:-1] for i in rows], prefix=model.specials.start, length=T).to(device)
         tgt_out = pad([tgt[i] for i in rows], length=T).to(device)
         memory, mask = model.encode(source)
         out = model.decode(tgt_in, memory, mask)  # (B, T, V) logits, or log-probabilities

@@ -51,7 +51,7 @@ from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
-from mtx.tokens import BOS_ID, EOS_ID
+from mtx.tokens import EOS_ID
 
 STOPPING = rules.STOPPING
 
@@ -63,7 +63,7 @@ def _log_probs(
     (N, 1): PAD, UNK and BOS never; the rows where `force_eos` is True may only end."""
     out = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
     lprobs = out if model.capabilities.log_probs else torch.log_softmax(out, dim=-1)
-    lprobs = rules.mask_never_produced(lprobs)
+    lprobs = rules.mask_never_produced(lprobs, model.specials)
     if any(force_eos):
         lprobs = rules.only_eos(lprobs, torch.tensor(force_eos, device=lprobs.device))
     return lprobs
@@ -140,7 +140,7 @@ def greedy_search(
     alive = list(range(B0))  # original index of each sentence still decoded
     alive_t = torch.arange(B0, device=device)
     cache = model.new_cache()
-    last = torch.full((B0, 1), BOS_ID, dtype=torch.long, device=device)
+    last = torch.full((B0, 1), model.specials.start, dtype=torch.long, device=device)
     out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
     for t in range(max(max_len)):
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive]
@@ -217,12 +217,12 @@ def beam_search(
     rules.check_stopping(stopping)
     batch = SearchBatch.of(batch)
     src, K = batch.src, beam
-    B0, device = src.size(0), src.device
+    B0, device, start = src.size(0), src.device, model.specials.start
     memory, src_mask = model.encode(src)  # one row per sentence, not per beam
     max_len = batch.max_lengths(max_len_a, max_len_b, limit)
     alive = list(range(B0))  # original index of each sentence still decoded
     cache = model.new_cache()
-    tokens = torch.full((B0 * K, 1), BOS_ID, dtype=torch.long, device=device)  # (B*K, t)
+    tokens = torch.full((B0 * K, 1), start, dtype=torch.long, device=device)  # (B*K, t)
     scores = rules.start_beams(torch.empty(B0, K, device=device))
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
     for t in range(max(max_len)):

@@ -170,7 +170,7 @@ class Shortlisted(Lacks):
         if not model.capabilities.output_matrix:
             raise MtxError(f"a shortlist takes one model, not {type(model).__name__}")
         self.model, self.shortlist = model, shortlist
-        self.vocab_size = model.vocab_size
+        self.vocab_size, self.specials = model.vocab_size, model.specials
         self.capabilities = Capabilities(
             log_probs=True, mixed_lengths=model.capabilities.mixed_lengths, candidates=True
         )
@@ -205,7 +205,9 @@ class Shortlisted(Lacks):
         bias = self.model.output_bias()
         bias = None if bias is None else bias.index_select(0, union.to(bias.device))
         project = _projection(rows, bias, None if packed is None else packed.kind)
-        allowed = rules.candidate_rules(self.vocab_size, weight.device)  # once a search
+        allowed = rules.candidate_rules(
+            self.vocab_size, self.specials, weight.device
+        )  # once a search
         return ShortlistCache(self.model.new_cache(), project, len(union), sentences, allowed)
 
     def decode(self, tgt_in: Tensor, memory, src_mask, cache: ShortlistCache) -> Tensor:

@@ -52,7 +52,7 @@ from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.model.cache import StaticCache
 from mtx.model.interface import Decodable
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
+from mtx.tokens import EOS_ID, PAD_ID
 
 
 def rows_bucket(sentences: int) -> int:
@@ -157,8 +157,8 @@ class StaticSearch:
         """A new search in `s`, in place (a captured graph reads these very tensors)."""
         s.src_mask.copy_(src_mask)
         s.max_len.copy_(max_len)
-        s.last.fill_(BOS_ID)
-        s.tokens.fill_(BOS_ID)
+        s.last.fill_(self.model.specials.start)
+        s.tokens.fill_(self.model.specials.start)
         rules.start_beams(s.scores)
         for t in (s.step_logp, s.done, s.n_fin, s.fin_logp, s.fin_len):
             t.zero_()
@@ -170,7 +170,7 @@ class StaticSearch:
         position of the same window (the cache's: what the step reads is the same)."""
         s.cache.start(t)
         out = self.model.decode(s.last, None, s.src_mask, s.cache)[:, -1].float()
-        lprobs = rules.mask_never_produced(torch.log_softmax(out, dim=-1))
+        lprobs = rules.mask_never_produced(torch.log_softmax(out, dim=-1), self.model.specials)
         length = s.cache.position + 1  # of an output that ends now, EOS included
         forced = rules.at_limit(length, s.max_len).repeat_interleave(self.K)
         lprobs = rules.only_eos(lprobs, forced)

@@ -45,7 +45,7 @@ from mtx.model import packed
 from mtx.model.build import load_model
 from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
-from mtx.tokens import BOS_ID, encode_line
+from mtx.tokens import encode_line
 
 # int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
 DTYPES = {
@@ -106,16 +106,18 @@ class Translator:
             self.model = model.to(self.device, self.dtype).eval()
             self.model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
         self.cfg = cfg
-        self.sp = vocab.load(spm_proto)
-        if self.sp.get_piece_size() != model.vocab_size:
+        self.vocab = vocab.load(spm_proto)
+        if self.vocab.get_piece_size() != model.vocab_size:
             raise MtxError(
-                f"the SentencePiece model has {self.sp.get_piece_size()} pieces but the model's "
+                f"the vocabulary has {self.vocab.get_piece_size()} pieces but the model's "
                 f"vocabulary has {model.vocab_size}: they do not belong together"
             )
+        for m in model.members():
+            vocab.check_decoder_start(self.vocab, m.cfg.decoder_start)
         # shared by with_decode's copies; a shortlist is loaded and checked now, not mid-input
         self.searches = Searches(self.model, self.device, vocabulary_sha256(spm_proto))
         self.searches.decoded(cfg.decode)
-        self.tags = corpora.tag_ids(self.sp)  # {language: its >>xx<< tag's id}; {}: one
+        self.tags = corpora.tag_ids(self.vocab)  # {language: its >>xx<< tag's id}; {}: one
         self.tgt_lang: str | None = None  # into; None: the model's one target language
 
     @property
@@ -191,7 +193,7 @@ class Translator:
 
     def _encode(self, line: str) -> list[int]:
         prefix = [self.tags[self.tgt_lang]] if self.tags else None
-        return encode_line(self.sp, line, self.model.max_positions, prefix)
+        return encode_line(self.vocab.source, line, self.model.max_positions, prefix)
 
     def request(self, line: str, number: int = 0, max_len: int | None = None) -> Request:
         """What translating `line`, numbered `number` in its input (its samples' seed), asks
@@ -265,7 +267,7 @@ class Translator:
         `line` (teacher-forced: the weights the search saw for that output, up to rounding)."""
         src_ids = self.encode(line)
         src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[BOS_ID, *tokens]], device=self.device)
+        tgt_in = torch.tensor([[self.model.specials.start, *tokens]], device=self.device)
         layers = self.model.cross_attention_modules()
         for attn in layers:
             attn.keep_weights = True
@@ -277,7 +279,7 @@ class Translator:
         finally:
             for attn in layers:
                 attn.keep_weights, attn.weights = False, None
-        piece = self.sp.id_to_piece
+        piece = self.vocab.id_to_piece
         return Attention(
             source=[piece(i) for i in src_ids[:-1]] + ["</s>"],
             output=[piece(i) for i in tokens] + ["</s>"],
@@ -285,7 +287,7 @@ class Translator:
         )
 
     def detokenize(self, ids: list[int]) -> str:
-        return " ".join(self.sp.decode(ids).split())  # never a newline inside a line
+        return " ".join(self.vocab.decode(ids).split())  # never a newline inside a line
 
     def hypotheses_stream(
         self,

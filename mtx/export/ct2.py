@@ -54,7 +54,8 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
     )
     spec.config.layer_norm_epsilon = m.layer_norm_eps
     spec.config.add_source_eos = True
-    spec.config.decoder_start_token = "<s>"
+    v = vocab.load(spm_proto)
+    spec.config.decoder_start_token = v.id_to_piece(model.specials.start)  # <s>, or <pad>
     w = {k: _np(v) for k, v in model.state_dict().items()}
     positions = _np(model.positions)
     d = m.d_model
@@ -95,8 +96,7 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
         linear(layer.attention.linear[2], f"{name}.cross_attn.out_proj")
         norm(layer.attention.layer_norm, f"{name}.cross_attn_norm")
         ffn(layer.ffn, name)
-    sp = vocab.load(spm_proto)
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    pieces = [v.id_to_piece(i) for i in range(v.get_piece_size())]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     return spec
@@ -121,4 +121,9 @@ def export_ct2(
             return transformer_spec(model, spm_proto)
 
     MtxConverter().convert(str(out), quantization=quantization, force=True)
-    (out / "spm.model").write_bytes(spm_proto)
+    v = vocab.load(spm_proto)
+    if isinstance(v, vocab.Joint):
+        (out / "spm.model").write_bytes(spm_proto)
+    else:  # an imported model's two SentencePiece models (their pieces: the vocabulary's)
+        for name, proto in zip(("source.spm", "target.spm"), v.models):
+            (out / name).write_bytes(proto)

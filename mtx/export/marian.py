@@ -15,7 +15,9 @@ two differences that the export maps exactly:
 - Attention weights: our one (3d, d) `in_proj` becomes Marian's q_proj, k_proj, v_proj.
 
 Marian's `final_logits_bias` is the model's output bias (`model.output_bias`), or zeros; the
-decoder starts from our BOS (decoder_start_token_id).
+decoder starts from the model's start token (decoder_start_token_id: our BOS, or an imported
+model's PAD). An imported model (mtx/pretrained/marian.py, which uses this module's name map
+backwards) goes back out with its own ids, SentencePiece models and vocab.json.
 What Marian cannot express (another LayerNorm epsilon than its fixed 1e-5) is refused.
 """
 
@@ -27,11 +29,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mtx.config import Config
+from mtx.config import Config, ModelConfig
 from mtx.data import vocab
+from mtx.decode import rules
 from mtx.errors import MtxError
 from mtx.model.transformer import Transformer
-from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from mtx.tokens import EOS_ID, PAD_ID, Specials
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which MarianMT always uses
 
@@ -52,7 +55,21 @@ def check_exportable(cfg: Config) -> None:
         raise MtxError(f"model.d_model ({m.d_model}) must be even for Marian's position table")
 
 
-def marian_config(cfg: Config, vocab_size: int):
+def marian_ids(specials: Specials, origin: list[int]) -> dict[str, int]:
+    """MarianMT's special ids of a model whose id i is MarianMT's origin[i] (an imported
+    model's vocabulary keeps its own ids; mtx's own maps onto itself)."""
+    start = origin[specials.start]
+    return {
+        "pad_token_id": origin[PAD_ID],
+        "eos_token_id": origin[EOS_ID],
+        "decoder_start_token_id": start,
+        # a vocabulary without BOS (an imported MarianMT one) names EOS, as OPUS-MT's do
+        "bos_token_id": origin[EOS_ID] if specials.start == PAD_ID else start,
+        "forced_eos_token_id": origin[EOS_ID],
+    }
+
+
+def marian_config(cfg: Config, vocab_size: int, ids: dict[str, int]):
     from transformers import MarianConfig
 
     m = cfg.model
@@ -74,54 +91,47 @@ def marian_config(cfg: Config, vocab_size: int):
         scale_embedding=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=EOS_ID,
+        **ids,
     )
 
 
-def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """Our weights under MarianMTModel's names, the model dimension permuted (see module doc)."""
-    d = model.cfg.d_model
-    p = marian_permutation(d)
-    ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    out: dict[str, Tensor] = {}
+def _layer_names(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(our attention, MarianMT's) of every attention, and (our name, MarianMT's, where the
+    model dimension lies: "rows", "cols" or "" for none) of every other weight but the
+    embeddings: the one name map of the export and the import."""
+    attentions, weights = [], []
 
     def norm(dst: str, src: str) -> None:
-        out[f"{dst}.weight"] = ours[f"{src}.weight"][p]
-        out[f"{dst}.bias"] = ours[f"{src}.bias"][p]
-
-    def attention(dst: str, src: str) -> None:
-        w, b = ours[f"{src}.in_proj.weight"][:, p], ours[f"{src}.in_proj.bias"]
-        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            out[f"{dst}.{name}.weight"] = w[i * d : (i + 1) * d]
-            out[f"{dst}.{name}.bias"] = b[i * d : (i + 1) * d]
-        out[f"{dst}.out_proj.weight"] = ours[f"{src}.out_proj.weight"][p]
-        out[f"{dst}.out_proj.bias"] = ours[f"{src}.out_proj.bias"][p]
+        weights.extend(
+            [(f"{src}.weight", f"{dst}.weight", "rows"), (f"{src}.bias", f"{dst}.bias", "rows")]
+        )
 
     def ffn(dst: str, src: str) -> None:
-        out[f"{dst}.fc1.weight"] = ours[f"{src}.ffn.fc1.weight"][:, p]
-        out[f"{dst}.fc1.bias"] = ours[f"{src}.ffn.fc1.bias"]
-        out[f"{dst}.fc2.weight"] = ours[f"{src}.ffn.fc2.weight"][p]
-        out[f"{dst}.fc2.bias"] = ours[f"{src}.ffn.fc2.bias"][p]
+        weights.extend(
+            [
+                (f"{src}.ffn.fc1.weight", f"{dst}.fc1.weight", "cols"),
+                (f"{src}.ffn.fc1.bias", f"{dst}.fc1.bias", ""),
+                (f"{src}.ffn.fc2.weight", f"{dst}.fc2.weight", "rows"),
+                (f"{src}.ffn.fc2.bias", f"{dst}.fc2.bias", "rows"),
+            ]
+        )
 
-    embed = ours["embed.weight"][:, p]
-    for name in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens"):
-        out[f"{name}.weight"] = embed
-    out["lm_head.weight"] = embed
-    bias = model.output_bias()  # model.output_bias, else Marian's zeros
-    out["final_logits_bias"] = (
-        torch.zeros(1, model.vocab_size) if bias is None else bias.detach().float().cpu()[None]
-    )
-    for i in range(model.cfg.encoder_layers):
+    def attention(dst: str, src: str) -> None:
+        attentions.append((src, dst))
+        weights.extend(
+            [
+                (f"{src}.out_proj.weight", f"{dst}.out_proj.weight", "rows"),
+                (f"{src}.out_proj.bias", f"{dst}.out_proj.bias", "rows"),
+            ]
+        )
+
+    for i in range(cfg.encoder_layers):
         dst, src = f"model.encoder.layers.{i}", f"encoder_layers.{i}"
         attention(f"{dst}.self_attn", f"{src}.self_attn")
         norm(f"{dst}.self_attn_layer_norm", f"{src}.self_attn_norm")
         ffn(dst, src)
         norm(f"{dst}.final_layer_norm", f"{src}.ffn_norm")
-    for i in range(model.cfg.decoder_layers):
+    for i in range(cfg.decoder_layers):
         dst, src = f"model.decoder.layers.{i}", f"decoder_layers.{i}"
         attention(f"{dst}.self_attn", f"{src}.self_attn")
         norm(f"{dst}.self_attn_layer_norm", f"{src}.self_attn_norm")
@@ -129,16 +139,72 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
         norm(f"{dst}.encoder_attn_layer_norm", f"{src}.cross_attn_norm")
         ffn(dst, src)
         norm(f"{dst}.final_layer_norm", f"{src}.ffn_norm")
+    return [(a, b, "attention") for a, b in attentions] + weights
+
+
+def _permuted(t: Tensor, where: str, p: Tensor) -> Tensor:
+    return t[p] if where == "rows" else t[:, p] if where == "cols" else t
+
+
+EMBEDDINGS = ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens", "lm_head")
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def marian_state_dict(model: Transformer, origin: list[int]) -> dict[str, Tensor]:
+    """Our weights under MarianMTModel's names, the model dimension permuted (see module doc)
+    and the vocabulary in MarianMT's order (`origin`: the MarianMT id of each of ours)."""
+    d = model.cfg.d_model
+    p = marian_permutation(d)
+    ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    out: dict[str, Tensor] = {}
+    for src, dst, where in _layer_names(model.cfg):
+        if where == "attention":
+            w, b = ours[f"{src}.in_proj.weight"][:, p], ours[f"{src}.in_proj.bias"]
+            for i, name in enumerate(QKV):
+                out[f"{dst}.{name}.weight"] = w[i * d : (i + 1) * d]
+                out[f"{dst}.{name}.bias"] = b[i * d : (i + 1) * d]
+        else:
+            out[dst] = _permuted(ours[src], where, p)
+    order = torch.argsort(torch.tensor(origin))  # our id of each MarianMT id
+    embed = ours["embed.weight"][order][:, p]
+    for name in EMBEDDINGS:
+        out[f"{name}.weight"] = embed
+    bias = model.output_bias()  # model.output_bias, else Marian's zeros
+    bias = torch.zeros(model.vocab_size) if bias is None else bias.detach().float().cpu()
+    out["final_logits_bias"] = bias[order][None]
     return out
 
 
-def to_marian(model: Transformer, cfg: Config):
-    """A `transformers.MarianMTModel` (eval mode) computing the same logits as `model`."""
+def from_marian_state_dict(
+    weights: dict[str, Tensor], cfg: ModelConfig, origin: list[int]
+) -> dict[str, Tensor]:
+    """MarianMTModel's weights under our names (the inverse of `marian_state_dict`): our id
+    i's rows are MarianMT id origin[i]'s, the model dimension in our interleaved order."""
+    back = torch.argsort(marian_permutation(cfg.d_model))  # our dimension j is Marian's back[j]
+    ours: dict[str, Tensor] = {}
+    for src, dst, where in _layer_names(cfg):
+        if where == "attention":
+            w = torch.cat([weights[f"{dst}.{n}.weight"] for n in QKV])
+            ours[f"{src}.in_proj.weight"] = w[:, back]
+            ours[f"{src}.in_proj.bias"] = torch.cat([weights[f"{dst}.{n}.bias"] for n in QKV])
+        else:
+            ours[src] = _permuted(weights[dst], where, back)
+    ours["embed.weight"] = weights["model.shared.weight"][origin][:, back]
+    if cfg.output_bias:
+        ours["logits_bias"] = weights["final_logits_bias"][0][origin]
+    return {k: v.float().contiguous() for k, v in ours.items()}
+
+
+def to_marian(model: Transformer, cfg: Config, origin: list[int] | None = None):
+    """A `transformers.MarianMTModel` (eval mode) computing the same logits as `model`, its
+    ids MarianMT's `origin` of ours (None: ours)."""
     from transformers import MarianMTModel
 
     check_exportable(cfg)
-    hf = MarianMTModel(marian_config(cfg, model.vocab_size)).eval()
-    weights = marian_state_dict(model)
+    origin = list(range(model.vocab_size)) if origin is None else origin
+    ids = marian_ids(model.specials, origin)
+    hf = MarianMTModel(marian_config(cfg, model.vocab_size, ids)).eval()
+    weights = marian_state_dict(model, origin)
     expected = hf.state_dict()
     positions = {k for k in expected if k.endswith("embed_positions.weight")}
     missing = set(expected) - set(weights) - positions
@@ -156,31 +222,30 @@ def to_marian(model: Transformer, cfg: Config):
 
 def export_hf(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) -> None:
     """Write a directory that `MarianMTModel.from_pretrained` and
-    `MarianTokenizer.from_pretrained` load offline."""
+    `MarianTokenizer.from_pretrained` load offline (an imported model's with its own ids,
+    SentencePiece models and vocab.json)."""
     from transformers import GenerationConfig, MarianTokenizer
 
-    hf = to_marian(model, cfg)
+    v = vocab.load(spm_proto)
+    hf = to_marian(model, cfg, v.origin)
+    ids = marian_ids(model.specials, v.origin)
     d = cfg.decode
     # early_stopping as mtx: stop once `num_beams` hypotheses have ended; Marian's score is
     # log P / length ** length_penalty where mtx divides by ((5 + length) / 6) ** alpha: the
     # same ranking only at alpha 0. Only with a beam: transformers refuses them for greedy.
     beam = {"early_stopping": True, "length_penalty": d.alpha} if d.beam > 1 else {}
+    never = rules.never_produced(model.specials)
     hf.generation_config = GenerationConfig(
-        decoder_start_token_id=BOS_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        forced_eos_token_id=EOS_ID,
+        **ids,
         num_beams=d.beam,
         max_length=cfg.model.max_positions,
-        bad_words_ids=[[PAD_ID], [UNK_ID], [BOS_ID]],  # mtx never outputs these
+        bad_words_ids=[[v.origin[i]] for i in never],  # mtx never outputs these
         **beam,
     )
     hf.save_pretrained(out)
-    sp = vocab.load(spm_proto)
-    for name in ("source.spm", "target.spm"):
-        (out / name).write_bytes(spm_proto)
-    pieces = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    for name, proto in zip(("source.spm", "target.spm"), v.models):
+        (out / name).write_bytes(proto)
+    pieces = {v.id_to_piece(i): v.origin[i] for i in range(v.get_piece_size())}
     (out / "vocab.json").write_text(json.dumps(pieces, ensure_ascii=False, indent=0) + "\n")
     tokenizer = MarianTokenizer(
         str(out / "source.spm"),

@@ -12,6 +12,7 @@ from torch import Tensor
 from mtx.model.interface import Capabilities
 from mtx.model.packed import Packable, PackedLinear, available
 from mtx.model.rows import linear
+from mtx.tokens import SPECIALS, Specials
 
 
 class EncoderDecoder:
@@ -24,6 +25,11 @@ class EncoderDecoder:
     def max_positions(self) -> int:
         """The longest sequence the model takes (model.max_positions)."""
         return self.cfg.max_positions
+
+    @property
+    def specials(self) -> Specials:
+        """Its decoder's start token and the ids it never outputs (model.decoder_start)."""
+        return SPECIALS[self.cfg.decoder_start]
 
     def members(self) -> list[EncoderDecoder]:
         """The single models it decodes with: itself."""

@@ -24,6 +24,7 @@ Shape legend: N hypothesis rows, S source length, T decoder inputs, V vocabulary
 - `cross_attention_modules()`: the encoder-decoder attention to show
   (`capabilities.attention`).
 - `members()`: the single models it decodes with, in order (itself, or an ensemble's).
+- `specials`: the token its decoder starts from and the ids it never outputs (mtx/tokens.py).
 
 A capability a kind lacks is a method that refuses in one line (`Lacks`), so that a caller who
 did not read the capability gets an error naming the model, not an AttributeError.
@@ -37,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor
 
 from mtx.errors import MtxError
+from mtx.tokens import Specials
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class Decodable(Protocol):
     def max_positions(self) -> int:
         """The longest sequence (source, or output with BOS) the model takes."""
         ...
+
+    @property
+    def specials(self) -> Specials: ...
 
     def members(self) -> list[Any]: ...
 

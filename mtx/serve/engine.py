@@ -108,16 +108,16 @@ class CT2Engine:
     def translate(
         self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None
     ) -> list[Result]:
-        sp = self.translator.sp
+        vocabulary = self.translator.vocab
         # a multilingual model's tag is a piece like any other (mtx/corpora.py)
         tr = self.translator.into(tgt_lang)
-        pieces = [[sp.id_to_piece(i) for i in tr.encode(t)[:-1]] for t in texts]
+        pieces = [[vocabulary.id_to_piece(i) for i in tr.encode(t)[:-1]] for t in texts]
         results = self.model.translate_batch(pieces, **ct2_options(tr, pieces, beam, nbest))
         out = []
         for p, r in zip(pieces, results):
-            hyps = [" ".join(sp.decode_pieces(h).split()) for h in r.hypotheses]
-            ids = [sp.piece_to_id(x) for x in r.hypotheses[0]]
-            out.append(Result(hyps, [float(s) for s in r.scores], ids, len(p) + 1))
+            ids = [[vocabulary.piece_to_id(x) for x in h] for h in r.hypotheses]
+            hyps = [tr.detokenize(h) for h in ids]
+            out.append(Result(hyps, [float(s) for s in r.scores], ids[0], len(p) + 1))
         return out
 
     def attention(self, text: str, ids: list[int], tgt_lang: str | None = None) -> dict:
@@ -135,7 +135,9 @@ def ct2_options(tr: Translator, pieces: list[list[str]], beam: int, nbest: int) 
         "num_hypotheses": nbest,
         "length_penalty": d.alpha,
         "max_decoding_length": longest - 1,
-        "suppress_sequences": [[tr.sp.id_to_piece(i)] for i in rules.NEVER_PRODUCED],
+        "suppress_sequences": [
+            [tr.vocab.id_to_piece(i)] for i in rules.never_produced(tr.model.specials)
+        ],
         "return_scores": True,
         "max_batch_size": len(pieces),
     }
@@ -166,7 +168,7 @@ def describe_engine(
     return About(
         engine=engine.name,
         cfg=engine.cfg,
-        spm_proto=tr.sp.serialized_model_proto(),
+        spm_proto=tr.vocab.blob,
         max_positions=tr.model.max_positions,  # what Translator.encode cuts sources to
         single_model=engine.single_model,
         device=tr.device.type,

@@ -49,7 +49,7 @@ class About:
 
     engine: str  # one of ENGINES
     cfg: Config  # the first checkpoint's, with the --set overrides
-    spm_proto: bytes  # the SentencePiece model
+    spm_proto: bytes  # the vocabulary (data/vocab.py)
     max_positions: int  # the longest source every model takes (an ensemble's: all of them)
     single_model: bool  # one checkpoint and mtx's engine: the attention for the page
     device: str  # "cpu" or "cuda"
@@ -62,14 +62,14 @@ class Front:
     def __init__(self, about: About) -> None:
         self.name, self.cfg, self.single_model = about.engine, about.cfg, about.single_model
         self.max_positions = about.max_positions
-        self.sp = vocab.load(about.spm_proto)
-        self.tags = corpora.tag_ids(self.sp)
+        self.vocab = vocab.load(about.spm_proto)
+        self.tags = corpora.tag_ids(self.vocab)
         self.languages = sorted(self.tags) or corpora.target_languages(about.cfg.data)
 
     def length(self, text: str) -> int:
         """Source subwords of `text`, EOS (and a tag) included: what the token budget counts."""
         prefix = [next(iter(self.tags.values()))] if self.tags else None
-        return len(encode_line(self.sp, text, self.max_positions, prefix))
+        return len(encode_line(self.vocab.source, text, self.max_positions, prefix))
 
     def check_language(self, lang: str | None) -> str:
         """Why a request's tgt_lang cannot be served ("" if it can)."""

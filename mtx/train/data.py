@@ -30,6 +30,7 @@ from mtx.config import Config, DataConfig, TrainConfig
 from mtx.data.batching import Batch, BatchDataset, fixed_batches, lengths, token_batches
 from mtx.data.bpe_dropout import Resegment
 from mtx.errors import MtxError
+from mtx.tokens import BOS_ID
 from mtx.train.faults import ignore_stop_signals
 
 
@@ -125,10 +126,11 @@ class Stream(torch.utils.data.IterableDataset):
 
     def __init__(
         self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, mix=None,
-        resegment=None,
+        resegment=None, decoder_start: int = BOS_ID,
     ) -> None:  # fmt: skip
         self.ds, self.t, self.start, self.mix = ds, t, (epoch, batch), mix
         self.rank, self.world, self.resegment = rank, world, resegment
+        self.decoder_start = decoder_start  # the decoder's first input (model.decoder_start)
 
     def tokens(self, prepared: int) -> int:
         """An update's target tokens: as prepared, or with data.bpe_dropout as many times the
@@ -145,7 +147,9 @@ class Stream(torch.utils.data.IterableDataset):
         while True:
             mine, tokens = update_batches(self.ds, t, epoch, first, self.rank, self.world, self.mix)
             sampled = self.resegment.for_epoch(epoch) if self.resegment else None
-            items = BatchDataset(self.ds, mine, t.pad_to, fixed_tokens(t), sampled)
+            items = BatchDataset(
+                self.ds, mine, t.pad_to, fixed_tokens(t), sampled, self.decoder_start
+            )
             for k in range(len(mine)):
                 if i % W == w:
                     update = k // t.update_freq
@@ -157,13 +161,13 @@ class Stream(torch.utils.data.IterableDataset):
 
 def stream(
     ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device, mix=None,
-    resegment=None,
+    resegment=None, decoder_start: int = BOS_ID,
 ):  # fmt: skip
     """`Stream`'s batches, built by train.workers background processes for the whole run.
     Data too small for one update is refused here, in one line, before any worker starts."""
     update_batches(ds, t, epoch, 0, rank, world, mix)
     return torch.utils.data.DataLoader(
-        Stream(ds, t, epoch, batch, rank, world, mix, resegment),
+        Stream(ds, t, epoch, batch, rank, world, mix, resegment, decoder_start),
         batch_size=None,
         num_workers=t.workers,
         prefetch_factor=4 if t.workers else None,

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import PARTS, Config
+from mtx.data import vocab
 from mtx.data.batching import Batch
 from mtx.data.prepared import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
@@ -30,6 +31,7 @@ from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
+from mtx.tokens import SPECIALS
 from mtx.train import compiled, data, init
 from mtx.train.distributed import Dist, fingerprint
 from mtx.train.ema import Ema
@@ -73,6 +75,7 @@ class Trainer:
             self.resegment, self.batching = data.sampled(cfg, spm_proto, tagged, self.train_ds)
         dist.check_same_data(fingerprint(manifest, spm_proto))
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
+        vocab.check_decoder_start(vocab.load(spm_proto), cfg.model.decoder_start)
         self.model = make_model(cfg.model, manifest.vocab_size).to(self.device)
         record = None
         if start is not None:
@@ -189,7 +192,7 @@ class Trainer:
             rank, world = self.dist.rank, self.dist.world
             batches = data.stream(
                 self.train_ds, self.batching, state.epoch, state.batch, rank, world,
-                self.device, self.mix, self.resegment,
+                self.device, self.mix, self.resegment, SPECIALS[self.cfg.model.decoder_start].start,
             )  # fmt: skip
             pending: list = []
             for streamed in batches:

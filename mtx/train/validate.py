@@ -20,6 +20,7 @@ from mtx.config import Config
 from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.decode.translator import Translator
 from mtx.evaluate import Scores, score
+from mtx.tokens import SPECIALS
 from mtx.train.distributed import Dist
 from mtx.train.step import LossModel, Precision, forward_loss
 
@@ -79,7 +80,8 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
     loss_model = LossModel(model, t.label_smoothing)
     loss_sum = nll_sum = torch.zeros((), device=precision.device, dtype=torch.float64)
     ntokens = 0
-    for b in BatchDataset(valid_ds, batches[dist.rank :: dist.world], t.pad_to):
+    mine, start = batches[dist.rank :: dist.world], SPECIALS[cfg.model.decoder_start].start
+    for b in BatchDataset(valid_ds, mine, t.pad_to, start=start):
         ntokens += b.tgt_tokens
         loss, nll = forward_loss(loss_model, b, precision)
         loss_sum, nll_sum = loss_sum + loss, nll_sum + nll

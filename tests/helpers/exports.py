@@ -19,7 +19,7 @@ def check_exports(checkpoint: Path, hf_dir: Path, ct2_dir: Path, lines: int = 12
     translations against the checkpoint's model, within 1e-4, on toy test lines; returns the
     checkpoint's Translator for more checks."""
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    model, sp = translator.model, translator.sp
+    model, sp = translator.model, translator.vocab.sp
     texts = [src for src, _ in toy.split_pairs("test")[:lines]]
     src = torch.nn.utils.rnn.pad_sequence(
         [torch.tensor(translator.encode(line)) for line in texts],

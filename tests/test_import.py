@@ -1,0 +1,357 @@
+"""`mtx import` of a MarianMT (OPUS-MT) model, checked against transformers on a model built
+here in OPUS-MT's exact layout (tests/helpers/opus.py): the tokenizers' ids, the logits, the
+scores, greedy and beam search, the export back to MarianMT and to CTranslate2, and the
+refusals of what mtx cannot take."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+from helpers import opus
+from helpers.common import assert_same_parameters, invoke, mtx, records
+
+from mtx.checkpoint import Checkpoint
+from mtx.data import toy
+from mtx.decode.score import Scorer
+from mtx.decode.translator import Translator
+from mtx.errors import MtxError
+
+N = 20  # the longest output in the search comparisons, EOS included
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    """(the MarianMT directory, its import, transformers' model and tokenizer)."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    root = tmp_path_factory.mktemp("opus")
+    directory = opus.build(root / "opus-mt-en-de")
+    mtx("import", directory, "--output", root / "model.pt", "--src-lang", "en", "--tgt-lang", "de")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MarianTokenizer recommends sacremoses
+        tokenizer = MarianTokenizer.from_pretrained(directory)
+    return directory, root / "model.pt", MarianMTModel.from_pretrained(directory).eval(), tokenizer
+
+
+def translator(path, *overrides) -> Translator:
+    return Translator.from_checkpoint(path, ["decode.alpha=0", *overrides], device="cpu")
+
+
+def lines(n: int) -> list[str]:
+    """`n` source lines: the toy corpus's, and lines of what tokenizers get wrong."""
+    hard = ["", "   ", "Ünïcödé äöü ß", "123 4.5 1,000", "✓ 漢字 🙂", "a  b\tc", "ŉ ﬁ Ⅻ", "x" * 40]
+    return (hard + [s for s, _ in toy.split_pairs("test")] * 10)[:n]
+
+
+def targets(n: int) -> list[str]:
+    return (["", "Straße 12 ✓"] + [t for _, t in toy.split_pairs("test")] * 10)[:n]
+
+
+def test_the_tokenizers_give_transformers_ids(marian):
+    directory, path, _, tokenizer = marian
+    tr = translator(path)
+    v = tr.vocab
+    for line in lines(1000):
+        assert [v.origin[i] for i in tr.encode(line)] == tokenizer(line).input_ids
+    for line in targets(1000):
+        ours = [v.origin[i] for i in v.target.encode(line)] + [v.origin[3]]
+        assert ours == tokenizer(text_target=line).input_ids, line
+
+
+def test_the_logits_equal_transformers(marian):
+    _, path, hf, tokenizer = marian
+    tr = translator(path)
+    origin = tr.vocab.origin
+    for src, tgt in zip(lines(100), targets(100)):
+        labels = tokenizer(text_target=tgt).input_ids
+        start = hf.config.decoder_start_token_id
+        with torch.no_grad():
+            theirs = hf(
+                input_ids=torch.tensor([tokenizer(src).input_ids]),
+                decoder_input_ids=torch.tensor([[start, *labels[:-1]]]),
+            ).logits[0]
+            ours_in = [tr.model.specials.start, *tr.vocab.target.encode(tgt)]
+            memory, mask = tr.model.encode(torch.tensor([tr.encode(src)]))
+            ours = tr.model.decode(torch.tensor([ours_in]), memory, mask)[0]
+        torch.testing.assert_close(ours, theirs[:, origin], atol=1e-4, rtol=0)
+
+
+def test_scores_equal_the_sum_of_transformers_log_probabilities(marian):
+    _, path, hf, tokenizer = marian
+    sources, refs = lines(60), targets(60)
+    scores = Scorer(translator(path)).score(sources, refs)
+    for src, tgt, score in zip(sources, refs, scores):
+        labels = torch.tensor([tokenizer(text_target=tgt).input_ids])
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([tokenizer(src).input_ids]), labels=labels).logits
+        theirs = logits.log_softmax(-1)[0].gather(1, labels[0][:, None]).sum().item()
+        assert score.total == pytest.approx(theirs, abs=1e-3)
+
+
+def only_eos_at_the_limit(eos: int):
+    """mtx's rule at the longest output (decode/rules.py's only_eos): every token but EOS
+    ruled out, EOS keeping its log-probability (transformers' forced_eos_token_id sets it to
+    0, which ranks a hypothesis ended there above its worth)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class OnlyEos(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if input_ids.size(-1) == N:  # the decoder start and N - 1 tokens: the last one next
+                keep = scores[:, eos].clone()
+                scores = torch.full_like(scores, -torch.inf)
+                scores[:, eos] = keep
+            return scores
+
+    return LogitsProcessorList([OnlyEos()])
+
+
+def generate(hf, tokenizer, sources: list[str], beam: int) -> list[list[int]]:
+    """transformers' outputs under mtx's rules: alpha 0, stop at `beam` finished, PAD and UNK
+    never, N tokens at most with EOS; without the decoder start and EOS."""
+    out = []
+    pad, eos = hf.config.pad_token_id, hf.config.eos_token_id
+    for k in range(0, len(sources), 50):
+        enc = tokenizer(sources[k : k + 50], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            rows = hf.generate(
+                **enc, num_beams=beam, do_sample=False, length_penalty=0.0, early_stopping=True,
+                max_length=N + 1, bad_words_ids=[[pad], [tokenizer.unk_token_id]],
+                forced_eos_token_id=None, logits_processor=only_eos_at_the_limit(eos),
+            )  # fmt: skip
+        for row in rows[:, 1:].tolist():
+            out.append(row[: row.index(eos)] if eos in row else row)
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_equal_generate(marian, beam):
+    _, path, hf, tokenizer = marian
+    sources = lines(300)
+    tr = translator(path, f"decode.beam={beam}", "decode.max_len_a=0", f"decode.max_len_b={N}")
+    ours = [[tr.vocab.origin[i] for i in h[0].tokens] for h in tr.translate_ids(sources)]
+    theirs = generate(hf, tokenizer, sources, beam)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(sources), f"{same} of {len(sources)}"
+    assert len({tuple(x) for x in ours}) > 50  # the outputs vary with the source
+
+
+def test_the_export_gives_back_the_same_model(marian, tmp_path):
+    from transformers import MarianMTModel
+
+    directory, path, hf, _ = marian
+    mtx("export", path, "--format", "hf", "--output", tmp_path / "back")
+    back = MarianMTModel.from_pretrained(tmp_path / "back").state_dict()
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(back[name], tensor), name
+    for name in ("source.spm", "target.spm"):
+        assert (tmp_path / "back" / name).read_bytes() == (directory / name).read_bytes()
+    ours = json.loads((tmp_path / "back" / "vocab.json").read_text())
+    assert ours == json.loads((directory / "vocab.json").read_text())
+
+
+def test_the_ctranslate2_export_scores_and_translates_as_mtx(marian, tmp_path):
+    """Greedy: the same outputs; CTranslate2's log-probabilities of mtx's beam outputs equal
+    mtx's (its beam search stops otherwise: tests/test_export.py)."""
+    import ctranslate2
+
+    _, path, _, _ = marian
+    mtx("export", path, "--format", "ctranslate2", "--output", tmp_path / "ct2")
+    tr = translator(path, "decode.beam=1", "decode.max_len_a=0", f"decode.max_len_b={N}")
+    sources = lines(200)
+    ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    piece, v = tr.vocab.id_to_piece, tr.vocab
+    pieces = [[piece(i) for i in tr.encode(s)[:-1]] for s in sources]
+    results = ct2.translate_batch(
+        pieces, beam_size=1, max_decoding_length=N - 1, suppress_sequences=[["<pad>"], ["<unk>"]]
+    )
+    theirs = [[v.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
+    ours = [h[0].tokens for h in tr.translate_ids(sources)]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(sources), f"{same} of {len(sources)}"
+    beam = [h[0] for h in tr.with_decode(beam=4).translate_ids(sources[:30])]
+    scored = ct2.score_batch(pieces[:30], [[piece(i) for i in h.tokens] for h in beam])
+    for hyp, result in zip(beam, scored):
+        assert sum(result.log_probs) == pytest.approx(hyp.log_prob, abs=1e-3)
+
+
+def test_the_commands_take_an_imported_model(marian, tmp_path):
+    _, path, _, _ = marian
+    src, tgt = lines(12)[8:], targets(12)[8:]
+    out = mtx("translate", "--checkpoint", path, "--set", "decode.alpha=0", input="\n".join(src))
+    assert out.stdout.splitlines() == translator(path).translate(src)
+    (tmp_path / "src").write_text("\n".join(src) + "\n")
+    (tmp_path / "tgt").write_text("\n".join(tgt) + "\n")
+    scored = mtx(
+        "score", "--checkpoint", path, "--src", tmp_path / "src", "--tgt", tmp_path / "tgt"
+    )
+    assert len(scored.stdout.splitlines()) == len(src)
+    info = mtx("info", path, "--json")
+    assert json.loads(info.stdout)["config"]["model"]["decoder_start"] == "pad"
+
+
+def test_serve_and_distill_take_an_imported_model(marian, tmp_path):
+    from mtx.bench.server import Server
+
+    _, path, _, _ = marian
+    texts = lines(20)[8:]
+    expected = translator(path, "decode.alpha=0.6").translate(texts)
+    with Server(path, "serve.workers=1") as server:
+        status, answer = server.translate(texts)
+        assert (status, answer["translations"]) == (200, expected)
+        assert server.stop() == 0
+    (tmp_path / "src").write_text("\n".join(texts) + "\n")
+    mtx("distill", "--checkpoint", path, "--src", tmp_path / "src", "--output-dir", tmp_path / "d")
+    assert (tmp_path / "d" / "teacher.de").read_text().splitlines() == expected
+
+
+def broken(directory, tmp_path, change):
+    copy = tmp_path / "broken"
+    shutil.copytree(directory, copy)
+    change(copy)
+    return copy
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: (d / "model.safetensors").unlink(), "no weights"),
+        (lambda d: (d / "target.spm").unlink(), "no target.spm"),
+        (lambda d: (d / "config.json").write_text('{"model_type": "t5"}'), "'t5' cannot be"),
+        (
+            lambda d: (d / "vocab.json").write_text(json.dumps({"<unk>": 0, "a": 1})),
+            "do not belong together",
+        ),
+        (
+            lambda d: (d / "config.json").write_text(
+                json.dumps(json.loads((d / "config.json").read_text()) | {"d_model": 20})
+            ),
+            "do not fit its config.json",
+        ),
+    ],
+)
+def test_what_cannot_be_imported_is_refused_in_one_line(marian, tmp_path, change, message):
+    directory = broken(marian[0], tmp_path, change)
+    result = invoke("import", directory, "--output", tmp_path / "out.pt")
+    assert result.exit_code != 0
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_hub_id_without_the_network_says_what_to_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    result = invoke("import", "Helsinki-NLP/opus-mt-de-en", "--output", tmp_path / "out.pt")
+    assert result.exit_code != 0
+    assert "hf download Helsinki-NLP/opus-mt-de-en" in result.output
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_the_checkpoint_records_the_imported_vocabulary(marian):
+    ckpt = Checkpoint.load(marian[1])
+    assert ckpt.config.model.activation == "swish" and ckpt.config.model.output_bias
+    assert ckpt.spm_model.startswith(b"PK")  # data/vocab.py's Paired
+    with pytest.raises(MtxError, match="the vocabulary .an imported MarianMT model's. needs pad"):
+        translator(marian[1], "model.decoder_start=bos")
+
+
+def fine_tuning(run, path, *extra) -> list[str]:
+    """Settings of a fine-tuning run of the imported model on the toy corpus."""
+    return [
+        f"run_dir={run}", f"data.spm_model={path}", f"train.init_from={path}",
+        "data.clean.langid=0", "data.max_len=48", "train.max_tokens=512", "train.device=cpu", "train.log_every=1",
+        "train.valid_every=4", "train.bleu_every=1", "train.valid_bleu_lines=8",
+        "decode.max_len_b=8", *extra,
+    ]  # fmt: skip
+
+
+def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(marian, tmp_path):
+    import datasets
+    import numpy as np
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    from mtx.config import load_config
+    from mtx.data.batching import BatchDataset
+    from mtx.data.prepare import prepare
+    from mtx.train.step import LossModel
+    from mtx.train.trainer import train
+
+    _, path, hf, _ = marian
+    quiet = dict(log=lambda *_: None)
+    prepare(load_config(None, fine_tuning(tmp_path / "whole", path)), **quiet)
+    shutil.copytree(tmp_path / "whole" / "prepared", tmp_path / "parts" / "prepared")
+    # step 0: mtx's label-smoothed loss of a batch is transformers' (LabelSmoother, as
+    # Seq2SeqTrainer's --label_smoothing_factor), on the prepared ids
+    tr = translator(path)
+    ds = datasets.load_from_disk(str(tmp_path / "whole" / "prepared" / "train"))
+    batch = BatchDataset(ds, [np.arange(16)], start=tr.model.specials.start)[0]
+    origin = torch.tensor(tr.vocab.origin)
+    with torch.no_grad():
+        ours = (
+            LossModel(tr.model, 0.1)(
+                batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index, batch.src_padded
+            )[0]
+            / batch.tgt_tokens
+        )
+        labels = origin[batch.tgt_out].masked_fill(batch.tgt_out == 0, -100)
+        out = hf(
+            input_ids=origin[batch.src], attention_mask=batch.src != 0,
+            decoder_input_ids=origin[batch.tgt_in],
+        )  # fmt: skip
+        theirs = LabelSmoother(epsilon=0.1)(out, labels, shift_labels=False)
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-4)
+    # the run, whole and in two parts: the same weights
+    train(load_config(None, fine_tuning(tmp_path / "whole", path, "train.max_steps=8")), **quiet)
+    train(load_config(None, fine_tuning(tmp_path / "parts", path, "train.max_steps=5")), **quiet)
+    cfg = load_config(None, fine_tuning(tmp_path / "parts", path, "train.max_steps=8"))
+    train(cfg, resume=True, **quiet)
+    assert_same_parameters(
+        tmp_path / "whole/checkpoints/last.pt", tmp_path / "parts/checkpoints/last.pt"
+    )
+    valid = records(tmp_path / "whole", "valid")
+    assert [r["step"] for r in valid] == [4, 8] and all("valid_bleu" in r for r in valid)
+    first = records(tmp_path / "whole", "train")[0]
+    assert first["loss"] < 3.0  # it starts from the pretrained weights, not from scratch
+    with pytest.raises(MtxError, match="set data.bpe_dropout=0"):
+        sampled = fine_tuning(tmp_path / "parts", path, "data.bpe_dropout=0.1")
+        train(load_config(None, sampled), overwrite=True, **quiet)
+    # a student from scratch on the imported vocabulary: its decoder must start as MarianMT's
+    student = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.init_from=''"]
+    student += ["train.max_steps=2", "train.bleu_every=0"]
+    shutil.copytree(tmp_path / "whole" / "prepared", tmp_path / "student" / "prepared")
+    with pytest.raises(MtxError, match="set model.decoder_start=pad"):
+        train(load_config(None, fine_tuning(tmp_path / "student", path, *student)), **quiet)
+    cfg = load_config(None, fine_tuning(tmp_path / "student", path, *student))
+    cfg.model.decoder_start = "pad"
+    train(cfg, **quiet)
+    assert Translator.from_checkpoint(tmp_path / "student/checkpoints/last.pt").translate(["a"])
+
+
+def test_a_multilingual_model_takes_its_target_token_from_tgt_lang(tmp_path):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    directory = opus.build(tmp_path / "opus-mt-en-gmw", multilingual=True, steps=100)
+    mtx("import", directory, "--output", tmp_path / "model.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = MarianTokenizer.from_pretrained(directory)
+    hf = MarianMTModel.from_pretrained(directory).eval()
+    tr = translator(tmp_path / "model.pt", "decode.max_len_a=0", f"decode.max_len_b={N}")
+    assert tr.languages == ["deu", "nld"]
+    with pytest.raises(MtxError, match="name the target language"):
+        tr.translate(["a dog"])
+    sources = lines(40)[8:]
+    into = tr.into("deu").with_decode(beam=1)
+    for line in sources:
+        ours = [tr.vocab.origin[i] for i in into.encode(line)]
+        assert ours == tokenizer(">>deu<< " + line).input_ids
+    ours = [[tr.vocab.origin[i] for i in h[0].tokens] for h in into.translate_ids(sources)]
+    theirs = generate(hf, tokenizer, [">>deu<< " + line for line in sources], 1)
+    assert ours == theirs
+    out = mtx(
+        "translate", "--checkpoint", tmp_path / "model.pt", "--tgt-lang", "nld", input="a dog"
+    )
+    assert out.stdout.strip() == tr.into("nld").translate(["a dog"])[0]
