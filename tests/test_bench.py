@@ -312,6 +312,7 @@ def test_joined_lengths_add_up_pairs_with_one_eos_each():
         joined_lengths(src, tgt, (3, 3), cap=12, n=50, seed=0)  # none fits
 
 
+@pytest.mark.slow
 def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run, tmp_path):
     """`mtx bench serve` (a real server on 127.0.0.1, a few bounded requests) and `mtx bench
     prepare` (a small corpus) run and write the harness's JSON result."""

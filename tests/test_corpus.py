@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict
 
 import pytest
+from helpers.common import invoke
 
 from mtx.data import toy
 from mtx.data.sources import count_lines
@@ -118,19 +119,21 @@ def test_corpus_translation_refuses_what_it_cannot_continue(toy_run, tmp_path):
     src = source(tmp_path)
     (tmp_path / "few.en").write_text("".join(src.read_text().splitlines(True)[:20]))
     src, out = tmp_path / "few.en", tmp_path / "out.de"
-    assert translate(toy_run, src, out).returncode == 0
-    again = translate(toy_run, src, out)  # an output that exists, without --resume
-    assert again.returncode == 2 and "exists: --resume continues it" in again.stderr
+
+    def translate(*extra):  # in this process: a refusal needs no process of its own
+        return invoke(*command(toy_run, src, out, *extra)[3:])
+
+    assert translate().exit_code == 0
+    again = translate()  # an output that exists, without --resume
+    assert again.exit_code == 2 and "exists: --resume continues it" in again.output
     Record.path(out).unlink()
-    unknown = translate(toy_run, src, out, "--resume")  # no record of how it was begun
-    assert unknown.returncode == 2 and "nothing says how it was begun" in unknown.stderr
+    unknown = translate("--resume")  # no record of how it was begun
+    assert unknown.exit_code == 2 and "nothing says how it was begun" in unknown.output
     Record.path(out).write_text('{"input": "x"}')
-    other = translate(toy_run, src, out, "--resume", "--beam", "2")
-    assert other.returncode == 2 and "--resume: input is" in other.stderr
-    no_input = subprocess.run(
-        command(toy_run, src, out)[: command(toy_run, src, out).index("--input")]
-        + ["--output", str(out)], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert no_input.returncode == 2 and "--output and --resume take --input" in no_input.stderr
-    for err in (again.stderr, unknown.stderr, other.stderr, no_input.stderr):
+    other = translate("--resume", "--beam", "2")
+    assert other.exit_code == 2 and "--resume: input is" in other.output
+    args = command(toy_run, src, out)
+    no_input = invoke(*args[3 : args.index("--input")], "--output", out)
+    assert no_input.exit_code == 2 and "--output and --resume take --input" in no_input.output
+    for err in (again.output, unknown.output, other.output, no_input.output):
         assert len(err.strip().splitlines()) == 1, err

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.common import invoke
 
 from mtx.data import toy
 from mtx.decode.score import Scorer
@@ -146,8 +147,10 @@ def test_distill_refuses_bad_references_in_one_line_before_writing(toy_run, tmp_
         (["--ref", str(ref), "--select", "ter"], "--select must be one of bleu, chrf, got 'ter'"),
         (["--ref", str(tmp_path / "none.de")], "file not found"),
     ]
-    for extra, message in cases:
-        bad = distill(toy_run, src, tmp_path / "d", *extra)
-        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-        assert message in bad.stderr
+    best = toy_run / "checkpoints" / "best.pt"
+    for extra, message in cases:  # in this process: a refusal needs no process of its own
+        args = ["--checkpoint", best, "--device", "cpu", "--src", src, "--output-dir"]
+        bad = invoke("distill", *args, tmp_path / "d", *extra)
+        assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
+        assert message in bad.output
         assert not (tmp_path / "d").exists()

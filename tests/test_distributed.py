@@ -124,6 +124,7 @@ def test_two_machines_with_their_own_disks_train_as_one_process(tmp_path, prepar
         assert_rank1_wrote_nothing(root)
 
 
+@pytest.mark.slow
 def test_smoothed_weights_train_on_two_machines_as_on_one_and_resume_exactly(tmp_path, prepared):
     """train.ema under torchrun: the average moves on every process alike (each averages the
     weights the all-reduce made equal), rank 0 checkpoints it with the raw weights beside it,
@@ -188,6 +189,7 @@ def test_a_job_on_a_shared_disk_finishes_ten_times_in_a_row(tmp_path, prepared):
         assert last(root / "run").step == 4
 
 
+@pytest.mark.slow
 def test_a_job_stopped_by_sigterm_resumes_to_the_uninterrupted_parameters(tmp_path, prepared):
     """SIGTERM to torchrun mid-run (it passes it on to every worker): the workers agree to
     stop, rank 0 saves, and `--resume` continues on the checkpoint of rank 0's disk alone."""
@@ -240,6 +242,7 @@ def uninterrupted(tmp_path_factory, prepared) -> Path:
     return run_dir(root) / "checkpoints" / "last.pt"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared", [False, True], ids=["own-disks", "shared-disk"])
 def test_an_elastic_job_survives_a_worker_killed_at_a_random_step(
     tmp_path, prepared, uninterrupted, shared

@@ -193,7 +193,9 @@ def test_repeated_out_of_memory_stops_and_suggests_smaller_batches(tmp_path, pre
 # --- signals and kill -9 ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+)
 def test_a_stop_signal_saves_a_checkpoint_exits_0_and_says_how_to_resume(
     tmp_path, uninterrupted, signum
 ):
@@ -212,6 +214,7 @@ def test_a_stop_signal_saves_a_checkpoint_exits_0_and_says_how_to_resume(
     same_runs(uninterrupted, run)
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_ends_like_an_uninterrupted_run(
     tmp_path, uninterrupted
 ):

@@ -246,7 +246,9 @@ def test_a_request_waiting_longer_than_the_timeout_gets_504_and_leaves_the_queue
         assert s.stop() == 0, "".join(s.lines)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)]
+)
 def test_a_signal_drains_the_queue_answers_everything_and_exits_0(checkpoint, reference, sig):
     with Server(checkpoint, *STALLED, "serve.drain_s=60") as s:
         groups = [LINES[i : i + 2] for i in range(10, 22, 2)]

@@ -168,9 +168,9 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
 
 def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
     """`mtx serve`'s decoding processes run with a share of the cores (serve/workers.py), and
-    must answer what `mtx translate` gives with all of them: beam 4 over 150 test2016 lines, in
+    must answer what `mtx translate` gives with all of them: beam 4 over 100 test2016 lines, in
     whole and 64-token batches, fp32 and int8, with 1 and 3 torch threads: bit for bit."""
-    lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:150]
+    lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:100]
     ckpt = multi30k_run / "checkpoints" / "best.pt"
     before = torch.get_num_threads()
     try:
@@ -183,7 +183,7 @@ def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
                 hyps = [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
                 out[threads, batch_tokens] = hyps
             first = out[3, 8000]
-            assert len({tuple(tokens) for tokens, _ in first}) > 30  # something to compare
+            assert len({tuple(tokens) for tokens, _ in first}) > 20  # something to compare
             assert all(hyps == first for hyps in out.values()), dtype
     finally:
         torch.set_num_threads(before)

@@ -9,11 +9,11 @@ two lists naming what gave an element or a sentence other numbers in another bat
 2. Searches: every architecture mtx ships (the Transformer post- and pre-norm with each
    position kind; the RNN with each cell and attention score), with widths that leave
    ATen's vector loops tails (d_model 40, d_k 10, d_ff 72), beam 4 (2-best) and greedy, with
-   torch's products, packed fp32 and int8 layers: each of 12 sentences, padded to one length
-   as the translator pads them, gets bit-identical hypotheses and scores alone, in the
-   batch, in the reversed batch and in halves; and for the Transformer (which takes sources
-   of several lengths in one batch, model/groups.py), each cut to its own padded length gets
-   the same alone as in a batch of both lengths.
+   torch's products, packed fp32 and int8 layers: 12 sentences, padded to one length as the
+   translator pads them, get bit-identical hypotheses and scores in the batch, in the
+   reversed batch and in halves, and 4 of them (of both padded lengths) alone; and for the
+   Transformer (which takes sources of several lengths in one batch, model/groups.py), those
+   4, each cut to its own padded length, get the same alone as in a batch of both lengths.
 3. Shortlisted searches (decode/shortlist.py): the Transformer and the SSRU student over a
    vocabulary of 300 through a random lexical shortlist (sentences of 64 and of 128 slots;
    each batch's union of candidates another set of columns), with each kind of product,
@@ -172,8 +172,11 @@ def batchings(model, name: str, pack) -> tuple[list[str], int]:
                         break
             if model.capabilities.mixed_lengths:  # several source lengths at once
                 checked += 1
-                alone = [run(own[i])[0] for i in order]
-                if run(mixed) != alone:
+                # the sentences decoded alone above, each at its own padded length (of both
+                # groups of lengths), against the same sentences in the mixed batch
+                rows = [k for k, i in enumerate(order) if [i] in groups["alone"]]
+                alone = [run(own[order[k]])[0] for k in rows]
+                if [run(mixed)[k] for k in rows] != alone:
                     bad.append(f"{name}, {kind}, {search}: mixed lengths")
     return bad, checked
 
