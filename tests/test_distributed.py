@@ -298,7 +298,11 @@ def start_and_wait_for_training(root: Path, *args: str) -> subprocess.Popen:
 @pytest.mark.parametrize(
     "fault",
     # A hung process costs the test train.dist_timeout plus torchrun's 30 s grace: slow.
-    ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)],
+    # A killed worker: a multi-process loop of its own (make test-all).
+    [
+        pytest.param("SIGKILL", marks=pytest.mark.slow),
+        pytest.param("SIGSTOP", marks=pytest.mark.slow),
+    ],
     ids=["dies", "hangs"],
 )
 def test_a_process_that_dies_or_hangs_ends_the_job_naming_it(tmp_path, prepared, fault):

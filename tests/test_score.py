@@ -5,8 +5,10 @@ import json
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+from helpers.common import invoke
 
 from mtx.decode import score
 from mtx.decode.score import Scorer
@@ -68,11 +70,10 @@ def test_an_ensemble_of_copies_scores_as_its_model_and_two_models_in_between(mul
             assert abs(z - math.log((math.exp(x) + math.exp(y)) / 2)) < 1e-4
 
 
-def mtx_score(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mtx", "score", "--device", "cpu", *args],
-        input=stdin, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def mtx_score(*args: str, stdin: str = "") -> SimpleNamespace:
+    """`mtx score ARGS` in this process (Typer's runner): exit code, stdout, stderr."""
+    r = invoke("score", "--device", "cpu", *args, input=stdin)
+    return SimpleNamespace(returncode=r.exit_code, stdout=r.stdout, stderr=r.stderr)
 
 
 def test_mtx_score_reads_files_or_stdin_and_writes_tsv_or_json(multi30k_run, tmp_path):
