@@ -35,6 +35,14 @@ def encode_line(sp, line: str, max_positions: int, prefix: list[int] | None = No
     return prefix + sp.encode(" ".join(line.split()))[: max_positions - 1 - len(prefix)] + [EOS_ID]
 
 
+def longest_output(src_len: int, a: float, b: int, limit: int) -> int:
+    """The longest output, EOS included, of a source of `src_len` tokens (EOS excluded):
+    a * src_len + b in float32, at least 1 and at most `limit`; decode/rules.py's
+    `max_lengths` (the rule) for one sentence, here without torch for the server's process."""
+    length = np.float32(a) * np.float32(src_len) + np.float32(b)
+    return max(1, min(int(length), limit))
+
+
 def padded_length(length: int, limit: int = 1 << 30) -> int:
     """The length a source of `length` tokens is padded to: a multiple of SOURCE_BUCKET, at
     most `limit` (the longest source the model takes)."""

@@ -11,6 +11,7 @@ from dataclasses import asdict
 import pytest
 from helpers.common import invoke
 
+from mtx.cli.lines import Output
 from mtx.data import toy
 from mtx.data.sources import count_lines
 from mtx.decode.translator import Translator
@@ -87,11 +88,10 @@ def test_resume_cuts_what_a_kill_left_of_an_n_best_block(toy_run, tmp_path):
     src.write_text("".join(s + "\n" for s, _ in toy.split_pairs("test")[:30]))
     record = Record(str(src), src.stat().st_size, ["model"], ["beam=3"], 2)
 
-    def fmt(number, hyps):
-        return "".join(f"{number} ||| {tr.detokenize(h.tokens)} ||| {h.score:.6f}\n" for h in hyps)
+    fmt = Output(tr, 2, json_lines=False)  # 'LINE ||| TEXT ||| SCORE ||| LOG-PROBABILITY'
 
     ref = tmp_path / "ref.de"
-    assert translate_corpus(tr, src, ref, record, fmt, chunk_lines=4) == 30
+    assert translate_corpus(fmt, src, ref, record, chunk_lines=4) == 30
     lines = ref.read_bytes().splitlines(keepends=True)
     assert len(lines) == 60 and lines[21].startswith(b"10 ||| ")
     out = tmp_path / "out.de"
@@ -99,13 +99,13 @@ def test_resume_cuts_what_a_kill_left_of_an_n_best_block(toy_run, tmp_path):
     Record.path(out).write_text(json.dumps(asdict(record)))  # as the killed run left it
     assert complete(out, 2) == 10 and out.read_bytes() == b"".join(lines[:20])
     out.write_bytes(b"".join(lines[:21]) + lines[21][:7])
-    assert translate_corpus(tr, src, out, record, fmt, resume=True, chunk_lines=4) == 20
+    assert translate_corpus(fmt, src, out, record, resume=True, chunk_lines=4) == 20
     assert out.read_bytes() == ref.read_bytes()
     bigger = Record(str(src), src.stat().st_size, ["model"], ["beam=3"], 3)  # another nbest
     out.write_bytes(b"")
     Record.path(out).write_text(json.dumps(asdict(record)))
     with pytest.raises(MtxError, match="--resume: nbest is 3 but .* was begun with 2"):
-        translate_corpus(tr, src, out, bigger, fmt, resume=True)
+        translate_corpus(fmt, src, out, bigger, resume=True)
 
 
 def test_lines_are_counted_as_they_are_read(tmp_path):

@@ -127,7 +127,12 @@ BAD = [  # (what, body, status, words in the error)
     ("too many texts", {"text": ["a"] * 41}, 413, "serve.max_texts is 40"),
     ("a text too long", {"text": "a " * 301}, 413, "serve.max_chars is 600"),
     ("a body too large", {"text": ["\u00e9" * 200] * 40}, 413, "serve.max_body_bytes (30000)"),
-]
+    ("an empty constraint", {"text": {"text": "a", "constraints": [" "]}}, 422,
+     "text: constraints[0] is empty"),
+    ("a prefix past the longest output", {"text": ["a", {"text": "A dog.", "prefix": "Hund " * 80}]},
+     422, "text[1]: the prefix has"),
+    ("an unknown key in a text", {"text": [{"text": "a", "prefx": "b"}]}, 422, "text[0].prefx"),
+]  # fmt: skip
 
 
 def test_every_kind_of_bad_request_gets_a_clear_json_error_and_the_next_one_is_served(
@@ -150,6 +155,34 @@ def test_every_kind_of_bad_request_gets_a_clear_json_error_and_the_next_one_is_s
     status, answer = server.translate(LINES[3])
     assert status == 200 and answer["translations"] == [reference[LINES[3]][0]]
     assert server.get("/ready")[0] == 200
+
+
+def test_texts_with_controls_get_what_mtx_translate_json_gives(server, checkpoint, reference):
+    """A request mixing texts with controls and plain ones: each answer is `mtx translate
+    --json`'s for that line, the plain ones as before, with how many constraints each lacks."""
+    texts = [{"text": LINES[0], "prefix": "Zwei"}, LINES[1],
+             {"text": LINES[2], "constraints": ["Straße"], "avoid": ["Mann"]},
+             {"text": LINES[4], "alternatives": 2}]  # fmt: skip
+    status, answer = server.translate(texts)
+    assert status == 200, answer
+    rows = [t if isinstance(t, dict) else {"text": t} for t in texts]
+    out = subprocess.run(
+        [sys.executable, "-m", "mtx", "translate", "--checkpoint", str(checkpoint), "--json"],
+        input="".join(json.dumps(r) + "\n" for r in rows), capture_output=True, text=True,
+        check=True,
+    ).stdout.splitlines()  # fmt: skip
+    expected = [json.loads(x) for x in out]
+    assert answer["translations"] == [e["translation"] for e in expected]
+    assert answer["scores"] == [e["score"] for e in expected]
+    assert answer["unmet"] == [0, 0, 0, 0]
+    assert answer["alternatives"][:3] == [None, None, None]
+    assert [a["text"] for a in answer["alternatives"][3]] == [
+        a["translation"] for a in expected[3]["alternatives"]
+    ]
+    assert answer["translations"][0].startswith("Zwei ")
+    assert answer["translations"][1] == reference[LINES[1]][0]
+    assert "Straße" in answer["translations"][2].replace(".", " ").split()
+    assert "Mann" not in answer["translations"][2].replace(".", " ").split()
 
 
 def test_health_ready_info_metrics_docs_and_the_page(server, checkpoint):

@@ -23,6 +23,7 @@ from mtx.cli.app import (
     run,
     setting_help,
 )
+from mtx.cli.lines import Output, Reader, load_glossary, sha256_of
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 
@@ -83,6 +84,23 @@ OutputOpt = Annotated[
 ResumeOpt = Annotated[
     bool,
     typer.Option("--resume", help="Continue the --output a killed run began (the same output)."),
+]
+JsonLinesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help='Read one JSON object a line ({"text", "prefix", "constraints", "avoid", '
+        '"alternatives"}) and write one a line ({"translation", "score", "log_prob", "unmet"}; '
+        'with --nbest, "nbest"; with alternatives, "alternatives"). docs/decoding.md, '
+        '"Steering a translation".',
+    ),
+]
+GlossaryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="SOURCE TERM<TAB>TARGET TERM lines: the target term of each source term a line "
+        "contains (words, any case) becomes its constraint."
+    ),
 ]
 STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 
@@ -160,30 +178,32 @@ def translate(
     input: InputOpt = None,
     output: OutputOpt = None,
     resume: ResumeOpt = False,
+    json_lines: JsonLinesOpt = False,
+    glossary: GlossaryOpt = None,
 ) -> None:
     """Translate stdin to stdout, one line per line, in order, as the input arrives; or a
     corpus, --input into --output, resumable (--resume) after a kill."""
-    if attention_dir is not None and checkpoint and len(checkpoint) > 1:
-        fail("--attention-dir shows one model's attention: give one --checkpoint")
-    if every_head and attention_dir is None:
-        fail("--every-head needs --attention-dir")
-    if (output is not None or resume) and (input is None or attention_dir is not None):
-        fail("--output and --resume take --input (a file: read again to resume), no attention")
-    sampling = dict(sampling=True if sample else None, temperature=temperature, top_k=top_k)
+    steered = json_lines or glossary is not None
+    _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered)
     options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed)
-    options |= sampling
+    options |= dict(sampling=True if sample else None, temperature=temperature, top_k=top_k)
+    terms = run(load_glossary, glossary)
     translator = _translator(
         checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, **options
     )
+    out = Output(translator, nbest, json_lines)
     if output is not None:
         said = dict(beam=beam, alpha=alpha, tgt_lang=tgt_lang, **options)
         said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
+        said += [f"json={json_lines}", f"glossary={sha256_of(glossary)}"] if steered else []
         paths = checkpoint_paths(checkpoint, config, set)
         corpus = (input, output, resume, nbest, chunk_lines)
-        return _translate_corpus(translator, *corpus, paths, said)
+        return _translate_corpus(out, *corpus, paths, said, Reader(json_lines, terms))
     lines = read_lines(sys.stdin.buffer) if input is None else run(_file_lines, input)
-    sources: deque[str] = deque()  # lines read but not yet written (bounded by the stream)
-    if attention_dir is not None:
+    sources: deque = deque()  # lines read but not yet written (bounded by the stream)
+    if steered:
+        lines = _recorded(Reader(json_lines, terms).items(lines), sources)
+    elif attention_dir is not None:
         lines = _recorded(lines, sources)
     # the settings are checked here, before any input is read or any file written
     stream = run(translator.hypotheses_stream, lines, chunk_lines, STREAM_IDLE_S, nbest)
@@ -192,7 +212,20 @@ def translate(
 
         run(_pyplot)  # a missing matplotlib fails before any work
         run(attention_dir.mkdir, parents=True, exist_ok=True)
-    run(write_translations, translator, stream, nbest, attention_dir, every_head, sources)
+    run(write_translations, out, stream, attention_dir, every_head, sources)
+    out.say_report()
+
+
+def _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered):
+    """Refuse, in one line, `mtx translate` options that do not go together."""
+    if attention_dir is not None and steered:
+        fail("--attention-dir takes plain lines: no --json or --glossary")
+    if attention_dir is not None and checkpoint and len(checkpoint) > 1:
+        fail("--attention-dir shows one model's attention: give one --checkpoint")
+    if every_head and attention_dir is None:
+        fail("--every-head needs --attention-dir")
+    if (output is not None or resume) and (input is None or attention_dir is not None):
+        fail("--output and --resume take --input (a file: read again to resume), no attention")
 
 
 def _file_lines(path: Path) -> Iterator[str]:
@@ -203,49 +236,48 @@ def _file_lines(path: Path) -> Iterator[str]:
     return read_file_lines(path)
 
 
-def _translate_corpus(translator, input, output, resume, nbest, chunk_lines, paths, said):
-    """--input into --output (jobs/translate.py), resuming it with --resume; a summary on stderr."""
+def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, said, reader):
+    """--input into --output (jobs/translate.py), resuming it with --resume; a summary on stderr.
+    With controls, every line is read and checked before anything is written."""
     from mtx.jobs.translate import Record, translate_corpus
 
     run(_file_lines, input)  # a missing input: one line, before anything is written
     settings = [x for x in said if not x.startswith("decode.batch_tokens=")]
-    settings.append(f"device={translator.device.type}")  # batches change nothing; devices may
+    settings.append(f"device={out.translator.device.type}")  # batches change nothing; devices may
     record = Record(
         str(input.resolve()), input.stat().st_size, [str(Path(p).resolve()) for p in paths],
         settings, nbest,
     )  # fmt: skip
-
-    def fmt(number: int, hyps) -> str:
-        texts = [translator.detokenize(h.tokens) for h in hyps]
-        if nbest == 1:
-            return texts[0] + "\n"
-        return "".join(
-            f"{number} ||| {t} ||| {h.score:.6f} ||| {h.log_prob:.6f}\n"
-            for t, h in zip(texts, hyps)
-        )
-
-    written = run(translate_corpus, translator, input, output, record, fmt, resume, chunk_lines)
+    items = None
+    if not reader.plain:
+        run(_check_items, out.translator, reader, input)
+        items = reader.items
+    written = run(translate_corpus, out, input, output, record, resume, chunk_lines, items)
     log(f"translated {written:,} lines into {output}")
+    out.say_report()
 
 
-def write_translations(translator, stream, nbest: int, attention_dir, every_head, sources):
-    """The translations of `stream` to stdout as they come (with `nbest` > 1, as 'LINE |||
-    TEXT ||| SCORE ||| LOG-PROBABILITY'), and each line's attention into `attention_dir` if
-    given (`sources`: the lines read but not yet written)."""
-    out = sys.stdout
+def _check_items(translator, reader: Reader, input: Path) -> None:
+    """Every line of `input` read and turned into a request: the first bad one refused."""
+    for number, item in enumerate(reader.items(_file_lines(input))):
+        translator.request_of(item, number)
+
+
+def write_translations(out: Output, stream, attention_dir, every_head, sources):
+    """The translations of `stream` to stdout as they come (`out` formats each line), and each
+    line's attention into `attention_dir` if given (`sources`: the lines read but not yet
+    written, or the `Line`s with controls)."""
+    stdout = sys.stdout
     try:
         for number, hyps in enumerate(stream):
+            item = sources.popleft() if sources else None
             if attention_dir is not None:
                 from mtx.plot import write_attention
 
-                record = translator.cross_attention(sources.popleft(), hyps[0].tokens)
+                record = out.translator.cross_attention(item, hyps[0].tokens)
                 write_attention(attention_dir, number + 1, record, every_head)
-            for h in hyps:
-                text = translator.detokenize(h.tokens)
-                if nbest > 1:
-                    text = f"{number} ||| {text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
-                out.write(text + "\n")
-            out.flush()
+            stdout.write(out(number, hyps, item))
+            stdout.flush()
     except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 

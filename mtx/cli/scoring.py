@@ -25,6 +25,7 @@ from mtx.cli.decoding import (
     _translator,
     read_lines,
 )
+from mtx.cli.lines import Output, Reader
 from mtx.errors import MtxError
 
 
@@ -160,7 +161,7 @@ def distill(
 
     def translate(output: Path, n: int) -> None:  # a finished translation: nothing more to do
         corpus = (src, output, resume or output.exists(), n, chunk_lines)
-        _translate_corpus(translator, *corpus, paths, said)
+        _translate_corpus(Output(translator, n, False), *corpus, paths, said, Reader(False, None))
 
     teacher = [str(Path(p).resolve()) for p in paths]
     job = (translator, src, output_dir, langs, drop_worst, translate, teacher, selection)

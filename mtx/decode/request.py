@@ -7,15 +7,18 @@ sorts requests into batches and pads their sources into a `SearchBatch`; every s
 each row's request from it. A sentence's output depends on its own request alone: nothing in a
 request is read across rows.
 
-A request holds the source as the model reads it, its line number (the seed of its samples)
-and, if it has one, its own length limit. What a caller may add per sentence (a target prefix,
-constraints) is added here, as a field of `Request`, and read by the searches from the batch.
+A request holds the source as the model reads it, its line number (the seed of its samples),
+if it has one, its own length limit, and its controls (decode/controlled.py): a target prefix
+the output starts with, hard constraints (phrases the output must contain) and phrases to
+avoid, each as target ids. What a caller may add per sentence is added here, as a field of
+`Request`, and read by the searches from the batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from mtx.decode import rules
@@ -30,6 +33,15 @@ class Request:
     source: tuple[int, ...]  # source ids as the model reads them: its tag first, EOS last
     line: int = 0  # its line number in the input: the seed of its samples
     max_len: int | None = None  # its longest output, EOS included; None: decode.max_len_a/b's
+    prefix: tuple[int, ...] = ()  # the output starts with these target ids
+    constraints: tuple[tuple[int, ...], ...] = ()  # phrases (target ids) it must contain
+    avoid: tuple[tuple[int, ...], ...] = ()  # phrases it must not contain
+    alternatives: int = 0  # return this many alternatives at the first word after the prefix
+
+    @property
+    def steered(self) -> bool:
+        """Whether it has controls: then the controlled search decodes it (controlled.py)."""
+        return bool(self.prefix or self.constraints or self.avoid or self.alternatives)
 
     def longest(self, a: float, b: int, limit: int) -> int:
         """Its longest output, EOS included: its own `max_len`, else a * source tokens (EOS
@@ -65,6 +77,11 @@ class SearchBatch:
         ]
         lines = list(range(len(rows))) if lines is None else lines
         return cls(src, [Request(ids, line) for ids, line in zip(rows, lines, strict=True)])
+
+    def subset(self, rows: list[int]) -> SearchBatch:
+        """The batch of the rows `rows` (ascending) alone, each computed as in this one."""
+        index = torch.tensor(rows, device=self.src.device)
+        return SearchBatch(self.src[index], [self.requests[i] for i in rows])
 
     def max_lengths(self, a: float, b: int, limit: int) -> list[int]:
         """Each row's longest output, EOS included (`Request.longest`)."""

@@ -23,18 +23,25 @@ follows a changed rule, not only that their outputs agree):
   (`enough_finished`); with `exact`, once no live hypothesis can still beat its n-th best
   finished one, with `never` at its longest output only (`sentence_done`); its n-best are the
   best scored, in finishing order among equals (`best`).
+
+A sentence's controls (decode/controlled.py) add four rules: its target prefix is forced, one
+token a step (`force_tokens`); it may not end while a hard constraint is unmet, unless at its
+longest output (`block_eos`); a token that would complete an avoided phrase is ruled out
+(`ban`); and the beams are shared among the candidates by how many constraint tokens each has
+met (`allocate`: dynamic beam allocation, Post and Vilar 2018, as Hu et al. 2019 vectorise
+it). A hypothesis that had to end with constraints unmet ranks after every one that met them
+(`best`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from mtx.model.groups import Groups
-from mtx.tokens import EOS_ID, PAD_ID, Specials
+from mtx.tokens import EOS_ID, PAD_ID, Specials, longest_output
 
 # When a sentence's beam search may end (`sentence_done`): k_finished is the default and the
 # static search's only rule.
@@ -53,6 +60,7 @@ class Hypothesis:
     tokens: list[int]  # output ids, without BOS and EOS
     score: float  # what the search ranks by: log_prob / length penalty for beam search
     log_prob: float  # sum of the model's log-probabilities of tokens and EOS
+    unmet: int = 0  # hard constraints it lacks (it reached its longest output first)
 
 
 def source_lengths(src: Tensor | Groups) -> Tensor:
@@ -68,8 +76,7 @@ def max_lengths(src_len: Tensor | int, a: float, b: int, limit: int) -> Tensor |
     a * src_len + b, at least 1 and at most `limit` (the model's longest sequence), computed
     in float32 for an int as for a tensor, so both give the same length."""
     if isinstance(src_len, int):
-        length = np.float32(a) * np.float32(src_len) + np.float32(b)
-        return max(1, min(int(length), limit))
+        return longest_output(src_len, a, b, limit)
     return (a * src_len.float() + b).long().clamp(min=1, max=limit)
 
 
@@ -148,8 +155,63 @@ def enough_finished(finished: int | Tensor, K: int) -> bool | Tensor:
 
 
 def best(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
-    """The `nbest` best finished hypotheses, best first (equals in the order they finished)."""
-    return sorted(hyps, key=lambda h: -h.score)[:nbest]
+    """The `nbest` best finished hypotheses, best first (equals in the order they finished);
+    those with hard constraints unmet after all that met them."""
+    return sorted(hyps, key=lambda h: (h.unmet, -h.score))[:nbest]
+
+
+def force_tokens(lprobs: Tensor, forced: Tensor) -> Tensor:
+    """(N, V) log-probabilities where row n must produce `forced[n]` ((N,) ids; -1: free):
+    every other token ruled out there, the forced one keeping its log-probability."""
+    rows = forced >= 0
+    keep = torch.zeros_like(lprobs, dtype=torch.bool)
+    keep[rows, forced[rows]] = True
+    return lprobs.masked_fill(rows.unsqueeze(1) & ~keep, -torch.inf)
+
+
+def only_tokens(lprobs: Tensor, rows: Tensor, allowed: Tensor) -> Tensor:
+    """(N, V) log-probabilities where the rows `rows` ((N,) bool) may only produce the tokens
+    `allowed` ((V,) bool): after a prefix, a token that begins a word (or ends the output)."""
+    return lprobs.masked_fill(rows.unsqueeze(1) & ~allowed, -torch.inf)
+
+
+def block_eos(lprobs: Tensor, rows: Tensor) -> Tensor:
+    """(N, V) log-probabilities where the rows `rows` ((N,) bool: hard constraints unmet, not
+    at their longest output) may not end."""
+    lprobs[:, EOS_ID] = lprobs[:, EOS_ID].masked_fill(rows, -torch.inf)
+    return lprobs
+
+
+def ban(lprobs: Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
+    """(N, V) log-probabilities with token `tokens[i]` ruled out in row `rows[i]` (each (I,)):
+    the last token of an avoided phrase whose beginning the row ends with."""
+    lprobs[rows, tokens] = -torch.inf
+    return lprobs
+
+
+def allocate(scores: Tensor, banks: Tensor, usable: Tensor, K: int) -> Tensor:
+    """The next K beams of each sentence among its M candidates (scores, banks and usable,
+    each (B, M)): indices (B, K) into the candidates.
+
+    Dynamic beam allocation (Post and Vilar 2018) as Hu et al. (2019) vectorise it: a
+    candidate's bank is how many constraint tokens it has met; candidates are ranked by score
+    within their bank, and the beams are dealt round-robin, best rank first and, among equal
+    ranks, the bank that has met most first. So the hypothesis that has met most constraints
+    always keeps a beam, and a sentence without constraints (one bank) keeps its best K in
+    score order. Unusable candidates (ending in EOS, or no candidate at all) are never taken;
+    candidates of score -inf only when too few others are left."""
+    B, M = scores.shape
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    bank, usable = banks.gather(1, order), usable.gather(1, order)
+    possible = usable & (scores.gather(1, order) > -torch.inf)
+    C = int(bank.max()) + 1 if bank.numel() else 1
+    seen = (torch.nn.functional.one_hot(bank, C) * possible.unsqueeze(2)).cumsum(1)
+    rank = seen.gather(2, bank.unsqueeze(2)).squeeze(2) - 1  # among the possible of its bank
+    priority = rank * C + (C - 1 - bank)
+    position = torch.arange(M, device=scores.device).expand(B, M)
+    priority = torch.where(possible, priority, M * C + position)
+    priority = torch.where(usable, priority, 2 * M * C + position)
+    return order.gather(1, priority.argsort(dim=1, stable=True)[:, :K])
 
 
 def check_stopping(stopping: str) -> None:

@@ -41,6 +41,7 @@ Greedy search and sampling report score = log P(Y) (no length penalty: nothing i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -52,6 +53,9 @@ from mtx.decode.rules import Hypothesis
 from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
 from mtx.tokens import EOS_ID
+
+if TYPE_CHECKING:
+    from mtx.decode.controlled import Steer
 
 STOPPING = rules.STOPPING
 
@@ -185,19 +189,46 @@ def note_finished(
     tokens: Tensor,
     length: int,
     alpha: float,
+    steer: Steer | None = None,
 ) -> None:
     """Add to each live sentence's `finished` its candidates among the best K that finish
     (rules.finishing) at output `length`: `host` (B, K + 1) holds their log-probabilities (NaN
-    for those that do not finish), `rows` (B, 2K) their beams' rows in `tokens` (B*K, t)."""
+    for those that do not finish), `rows` (B, 2K) their beams' rows in `tokens` (B*K, t);
+    `steer` says how many constraints each lacks."""
     K = len(host[0]) - 1 if host else 0
     new = [(i, j) for i in range(len(alive)) for j in range(K) if host[i][j] > -torch.inf]
     if not new:  # NaN compares False: only finished hypotheses
         return
     ids = rows[[i for i, _ in new], [j for _, j in new]]
+    unmet = steer.unmet().tolist() if steer is not None else None
     for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
         log_prob = host[i][j]
         score = rules.finished_score(log_prob, length, alpha)
-        finished[alive[i]].append(Hypothesis(hyp, score, log_prob))
+        lacks = unmet[i][j] if unmet is not None else 0
+        finished[alive[i]].append(Hypothesis(hyp, score, log_prob, lacks))
+
+
+def _beam_candidates(
+    model: Decodable, tokens: Tensor, memory, src_mask, cache, force: list[bool],
+    scores: Tensor, t: int, steer: Steer | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Beam search's candidates at step t (`_continuations`), or under the requests' controls
+    with a `steer` (controlled.py)."""
+    last = tokens[:, -1:]
+    if steer is None:
+        return _continuations(model, last, memory, src_mask, cache, force, scores)
+    lprobs = _log_probs(model, last, memory, src_mask, cache, force)
+    window = steer.window(tokens)
+    lprobs = steer.mask(lprobs, window, t, torch.tensor(force, device=tokens.device))
+    return steer.candidates(scores, lprobs, window)
+
+
+def _to_host(top: Tensor, tok: Tensor, K: int) -> list[list[float]]:
+    """One transfer to the host per step: (B, K + 1) the scores of the first K candidates
+    where they finish (NaN where not), and each sentence's best live score."""
+    ended = top[:, :K].masked_fill(~rules.finishing(top, tok, K), torch.nan)
+    live_best = top.masked_fill(tok == EOS_ID, -torch.inf).max(dim=1).values
+    return torch.cat([ended, live_best.unsqueeze(1)], 1).tolist()
 
 
 @torch.inference_mode()
@@ -211,9 +242,10 @@ def beam_search(
     limit: int = 1024,
     nbest: int = 1,
     stopping: str = "k_finished",
+    steer: Steer | None = None,
 ) -> list[list[Hypothesis]]:
     """The `nbest` (at most `beam`) best hypotheses of each sentence of `batch` (B rows), best
-    first."""
+    first; under the requests' controls with a `steer` (controlled.py)."""
     rules.check_stopping(stopping)
     batch = SearchBatch.of(batch)
     src, K = batch.src, beam
@@ -228,16 +260,11 @@ def beam_search(
     for t in range(max(max_len)):
         B = len(alive)
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive for _ in range(K)]
-        last = tokens[:, -1:]
-        top, from_beam, tok = _continuations(model, last, memory, src_mask, cache, force, scores)
+        step = (model, tokens, memory, src_mask, cache, force, scores)
+        top, from_beam, tok = _beam_candidates(*step, t, steer)
         rows = torch.arange(B, device=device).unsqueeze(1) * K + from_beam  # (B, 2K) flat rows
-        is_eos = tok == EOS_ID
-        # One transfer to the host per step: the scores of the first K candidates where they
-        # finish (NaN where not), and each sentence's best live score.
-        ended = top[:, :K].masked_fill(~rules.finishing(top, tok, K), torch.nan)
-        live_best = top.masked_fill(is_eos, -torch.inf).max(dim=1).values
-        host = torch.cat([ended, live_best.unsqueeze(1)], 1).tolist()
-        note_finished(finished, alive, host, rows, tokens, t + 1, alpha)
+        host = _to_host(top, tok, K)
+        note_finished(finished, alive, host, rows, tokens, t + 1, alpha, steer)
         done = [
             rules.at_limit(t + 1, max_len[b])
             or rules.sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
@@ -245,7 +272,8 @@ def beam_search(
         ]
         if all(done):
             break
-        keep = rules.continuing(tok, K)  # (B, K): the best K not ending in EOS
+        # (B, K): the best K not ending in EOS
+        keep = rules.continuing(tok, K) if steer is None else steer.select(top)
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         sentences = None
         if any(done):  # finished sentences leave the batch
@@ -254,6 +282,8 @@ def beam_search(
             alive = [alive[i] for i in live]
             scores, rows, tok = scores[sentences], rows[sentences], tok[sentences]
             src_mask = None if src_mask is None else src_mask[sentences]
+        if steer is not None:
+            steer.advance(keep, sentences)
         rows = rows.view(-1)  # (B'*K,) rows of the previous step's hypotheses
         tokens = torch.cat([tokens[rows], tok.view(-1, 1)], 1)
         cache.reorder(rows)

@@ -6,6 +6,10 @@
   decode settings, kept with its CUDA graphs from one batch to the next;
 - otherwise the shrinking search of search.py: greedy search at beam 1, else beam search.
 
+Requests with controls (a target prefix, constraints, avoided phrases: request.py) are taken
+out of their batch and decoded by the shrinking beam search under them (controlled.py), the
+others as before: a sentence without controls is decoded as if the others were not there.
+
 With `decode.shortlist`, the shrinking search and sampling decode the model through its
 lexical shortlist (shortlist.py), loaded once and kept.
 
@@ -18,6 +22,7 @@ import torch
 
 from mtx.config import DecodeConfig
 from mtx.decode import rules
+from mtx.decode.controlled import Steer, word_ends
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.decode.search import Sampling, beam_search, greedy_search
@@ -30,10 +35,14 @@ from mtx.model.interface import Decodable
 class Searches:
     """The searches of one model on one device; `__call__` runs the one `decode.*` names."""
 
-    def __init__(self, model: Decodable, device: torch.device, vocabulary: str = "") -> None:
+    def __init__(
+        self, model: Decodable, device: torch.device, vocabulary: str = "", vocab=None
+    ) -> None:
         """`vocabulary`: the SentencePiece model's shortlist.vocabulary_sha256 (what a
-        shortlist must have been built with)."""
-        self.model, self.device, self.vocabulary = model, device, vocabulary
+        shortlist must have been built with); `vocab` the vocabulary (data/vocab.py), whose
+        word ends constraints and prefixes follow (None: ids alone)."""
+        self.model, self.device, self.vocabulary, self.vocab = model, device, vocabulary, vocab
+        self._ends: torch.Tensor | None = None  # controlled.word_ends, once needed
         self.kept: dict[tuple, StaticSearch] = {}  # see `static`
         self.shortlisted: dict[str, Shortlisted] = {}  # see `decoded`
 
@@ -44,7 +53,56 @@ class Searches:
 
     def __call__(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses of each sentence of `batch` (batches.py), best first; with
-        sampling, `nbest` samples of each, seeded by each request's line number."""
+        sampling, `nbest` samples of each, seeded by each request's line number. Requests with
+        controls (a prefix, constraints) are decoded by the controlled search, the others as
+        if they were alone in the batch."""
+        steered = [i for i, r in enumerate(batch.requests) if r.steered]
+        if not steered:
+            return self.plain(batch, d, nbest)
+        check_controls(self.model, d, self.device)
+        if len(steered) == len(batch.requests):
+            return self.controlled(batch, d, nbest)
+        plain = [i for i, r in enumerate(batch.requests) if not r.steered]
+        out: list[list[Hypothesis]] = [[] for _ in batch.requests]
+        for rows, hyps in (
+            (plain, self.plain(batch.subset(plain), d, nbest)),
+            (steered, self.controlled(batch.subset(steered), d, nbest)),
+        ):
+            for i, h in zip(rows, hyps):
+                out[i] = h
+        return out
+
+    def controlled(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
+        """The shrinking beam search under each request's controls (controlled.py); at beam 1
+        without a length penalty, so that it is greedy search. Requests asking for N
+        alternatives are decoded apart, N beams each, and get their N alternatives, best
+        first."""
+        if self._ends is None and self.vocab is not None:
+            self._ends = word_ends(self.vocab, self.device)
+        kinds = sorted({r.alternatives for r in batch.requests})
+        if len(kinds) > 1:
+            out: list[list[Hypothesis]] = [[] for _ in batch.requests]
+            for n in kinds:
+                rows = [i for i, r in enumerate(batch.requests) if r.alternatives == n]
+                for i, hyps in zip(rows, self.controlled(batch.subset(rows), d, nbest)):
+                    out[i] = hyps
+            return out
+        a, b, limit, n = d.max_len_a, d.max_len_b, self.limit, kinds[0]
+        if n == 0:
+            steer = Steer(batch.requests, d.beam, self.device, self._ends)
+            alpha = d.alpha if d.beam > 1 else 0.0
+            return beam_search(
+                self.model, batch, d.beam, alpha, a, b, limit, nbest, d.stopping, steer
+            )
+        steer = Steer(batch.requests, n, self.device, self._ends, alternatives=True)
+        hyps = beam_search(self.model, batch, n, 0.0, a, b, limit, n, "k_finished", steer)
+        return [
+            sorted(h, key=lambda x: steer.first[i].index(x.tokens[len(r.prefix)]))
+            for i, (r, h) in enumerate(zip(batch.requests, hyps))
+        ]
+
+    def plain(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
+        """`__call__` of requests without controls."""
         if d.sampling:
             return self.sample(batch, d, nbest)
         static = self.static(d)
@@ -99,6 +157,21 @@ class Searches:
                 self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, self.limit, mode == "graphs"
             )
         return self.kept[key]
+
+
+def check_controls(model: Decodable, d: DecodeConfig, device: torch.device) -> None:
+    """Refuse, in one line, decode settings a request's controls cannot run with."""
+    if d.sampling:
+        raise MtxError("a target prefix or constraints run in the search, not with decode.sampling")
+    if d.shortlist:
+        raise MtxError("a target prefix or constraints run without decode.shortlist")
+    if d.search in ("static", "graphs"):
+        raise MtxError(
+            f"decode.search {d.search}: a target prefix or constraints run in the shrinking "
+            "search only (decode.search shrinking, or auto)"
+        )
+    if model.capabilities.candidates:
+        raise MtxError("a target prefix or constraints run without a lexical shortlist")
 
 
 def static_refusal(

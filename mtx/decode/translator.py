@@ -32,6 +32,7 @@ from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode.batches import request_batches
+from mtx.decode.controls import Controls, Line, fits, segment
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.rules import Hypothesis
@@ -115,7 +116,7 @@ class Translator:
         for m in model.members():
             vocab.check_decoder_start(self.vocab, m.cfg.decoder_start)
         # shared by with_decode's copies; a shortlist is loaded and checked now, not mid-input
-        self.searches = Searches(self.model, self.device, vocabulary_sha256(spm_proto))
+        self.searches = Searches(self.model, self.device, vocabulary_sha256(spm_proto), self.vocab)
         self.searches.decoded(cfg.decode)
         self.tags = corpora.tag_ids(self.vocab)  # {language: its >>xx<< tag's id}; {}: one
         self.tgt_lang: str | None = None  # into; None: the model's one target language
@@ -195,11 +196,46 @@ class Translator:
         prefix = [self.tags[self.tgt_lang]] if self.tags else None
         return encode_line(self.vocab.source, line, self.model.max_positions, prefix)
 
-    def request(self, line: str, number: int = 0, max_len: int | None = None) -> Request:
+    def request(
+        self,
+        line: str,
+        number: int = 0,
+        max_len: int | None = None,
+        controls: Controls | None = None,
+    ) -> Request:
         """What translating `line`, numbered `number` in its input (its samples' seed), asks
-        of a search (request.py); `max_len` its own longest output, EOS included."""
+        of a search (request.py); `max_len` its own longest output, EOS included; `controls`
+        its prefix, constraints and avoided phrases (controls.py), segmented and checked."""
         self.check_language()
-        return Request(tuple(self._encode(line)), number, max_len)
+        return self._request(line, number, max_len, controls)
+
+    def _request(
+        self, line: str, number: int, max_len: int | None, controls: Controls | None
+    ) -> Request:
+        request = Request(tuple(self._encode(line)), number, max_len)
+        if not controls:
+            return request
+        never, longest = self.model.specials.never_below, self.longest(request)
+        prefix, need, avoid = segment(controls, self.vocab.target.encode, never, longest)
+        alternatives = controls.alternatives
+        return dataclasses.replace(
+            request, prefix=prefix, constraints=need, avoid=avoid, alternatives=alternatives
+        )
+
+    def longest(self, request: Request) -> int:
+        """A request's longest output, EOS included (decode.max_len_a/b, the model's limit)."""
+        d = self.cfg.decode
+        return request.longest(d.max_len_a, d.max_len_b, self.searches.limit)
+
+    def fits(self, request: Request) -> bool:
+        """Whether a request's prefix, constraints and EOS fit in its longest output (then
+        every output contains every constraint: controlled.py)."""
+        return fits(request.prefix, request.constraints, self.longest(request))
+
+    def request_of(self, item: str | Line, number: int) -> Request:
+        """The request of an input line, numbered `number` from 0 (see `_line_request`)."""
+        self.check_language()
+        return self._line_request(item, number)
 
     def check_nbest(self, nbest: int) -> None:
         d = self.cfg.decode
@@ -226,7 +262,7 @@ class Translator:
         return self.searches.static(self.cfg.decode)
 
     def translate_ids(
-        self, lines: list[str], nbest: int = 1, first_line: int = 0
+        self, lines: list[str | Line], nbest: int = 1, first_line: int = 0
     ) -> list[list[Hypothesis]]:
         """The hypotheses of each line, in input order; `first_line` numbers the first line
         (for sampling seeds when `lines` is one chunk of a longer input)."""
@@ -235,9 +271,20 @@ class Translator:
         return self._translate_ids(lines, nbest, first_line)
 
     def _translate_ids(
-        self, lines: list[str], nbest: int, first_line: int
+        self, lines: list[str | Line], nbest: int, first_line: int
     ) -> list[list[Hypothesis]]:
-        return self.translate_encoded([self._encode(line) for line in lines], nbest, first_line)
+        requests = [self._line_request(x, first_line + i) for i, x in enumerate(lines)]
+        return self.translate_requests(requests, nbest)
+
+    def _line_request(self, item: str | Line, number: int) -> Request:
+        """The request of an input line (a string, or a `Line` with controls), numbered
+        `number` from 0; an error names the line (from 1)."""
+        if isinstance(item, str):
+            return Request(tuple(self._encode(item)), number)
+        try:
+            return self._request(item.text, number, None, item.controls)
+        except MtxError as e:
+            raise MtxError(f"line {number + 1}: {e}") from None
 
     def translate_encoded(
         self, ids: list[list[int]], nbest: int = 1, first_line: int = 0
@@ -291,7 +338,7 @@ class Translator:
 
     def hypotheses_stream(
         self,
-        lines: Iterable[str],
+        lines: Iterable[str | Line],
         chunk_lines: int = 512,
         idle: float | None = None,
         nbest: int = 1,
@@ -305,7 +352,12 @@ class Translator:
         return self._stream(lines, chunk_lines, idle, nbest, first_line)
 
     def _stream(
-        self, lines: Iterable[str], chunk_lines: int, idle: float | None, nbest: int, first: int
+        self,
+        lines: Iterable[str | Line],
+        chunk_lines: int,
+        idle: float | None,
+        nbest: int,
+        first: int,
     ) -> Iterator[list[Hypothesis]]:
         for chunk in chunks(lines, chunk_lines, idle):
             yield from self._translate_ids(chunk, nbest, first)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -66,9 +67,10 @@ def complete(output: Path, per_line: int) -> int:
     return done
 
 
-def start(output: Path, record: Record, resume: bool) -> int:
+def start(output: Path, record: Record, resume: bool, per_line: int | None = None) -> int:
     """Input lines already translated into `output` (0 for a new run), after checking that a
-    resumed run translates what the record says."""
+    resumed run translates what the record says; `per_line`: output lines an input line
+    gives (None: the record's nbest)."""
     saved = Record.path(output)
     if output.exists() and not resume:
         raise MtxError(f"{output} exists: --resume continues it, or remove it first")
@@ -87,34 +89,39 @@ def start(output: Path, record: Record, resume: bool) -> int:
             raise MtxError(
                 f"--resume: {key} is {value!r} but {output} was begun with {before.get(key)!r}"
             )
-    return complete(output, record.nbest)
+    return complete(output, per_line or record.nbest)
 
 
 def translate_corpus(
-    translator,
+    out,
     input: Path,
     output: Path,
     record: Record,
-    fmt: Callable[[int, list], str],
     resume: bool = False,
     chunk_lines: int = 512,
+    items: Callable[[Iterable[str], int], Iterable] | None = None,
 ) -> int:
-    """Translate `input` into `output` (resuming it if asked); returns the lines translated
-    by this call. `fmt(line number, hypotheses)` makes an input line's output text."""
+    """Translate `input` into `output` (resuming it if asked) with `out.translator`; returns
+    the lines translated by this call. `out(line number, hypotheses, item)` makes an input
+    line's output text; `items(lines, first line number)` turns the input's lines into what
+    the translator takes (a `Line` with controls: decode/controls.py), if given."""
     if not input.is_file():
         raise MtxError(f"file not found: {input}")
-    nbest = record.nbest
+    nbest, translator = record.nbest, out.translator
     translator.check_nbest(nbest)
     translator.check_language()
     total = count_lines(input)
-    done = start(output, record, resume)
-    lines: Iterable[str] = itertools.islice(read_lines(input), done, None)
-    stream = translator.hypotheses_stream(lines, chunk_lines, None, nbest, first_line=done)
+    done = start(output, record, resume, 1 if out.json_lines else nbest)  # JSON: a line each
+    lines: Iterable = itertools.islice(read_lines(input), done, None)
+    if items is not None:
+        lines = items(lines, done)
+    read: deque = deque()  # the items read and not yet written
+    stream = translator.hypotheses_stream(_kept(lines, read), chunk_lines, None, nbest, done)
     written = 0
     with open(output, "ab") as f, Progress(total, "translated", "lines", initial=done) as bar:
         pending: list[str] = []
         for number, hyps in enumerate(stream, start=done):
-            pending.append(fmt(number, hyps))
+            pending.append(out(number, hyps, read.popleft()))
             if len(pending) == chunk_lines:
                 flush(f, pending)
                 bar.update(len(pending))
@@ -123,6 +130,12 @@ def translate_corpus(
         bar.update(len(pending))
         written += len(pending)
     return written
+
+
+def _kept(items: Iterable, read: deque) -> Iterator:
+    for item in items:
+        read.append(item)
+        yield item
 
 
 def flush(f, texts: list[str]) -> None:

@@ -1,7 +1,9 @@
 """The HTTP side of `mtx serve`: a FastAPI app over the batcher, and the uvicorn server running it.
 
     POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false,
-                       "tgt_lang": "de" (needed when the model translates into several)}
+                       "tgt_lang": "de" (needed when the model translates into several)};
+                      a text may be an object with controls: {"text": "...", "prefix": "...",
+                      "constraints": ["..."], "avoid": ["..."]} (decode/controls.py)
     GET  /health      the process is alive
     GET  /ready       the model is loaded and every worker has come for work (503 before
                       that, and while stopping)
@@ -37,6 +39,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException
 
+from mtx.decode.controls import Line, controls_of
+from mtx.errors import MtxError
 from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
 from mtx.serve.front import Choices, Front, Result
@@ -46,11 +50,22 @@ RETRY_AFTER_S = 1
 RETRY = {"Retry-After": str(RETRY_AFTER_S)}  # with a 503
 
 
+class Source(BaseModel):
+    """A text with controls (decode/controls.py): what a line of `mtx translate --json` holds."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str
+    prefix: str = ""  # the translation starts with it
+    constraints: list[str] = []  # phrases it must contain
+    avoid: list[str] = []  # phrases it must not contain
+    alternatives: int = 0  # also this many alternatives at the first word after the prefix
+
+
 class TranslateRequest(BaseModel):
     """POST /translate. Types are strict: "4" is not a beam."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    text: str | list[str]  # one text, or a list translated in order
+    text: str | Source | list[str | Source]  # one text, or a list translated in order
     beam: int | None = None  # beam size, 1 = greedy (default: the checkpoint's decode.beam)
     nbest: int = 1  # also return this many best translations of each text, with scores
     attention: bool = False  # also return the encoder-decoder attention (one checkpoint only)
@@ -61,6 +76,8 @@ class TranslateResponse(BaseModel):
     translations: list[str]  # one per text, in order
     scores: list[float | None]  # each translation's search score (None for a text with no words)
     nbest: list[list[dict[str, Any]]] | None = None  # with nbest > 1: [{"text", "score"}, ...]
+    unmet: list[int] | None = None  # with constraints: how many each translation lacks
+    alternatives: list[list[dict[str, Any]] | None] | None = None  # [{"text", "score"}, ...]
     attention: list[dict[str, Any] | None] | None = None  # with attention: see MtxEngine
 
 
@@ -88,7 +105,7 @@ def _where(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part not in ("str", "list[str]"):  # the union's branch, not a place in the body
+        elif part != "str" and part != "Source" and "[" not in part:  # a union's branch
             out += ("." if out else "") + str(part)
     return out or "the body"
 
@@ -163,12 +180,13 @@ class Service:
         except ValidationError as e:
             raise invalid(_validation_message(e)) from None
 
-    def check(self, req: TranslateRequest, texts: list[str]) -> Choices:
+    def check(self, req: TranslateRequest, items: list[str | Source]) -> Choices:
         s, d = self.cfg.serve, self.cfg.decode
-        if not texts:
+        if not items:
             raise invalid("text: an empty list (give at least one text)")
-        if len(texts) > s.max_texts:
-            raise too_large(f"{len(texts)} texts; serve.max_texts is {s.max_texts}")
+        if len(items) > s.max_texts:
+            raise too_large(f"{len(items)} texts; serve.max_texts is {s.max_texts}")
+        texts = [x if isinstance(x, str) else x.text for x in items]
         for i, text in enumerate(texts):
             if len(text) > s.max_chars:
                 n = len(text)
@@ -189,11 +207,32 @@ class Service:
             raise invalid(why)
         return Choices(beam, req.nbest, req.attention, req.tgt_lang)
 
+    def lines(self, items: list[str | Source]) -> list[str | Line]:
+        """Each text, or a `Line` with its controls, checked as the translator checks them."""
+        out: list[str | Line] = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                out.append(item)
+                continue
+            where = "text" if len(items) == 1 else f"text[{i}]"
+            try:
+                line = Line(item.text, controls_of(item.model_dump(), where))
+                if line.controls.alternatives > self.cfg.serve.max_beam:
+                    raise MtxError(f"{where}: alternatives must be at most serve.max_beam")
+                if line.controls and self.engine.name != "mtx":
+                    raise MtxError(f"{where}: a prefix or constraints need --engine mtx")
+                self.engine.check_controls(line, where)
+            except MtxError as e:
+                raise invalid(str(e)) from None
+            out.append(line)
+        return out
+
     async def translate(self, request: Request) -> dict:
         req = await self.read_request(request)
-        texts = [req.text] if isinstance(req.text, str) else req.text
-        choices = self.check(req, texts)
-        todo = [i for i, text in enumerate(texts) if text.split()]
+        items = req.text if isinstance(req.text, list) else [req.text]
+        choices = self.check(req, items)
+        texts = self.lines(items)
+        todo = [i for i, x in enumerate(items) if (x if isinstance(x, str) else x.text).split()]
         results: list[Result | None] = [None] * len(texts)
         if todo:
             done = await self.decode([texts[i] for i in todo], choices)
@@ -201,10 +240,10 @@ class Service:
                 results[i] = result
         return self.answer(results, choices)
 
-    async def decode(self, texts: list[str], choices: Choices) -> list[Result]:
+    async def decode(self, texts: list[str | Line], choices: Choices) -> list[Result]:
         """Queue the texts and wait for their results, at most serve.timeout_s."""
         pending = Pending(asyncio.get_running_loop(), len(texts))
-        lengths = [self.engine.length(text) for text in texts]
+        lengths = [self.engine.length(t if isinstance(t, str) else t.text) for t in texts]
         timeout = self.cfg.serve.timeout_s
         try:
             self.batcher.submit(pending, texts, lengths, choices)
@@ -234,6 +273,14 @@ class Service:
             ]
         if choices.attention:
             out["attention"] = [r.attention if r else None for r in results]
+        if any(r and r.constrained for r in results):
+            out["unmet"] = [r.unmet if r else 0 for r in results]
+        if any(r and r.alternatives for r in results):
+            out["alternatives"] = [
+                [{"text": t, "score": s} for t, s in zip(r.texts, r.scores)]
+                if r and r.alternatives else None
+                for r in results
+            ]  # fmt: skip
         m.tokens_in.inc(sum(r.tokens_in for r in results if r))
         m.tokens_out.inc(sum(len(r.ids) for r in results if r))
         return out

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from mtx.decode.controls import Line
 from mtx.serve.front import Choices, Result
 from mtx.tokens import padded_length
 
@@ -80,7 +81,7 @@ class Request:
 
 @dataclass
 class Job:
-    text: str
+    text: str | Line  # a text, or one with controls (decode/controls.py)
     tokens: int  # source tokens padded as the translator pads them: the budget's unit
     choices: Choices
     request: Request
@@ -88,7 +89,7 @@ class Job:
     arrived: float = field(default_factory=time.monotonic)
 
 
-Translate = Callable[[list[str], Choices], list[Result]]
+Translate = Callable[[list[str | Line], Choices], list[Result]]
 
 
 class Batcher:
@@ -146,7 +147,9 @@ class Batcher:
         with self.cond:
             return len(self.queue)
 
-    def submit(self, request: Request, texts: list[str], lengths: list[int], choices: Choices):
+    def submit(
+        self, request: Request, texts: list[str | Line], lengths: list[int], choices: Choices
+    ):
         """Queue a request's texts (their source lengths in `lengths`), or raise QueueFull or
         ShuttingDown. Returns at once; the request's future gets the results."""
         padded = [padded_length(n) for n in lengths]

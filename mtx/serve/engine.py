@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from mtx.decode import rules
+from mtx.decode.controls import Line
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.serve.front import About, Choices, Result, check_engine
@@ -44,14 +45,14 @@ class MtxEngine:
         torch.set_num_threads(n)
 
     def translate(
-        self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None
+        self, texts: list[str | Line], beam: int, nbest: int, tgt_lang: str | None = None
     ) -> list[Result]:
         if beam not in self._by_beam:
             self._by_beam[beam] = self.translator.with_decode(beam=beam)
         tr = self._by_beam[beam].into(tgt_lang)
         # each text is line 0 of its own input: with decode.sampling its samples are seeded
         # alike in any batch (a position in the batch would make them depend on it)
-        requests = [tr.request(text, 0) for text in texts]
+        requests = [tr.request_of(text, 0) for text in texts]
         out = []
         for request, hyps in zip(requests, tr.translate_requests(requests, nbest)):
             out.append(
@@ -60,6 +61,9 @@ class MtxEngine:
                     scores=[float(h.score) for h in hyps],
                     ids=list(hyps[0].tokens),
                     tokens_in=len(request.source),
+                    constrained=bool(request.constraints),
+                    unmet=hyps[0].unmet,
+                    alternatives=bool(request.alternatives),
                 )
             )
         return out
@@ -179,10 +183,13 @@ def describe_engine(
     )
 
 
-def decode_batch(engine: MtxEngine | CT2Engine, texts: list[str], choices: Choices) -> list[Result]:
+def decode_batch(
+    engine: MtxEngine | CT2Engine, texts: list[str | Line], choices: Choices
+) -> list[Result]:
     """One batch: the translations, and their attention if the request asks for it."""
     results = engine.translate(texts, choices.beam, choices.nbest, choices.tgt_lang)
     if choices.attention:
-        for text, result in zip(texts, results):
+        for item, result in zip(texts, results):
+            text = item if isinstance(item, str) else item.text
             result.attention = engine.attention(text, result.ids, choices.tgt_lang)
     return results

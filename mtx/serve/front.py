@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
+from mtx.decode.controls import Line, segment
 from mtx.errors import MtxError
-from mtx.tokens import encode_line
+from mtx.tokens import SPECIALS, encode_line, longest_output
 
 ENGINES = ("mtx", "ctranslate2")
 
@@ -41,6 +42,9 @@ class Result:
     ids: list[int] = field(default_factory=list)  # the best translation's subword ids
     tokens_in: int = 0  # source subwords, EOS included
     attention: dict | None = None  # MtxEngine.attention's, when the request asks for it
+    constrained: bool = False  # the text had constraints
+    unmet: int = 0  # how many of them the translation lacks (decode/controlled.py)
+    alternatives: bool = False  # `texts` are the alternatives the text asked for
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,16 @@ class Front:
         """Source subwords of `text`, EOS (and a tag) included: what the token budget counts."""
         prefix = [next(iter(self.tags.values()))] if self.tags else None
         return len(encode_line(self.vocab.source, text, self.max_positions, prefix))
+
+    def check_controls(self, line: Line, where: str) -> None:
+        """Refuse, naming `where`, controls the translator would refuse (controls.segment)."""
+        d, limit = self.cfg.decode, self.max_positions - 1
+        longest = longest_output(self.length(line.text) - 1, d.max_len_a, d.max_len_b, limit)
+        never = SPECIALS[self.cfg.model.decoder_start].never_below
+        try:
+            segment(line.controls, self.vocab.target.encode, never, longest)
+        except MtxError as e:
+            raise MtxError(f"{where}: {e}") from None
 
     def check_language(self, lang: str | None) -> str:
         """Why a request's tgt_lang cannot be served ("" if it can)."""

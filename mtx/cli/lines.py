@@ -1,0 +1,90 @@
+"""What `mtx translate` makes of its input lines and how it writes their translations: plain
+text, or with --json and --glossary, lines with controls (mtx/decode/controls.py) and JSON out,
+counted in a report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from mtx.cli.app import log
+
+
+def load_glossary(path: Path | None):
+    from mtx.decode.controls import Glossary
+
+    return None if path is None else Glossary.load(path)
+
+
+def sha256_of(path: Path | None) -> str:
+    return "none" if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Reader:
+    """Input lines as the Translator takes them: plain strings, or `Line`s with their controls
+    (read from JSON with `json_lines`; a glossary's terms added)."""
+
+    def __init__(self, json_lines: bool, glossary) -> None:
+        self.json_lines, self.glossary = json_lines, glossary
+
+    @property
+    def plain(self) -> bool:
+        return not self.json_lines and self.glossary is None
+
+    def items(self, lines, first: int = 0):
+        from mtx.decode.controls import Line, parse_line
+
+        for number, raw in enumerate(lines, start=first + 1):
+            line = parse_line(raw, f"line {number}") if self.json_lines else Line(raw)
+            yield line if self.glossary is None else self.glossary.apply(line)
+
+
+class Output:
+    """How a line's hypotheses are written: text (with --nbest, 'LINE ||| TEXT ||| SCORE |||
+    LOG-PROBABILITY' lines) or, with --json, one JSON object; a line with controls is counted
+    in `report` and warned of (on stderr) when its constraints cannot fit its longest output."""
+
+    def __init__(self, translator, nbest: int, json_lines: bool) -> None:
+        from mtx.decode.controls import Report
+
+        self.translator, self.nbest, self.json_lines = translator, nbest, json_lines
+        self.report = Report()
+
+    def __call__(self, number: int, hyps, item=None) -> str:
+        texts = [self.translator.detokenize(h.tokens) for h in hyps]
+        if item is not None and not isinstance(item, str):
+            self.count(number, item, texts[0], hyps[0].unmet)
+        if self.json_lines:
+            entries = [
+                {"translation": t, "score": h.score, "log_prob": h.log_prob, "unmet": h.unmet}
+                for t, h in zip(texts, hyps)
+            ]
+            if item is not None and not isinstance(item, str) and item.controls.alternatives:
+                return json.dumps(entries[0] | {"alternatives": entries}, ensure_ascii=False) + "\n"
+            record = entries[0] | ({"nbest": entries[: self.nbest]} if self.nbest > 1 else {})
+            return json.dumps(record, ensure_ascii=False) + "\n"
+        if self.nbest == 1:
+            return texts[0] + "\n"
+        return "".join(
+            f"{number} ||| {t} ||| {h.score:.6f} ||| {h.log_prob:.6f}\n"
+            for t, h in zip(texts, hyps)
+        )
+
+    def say_report(self) -> None:
+        """The run's count of constraints and glossary terms on stderr, if it had any."""
+        if self.report.summary():
+            log(self.report.summary())
+
+    def count(self, number: int, item, translation: str, unmet: int) -> None:
+        self.report.add(item, translation, unmet)
+        if item.controls.constraints:
+            request = self.translator.request_of(item, number)
+            if not self.translator.fits(request):
+                self.report.unfit += 1
+                need = len(request.prefix) + sum(len(c) for c in request.constraints) + 1
+                longest = self.translator.longest(request)
+                log(
+                    f"line {number + 1}: the prefix, constraints and EOS take {need} pieces but "
+                    f"its longest output is {longest}: {unmet} constraint(s) unmet"
+                )

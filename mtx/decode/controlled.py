@@ -1,0 +1,300 @@
+"""Beam search under a sentence's controls: a target prefix, hard constraints, avoided phrases.
+
+A request (request.py) may carry, as target ids, a prefix its output starts with, constraints
+(phrases its output must contain) and phrases to avoid. The beam search of search.py decodes
+such requests with a `Steer`, which adds to each step (each rule written in rules.py):
+
+- the prefix: at step t < len(prefix) only prefix[t] may come (`rules.force_tokens`); its
+  log-probability counts, so an output is ranked by the log-probability of all of it;
+- the avoided phrases: a token that would complete one is ruled out (`rules.ban`);
+- the constraints, by dynamic beam allocation (Post and Vilar 2018) vectorised over the batch
+  as Hu et al. (2019) do: besides the best 2K continuations, each beam proposes the next token
+  of every constraint it has not met and its own best token; a candidate's bank is the number
+  of constraint tokens it has met (all those of the constraints its output contains, plus the
+  longest beginning of an unmet one that its output ends with), and `rules.allocate` deals the
+  K beams among the banks. A hypothesis may not end while a constraint is unmet
+  (`rules.block_eos`), unless at its longest output, where it ends and ranks after every
+  hypothesis that met them all (`rules.best`), its `unmet` saying how many it lacks.
+
+A constraint is met once the output contains its ids, consecutively, anywhere (in the prefix
+too). How far a hypothesis has come in each constraint is read from its last tokens at every
+step (`matched`: the longest beginning of the phrase that the output ends with), so a
+constraint begun, broken off and begun again, or constraints that share their first tokens, are
+followed exactly, as a trie of the constraints would follow them.
+
+Alternatives (a request's `alternatives`: K) are the K most probable words after the prefix,
+each continued greedily on its own to a full translation: the K beams all follow the prefix,
+take the K best tokens after it (EOS not among them), and from then on each may only take its
+own best token, so none competes with another; the cost is a beam-K search's.
+
+What is guaranteed: when the prefix, the constraints' tokens and EOS fit in a sentence's longest
+output, every output contains every constraint. The hypothesis that has met most keeps a beam
+at every step (`rules.allocate`), and its candidate that continues its longest unmet beginning
+meets one more token, so it has met them all after at most that many steps; from then on it
+or a descendant keeps a beam until one ends, at the latest at the longest output.
+
+Nothing is read across sentences: every tensor has a row per sentence or per beam, so a
+sentence's output depends on its own request alone, in any batch.
+
+Shape legend: B sentences still decoded, K beams, N = B * K rows, V vocabulary, P constraints
+(the most of any sentence), A avoided phrases, L the longest phrase, M candidates a sentence.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+from mtx.decode import rules
+from mtx.decode.request import Request
+from mtx.tokens import EOS_ID
+
+NONE = -1  # the padding of phrases: never a token
+BEFORE = -2  # what a row's window holds before its first output token
+WORD_END = -3  # after a constraint: the next token must end its word (`word_ends`)
+WORD_CHAR = re.compile(r"\w")
+
+
+def _padded(seqs: list[tuple[int, ...]], width: int, device: torch.device) -> Tensor:
+    """(len(seqs), width) ids, each row padded with NONE."""
+    out = torch.full((len(seqs), max(width, 1)), NONE, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device)
+
+
+def _phrases(lists: list[tuple[tuple[int, ...], ...]], device) -> tuple[Tensor, Tensor]:
+    """Each sentence's phrases as ids (B, P, L) padded with NONE, and their lengths (B, P)
+    (0 where a sentence has fewer than P)."""
+    P = max((len(x) for x in lists), default=0)
+    L = max((len(p) for x in lists for p in x), default=1)
+    ids = torch.full((len(lists), P, L), NONE, dtype=torch.long)
+    lengths = torch.zeros(len(lists), P, dtype=torch.long)
+    for i, phrases in enumerate(lists):
+        for j, phrase in enumerate(phrases):
+            ids[i, j, : len(phrase)] = torch.tensor(phrase, dtype=torch.long)
+            lengths[i, j] = len(phrase)
+    return ids.to(device), lengths.to(device)
+
+
+def matched(window: Tensor, phrases: Tensor, ends: Tensor | None = None) -> Tensor:
+    """How far each of R rows has come in each of its phrases: `window` (R, W) its last W
+    output tokens (BEFORE where it has fewer), `phrases` (R, Q, L) -> (R, Q) the length of the
+    longest beginning of the phrase that the output ends with (the phrase's length: it ends
+    with the whole phrase). A WORD_END in a phrase matches a token that `ends` ((V,) bool)
+    says ends a word."""
+    R, Q, L = phrases.shape
+    W = window.size(1)
+    ending = None if ends is None else ends[window.clamp(min=0)] & (window >= 0)
+    out = torch.zeros(R, Q, dtype=torch.long, device=window.device)
+    for p in range(1, min(L, W) + 1):
+        same = window[:, None, W - p :] == phrases[:, :, :p]  # NONE matches nothing
+        if ending is not None:
+            same |= (phrases[:, :, :p] == WORD_END) & ending[:, None, W - p :]
+        out = torch.where(same.all(-1), p, out)
+    return out
+
+
+def word_ends(vocab, device: torch.device) -> Tensor:
+    """(V,) bool: the tokens that do not continue the word before them, so that it has ended:
+    EOS, the pieces that begin a word (SentencePiece's "▁" first) and those whose first
+    character is not a word character (punctuation), as controls.py's words are split."""
+    ends = torch.zeros(vocab.get_piece_size(), dtype=torch.bool)
+    for i in range(len(ends)):
+        piece = vocab.id_to_piece(i)
+        ends[i] = not piece or piece[0] == "▁" or not WORD_CHAR.match(piece[0])
+    ends[EOS_ID] = True
+    return ends.to(device)
+
+
+class Steer:
+    """The controls of a batch's requests, and what each beam has met of them; what
+    `search.beam_search` reads at each step (see the module's docstring)."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        K: int,
+        device: torch.device,
+        ends: Tensor | None = None,
+        alternatives: bool = False,
+    ) -> None:
+        """`ends`: the tokens that end a word (`word_ends`): then a constraint counts only
+        where its last word ends, and the token after a prefix begins a word; None: ids
+        alone. With `alternatives` (requests without constraints), the K beams take the K most
+        probable tokens after the prefix (EOS not among them) and each then goes on greedily
+        on its own, a full translation each (`first` records them, best first)."""
+        self.K, self.ends, self.alternatives = K, ends, alternatives
+        self.first: dict[int, list[int]] = {}  # sentence (of `requests`) -> its K alternatives
+        self.alive = list(range(len(requests)))  # the sentences of `requests` still decoded
+        self.t = 0
+        longest = max(len(r.prefix) for r in requests)
+        self.prefix = _padded([r.prefix for r in requests], longest, device)
+        self.prefix_len = torch.tensor([len(r.prefix) for r in requests], device=device)
+        close = () if ends is None else (WORD_END,)
+        need = [tuple((*c, *close) for c in r.constraints) for r in requests]
+        self.need, self.need_len = _phrases(need, device)
+        self.avoid, self.avoid_len = _phrases([r.avoid for r in requests], device)
+        self.W = max(self.need.size(2), self.avoid.size(2), 1)  # the window a step reads
+        self.met = (self.need_len == 0).repeat_interleave(K, 0)  # (N, P): no phrase is met
+        self.cand_met: Tensor | None = None  # (B, M, P) of the last step's candidates
+        self.bank: Tensor | None = None  # (B, M)
+        self.usable: Tensor | None = None  # (B, M): a candidate that may become a beam
+
+    @property
+    def constraints(self) -> int:
+        return self.need.size(1)
+
+    def window(self, tokens: Tensor) -> Tensor:
+        """(N, W) the last W output tokens of each row of `tokens` (N, t + 1: the start token,
+        then the output), BEFORE where it has fewer."""
+        out = tokens[:, 1:][:, -self.W :]
+        if out.size(1) < self.W:
+            before = out.new_full((out.size(0), self.W - out.size(1)), BEFORE)
+            out = torch.cat([before, out], 1)
+        return out
+
+    def mask(self, lprobs: Tensor, window: Tensor, t: int, force: Tensor) -> Tensor:
+        """(N, V) log-probabilities at step t under the rows' controls (`force` (N,) bool: the
+        rows at their longest output)."""
+        K = self.K
+        if t < self.prefix.size(1):
+            forced = torch.where(t < self.prefix_len, self.prefix[:, t], NONE)
+            lprobs = rules.force_tokens(lprobs, forced.repeat_interleave(K))
+        if self.ends is not None and t <= self.prefix.size(1):
+            after = ((self.prefix_len == t) & (t > 0)).repeat_interleave(K)
+            lprobs = rules.only_tokens(lprobs, after, self.ends)
+        if self.avoid.size(1):
+            avoid, lengths = (
+                self.avoid.repeat_interleave(K, 0),
+                self.avoid_len.repeat_interleave(K, 0),
+            )
+            at = matched(window, avoid)
+            last = avoid.gather(2, (lengths - 1).clamp(min=0).unsqueeze(2)).squeeze(2)  # (N, A)
+            rows, which = ((at == lengths - 1) & (lengths > 0)).nonzero(as_tuple=True)
+            lprobs = rules.ban(lprobs, rows, last[rows, which])
+        if self.alternatives:
+            lprobs = self._alternatives(lprobs, t)
+        self.at, self.t = None, t
+        if self.constraints:
+            need, lengths = self.need.repeat_interleave(K, 0), self.need_len.repeat_interleave(K, 0)
+            self.at = matched(window, need, self.ends)
+            # EOS ends a word: it may close a constraint that only waits for its word's end
+            waiting = (
+                self.at == lengths - 1 if self.ends is not None else torch.zeros_like(self.met)
+            )
+            lprobs = rules.block_eos(lprobs, ~(self.met | waiting).all(1) & ~force)
+        return lprobs
+
+    def _alternatives(self, lprobs: Tensor, t: int) -> Tensor:
+        """After the prefix, no EOS (the K alternatives are words); past it, each beam's own
+        best token only: K greedy continuations."""
+        K = self.K
+        at = (self.prefix_len == t).repeat_interleave(K)
+        lprobs = rules.block_eos(lprobs, at)
+        past = (self.prefix_len < t).repeat_interleave(K)
+        own = torch.where(past, lprobs.argmax(1), NONE)
+        return rules.force_tokens(lprobs, own)
+
+    def candidates(
+        self, scores: Tensor, lprobs: Tensor, window: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The candidates of each sentence (each (B, M)): the best 2K continuations
+        (`rules.top_candidates`), then, with constraints, each beam's next token of every
+        constraint it has not met and its own best token (candidates already among the others
+        are not usable); their banks are kept for `select`. With constraints, the K that
+        `rules.allocate` deals beams to when EOS may take one come first, so that those of them
+        ending in EOS finish (`rules.finishing`): a hypothesis that has met every constraint
+        may end even when its score is not among the best K. Without, the best K come first,
+        as in the plain beam search."""
+        B, K, P = scores.size(0), self.K, self.constraints
+        top, from_beam, tok = rules.top_candidates(scores, lprobs, K)
+        if P:
+            top, from_beam, tok, proposed = self._proposed(
+                scores, lprobs, window, top, from_beam, tok
+            )
+        else:
+            proposed = torch.ones_like(tok, dtype=torch.bool)
+        self.usable = proposed & (tok != EOS_ID)
+        rows = torch.arange(B, device=tok.device).unsqueeze(1) * K + from_beam  # (B, M)
+        met = self.met[rows.view(-1)]  # (B * M, P)
+        if P:
+            M = tok.size(1)
+            after = torch.cat([window[rows.view(-1), 1:], tok.view(-1, 1)], 1)
+            lengths = self.need_len.repeat_interleave(M, 0)
+            at = matched(after, self.need.repeat_interleave(M, 0), self.ends)
+            met = met | ((at == lengths) & (lengths > 0))
+            progress = at.masked_fill(met, 0).max(1).values
+            self.bank = ((lengths * met).sum(1) + progress).view(B, M)
+        else:
+            self.bank = torch.zeros_like(tok)
+        self.cand_met = met.view(B, tok.size(1), P)
+        if P:  # the candidates dealt beams with EOS among them first: those ending finish
+            first = rules.allocate(top, self.bank, proposed, K)
+            M = tok.size(1)
+            key = torch.arange(M, device=tok.device).add(K).expand(B, M).clone()
+            key.scatter_(1, first, torch.arange(K, device=tok.device).expand(B, K))
+            order = key.argsort(dim=1)
+            top, from_beam, tok = (
+                top.gather(1, order),
+                from_beam.gather(1, order),
+                tok.gather(1, order),
+            )
+            self.bank, self.usable = self.bank.gather(1, order), self.usable.gather(1, order)
+            self.cand_met = self.cand_met.gather(1, order.unsqueeze(2).expand(-1, -1, P))
+        self.cand_tok = tok
+        return top, from_beam, tok
+
+    def _proposed(self, scores, lprobs, window, top, from_beam, tok):
+        """`candidates`' proposals appended to the best 2K, and which candidates are usable."""
+        B, K, V = scores.size(0), self.K, lprobs.size(1)
+        need, at = self.need.repeat_interleave(K, 0), self.at  # (N, P, L), (N, P)
+        nxt = need.gather(2, at.clamp(max=need.size(2) - 1).unsqueeze(2)).squeeze(2)  # (N, P)
+        if self.ends is not None:  # a word's end: the row's best token that ends a word
+            best_end = lprobs.masked_fill(~self.ends, -torch.inf).argmax(1, keepdim=True)
+            nxt = torch.where(nxt == WORD_END, best_end, nxt)
+        ok = torch.cat([~self.met, torch.ones_like(self.met[:, :1])], 1)  # (N, P + 1)
+        extra = torch.cat([nxt.masked_fill(~ok[:, :-1], 0), lprobs.argmax(1, keepdim=True)], 1)
+        extra_scores = scores.view(-1, 1) + lprobs.gather(1, extra)  # (N, P + 1)
+        E = extra.size(1)
+        beams = torch.arange(K, device=tok.device).repeat_interleave(E).expand(B, K * E)
+        extra, ok = extra.view(B, K * E), ok.view(B, K * E)
+        key, key_top = beams * V + extra, from_beam * V + tok
+        again = (key.unsqueeze(2) == key_top.unsqueeze(1)).any(2)
+        earlier = torch.ones(K * E, K * E, dtype=torch.bool, device=tok.device).tril(-1)
+        again |= ((key.unsqueeze(2) == key.unsqueeze(1)) & earlier).any(2)
+        ok = ok & ~again
+        extra_scores = extra_scores.view(B, K * E).masked_fill(~ok, -torch.inf)
+        proposed = torch.cat([torch.ones_like(tok, dtype=torch.bool), ok], 1)
+        return (
+            torch.cat([top, extra_scores], 1),
+            torch.cat([from_beam, beams], 1),
+            torch.cat([tok, extra], 1),
+            proposed,
+        )
+
+    def select(self, top: Tensor) -> Tensor:
+        """(B, K) the candidates that become the next beams (`rules.allocate`)."""
+        return rules.allocate(top, self.bank, self.usable, self.K)
+
+    def unmet(self) -> Tensor:
+        """(B, K) how many constraints each of the best K candidates lacks (if it ends)."""
+        return (~self.cand_met[:, : self.K]).sum(2)
+
+    def advance(self, keep: Tensor, sentences: Tensor | None) -> None:
+        """Keep what the next beams (`keep` (B, K) candidates) have met, and the sentences
+        still decoded (`sentences`, None: all)."""
+        met = self.cand_met.gather(1, keep.unsqueeze(2).expand(-1, -1, self.constraints))
+        if self.alternatives:
+            chosen = self.cand_tok.gather(1, keep).tolist()
+            for i, n in enumerate(self.prefix_len.tolist()):
+                if n == self.t:
+                    self.first[self.alive[i]] = chosen[i]
+        if sentences is not None:
+            met = met[sentences]
+            self.alive = [self.alive[i] for i in sentences.tolist()]
+            for name in ("prefix", "prefix_len", "need", "need_len", "avoid", "avoid_len"):
+                setattr(self, name, getattr(self, name)[sentences])
+        self.met = met.reshape(met.size(0) * met.size(1), self.constraints)

@@ -1,0 +1,189 @@
+"""The controlled search (mtx/decode/controlled.py): target prefixes, hard constraints by
+dynamic beam allocation, avoided phrases; their rules (rules.py) and batch independence."""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from test_search import ARCHS, random_model, random_src
+
+from mtx.config import DecodeConfig
+from mtx.decode import rules
+from mtx.decode.controlled import Steer, matched
+from mtx.decode.request import Request, SearchBatch
+from mtx.decode.search import beam_search, greedy_search
+from mtx.decode.searches import Searches
+from mtx.tokens import EOS_ID
+
+V = 40
+
+
+def contains(tokens, phrase):
+    n = len(phrase)
+    return any(tuple(tokens[i : i + n]) == tuple(phrase) for i in range(len(tokens) - n + 1))
+
+
+def controlled(model, src, requests, beam=4, b=12, nbest=1, alpha=0.6):
+    batch = SearchBatch(src, requests)
+    steer = Steer(requests, beam, src.device)
+    return beam_search(model, batch, beam, alpha, 1.0, b, 1024, nbest, "k_finished", steer)
+
+
+def random_requests(src, seed, prefix=True, avoid=True):
+    """Requests of random prefixes (one line in two), one or two random constraints of 1-3
+    tokens each and an avoided token the constraints and prefix do not hold."""
+    rng = random.Random(seed)
+    out = []
+    for r in SearchBatch.of(src).requests:
+        need = tuple(
+            tuple(rng.randrange(4, V) for _ in range(rng.randint(1, 3)))
+            for _ in range(rng.randint(1, 2))
+        )
+        pre = (
+            tuple(rng.randrange(4, V) for _ in range(rng.randint(1, 3)))
+            if prefix and r.line % 2
+            else ()
+        )
+        used = {t for p in (*need, pre) for t in p}
+        bad = ((min(set(range(4, V)) - used),),) if avoid else ()
+        out.append(Request(r.source, r.line, prefix=pre, constraints=need, avoid=bad))
+    return out
+
+
+def test_matched_is_the_longest_beginning_the_output_ends_with():
+    window = torch.tensor([[-2, 5, 6, 5], [7, 5, 6, 7]])
+    phrases = torch.tensor([[[5, 6, 7], [5, 9, -1]], [[5, 6, 7], [6, 7, -1]]])
+    # [.., 5, 6, 5] ends with 5 (of 5 6 7 and of 5 9); [7, 5, 6, 7] with all of 5 6 7
+    assert matched(window, phrases).tolist() == [[1, 1], [3, 2]]
+    assert matched(window[:, :2], phrases).tolist() == [[1, 1], [1, 0]]
+
+
+def test_allocate_deals_beams_round_robin_by_bank_and_keeps_score_order_in_one_bank():
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, -6.0]])
+    usable = torch.ones(1, 6, dtype=torch.bool)
+    one_bank = torch.zeros(1, 6, dtype=torch.long)
+    assert rules.allocate(scores, one_bank, usable, 3).tolist() == [[0, 1, 2]]
+    banks = torch.tensor([[0, 0, 0, 1, 2, 2]])
+    # rank 0 of banks 2, 1, 0 first; then rank 1 of bank 2
+    assert rules.allocate(scores, banks, usable, 4).tolist() == [[4, 3, 0, 5]]
+    usable[0, 4] = False  # EOS: never a beam
+    assert rules.allocate(scores, banks, usable, 3).tolist() == [[5, 3, 0]]
+    scores[0, 5] = -torch.inf  # impossible: only when nothing else is left
+    assert rules.allocate(scores, banks, usable, 5).tolist() == [[3, 0, 1, 2, 5]]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefix_constraints_and_avoided_phrases_are_honoured(arch):
+    model, src = random_model(arch=arch, vocab=V), random_src(batch=8, vocab=V)
+    requests = random_requests(src, seed=3)
+    for beam in (1, 4):
+        out = controlled(model, src, requests, beam=beam, b=14)
+        for r, hyps in zip(requests, out):
+            tokens = hyps[0].tokens
+            assert tuple(tokens[: len(r.prefix)]) == r.prefix
+            assert all(contains(tokens, c) for c in r.constraints), (r, tokens)
+            assert hyps[0].unmet == 0
+            assert not any(contains(tokens, a) for a in r.avoid)
+
+
+def test_the_score_is_the_log_probability_of_the_whole_output():
+    """A forced prefix keeps its log-probability: the greedy continuation of a prefix scores
+    as the teacher-forced output does."""
+    model, src = random_model(vocab=V), random_src(batch=4, vocab=V)
+    plain = greedy_search(model, src, 1.0, 10)
+    requests = [
+        Request(r.source, r.line, prefix=tuple(h.tokens[:2]))
+        for r, h in zip(SearchBatch.of(src).requests, plain)
+    ]
+    for h, c in zip(plain, controlled(model, src, requests, beam=1, b=10, alpha=0.0)):
+        assert c[0].tokens == h.tokens  # its own greedy output's prefix changes nothing
+        assert c[0].score == pytest.approx(h.score, abs=1e-5)
+        assert c[0].log_prob == pytest.approx(h.log_prob, abs=1e-5)
+
+
+def test_without_controls_the_controlled_search_is_the_beam_search():
+    model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
+    requests = SearchBatch.of(src).requests
+    for beam, alpha in ((4, 0.6), (1, 0.0)):
+        a = controlled(model, src, requests, beam=beam, nbest=beam, alpha=alpha)
+        b = beam_search(model, src, beam, alpha, 1.0, 12, 1024, beam)
+        assert [[(h.tokens, h.score) for h in x] for x in a] == [
+            [(h.tokens, h.score) for h in x] for x in b
+        ]
+
+
+def test_a_sentence_decodes_the_same_alone_and_among_others_controls():
+    model, src = random_model(vocab=V), random_src(batch=8, vocab=V)
+    requests = random_requests(src, seed=5)
+    together = controlled(model, src, requests)
+    for i, r in enumerate(requests):
+        alone = controlled(model, src[i : i + 1], [r])
+        assert (alone[0][0].tokens, alone[0][0].score) == (
+            together[i][0].tokens,
+            together[i][0].score,
+        )
+
+
+def test_constraints_that_cannot_fit_are_counted_unmet_and_rank_last():
+    model, src = random_model(vocab=V), random_src(batch=3, vocab=V)
+    need = ((5, 6, 7), (8, 9, 10), (11, 12))  # 8 tokens + EOS
+    requests = [
+        Request(r.source, r.line, max_len=6, constraints=need) for r in SearchBatch.of(src).requests
+    ]
+    for hyps in controlled(model, src, requests, nbest=4):
+        assert len(hyps[0].tokens) + 1 <= 6
+        assert hyps[0].unmet == sum(not contains(hyps[0].tokens, c) for c in need) > 0
+        assert [h.unmet for h in hyps] == sorted(h.unmet for h in hyps)
+    fits = [
+        Request(r.source, r.line, max_len=9, constraints=need) for r in SearchBatch.of(src).requests
+    ]
+    for hyps in controlled(model, src, fits):
+        assert hyps[0].unmet == 0 and all(contains(hyps[0].tokens, c) for c in need)
+
+
+def test_an_avoided_phrase_never_appears():
+    """Avoiding the first bigram of each plain output: the output lacks it."""
+    model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
+    plain = beam_search(model, src, 4, 0.6, 1.0, 12)
+    requests = [
+        Request(r.source, r.line, avoid=(tuple(h[0].tokens[:2]),))
+        for r, h in zip(SearchBatch.of(src).requests, plain)
+        if len(h[0].tokens) >= 2
+    ]
+    rows = [i for i, h in enumerate(plain) if len(h[0].tokens) >= 2]
+    out = controlled(model, src[rows], requests)
+    for r, hyps in zip(requests, out):
+        assert not contains(hyps[0].tokens, r.avoid[0])
+
+
+def test_alternatives_are_the_best_next_tokens_each_continued_greedily():
+    """N alternatives after a prefix: the N most probable tokens there (EOS and the specials
+    aside), best first, each continued as greedy search continues the prefix and that token."""
+    model, src = random_model(vocab=V), random_src(batch=4, vocab=V)
+    searches = Searches(model, torch.device("cpu"))
+    d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
+    plain = SearchBatch.of(src).requests
+    requests = [
+        Request(r.source, r.line, prefix=(5, 9)[: r.line % 3], alternatives=3) for r in plain
+    ]
+    out = searches(SearchBatch(src, requests), d, 1)
+    memory, src_mask = model.encode(src)
+    for i, (r, hyps) in enumerate(zip(requests, out)):
+        n = len(r.prefix)
+        firsts = [h.tokens[n] for h in hyps]
+        tgt_in = torch.tensor([[model.specials.start, *r.prefix]])
+        with torch.no_grad():
+            logits = model.decode(tgt_in, memory[i : i + 1], src_mask[i : i + 1])[0, -1]
+        lprobs = rules.mask_never_produced(
+            torch.log_softmax(logits.float(), -1)[None], model.specials
+        )[0]
+        lprobs[EOS_ID] = -torch.inf
+        assert firsts == lprobs.topk(3).indices.tolist()
+        for h in hyps:
+            alone = Request(r.source, r.line, prefix=tuple(h.tokens[: n + 1]))
+            greedy = searches(
+                SearchBatch(src[i : i + 1], [alone]), dataclasses.replace(d, beam=1), 1
+            )
+            assert greedy[0][0].tokens == h.tokens
+            assert greedy[0][0].log_prob == pytest.approx(h.log_prob, abs=1e-5)
