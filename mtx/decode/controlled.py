@@ -295,6 +295,7 @@ class Steer:
         if sentences is not None:
             met = met[sentences]
             self.alive = [self.alive[i] for i in sentences.tolist()]
-            for name in ("prefix", "prefix_len", "need", "need_len", "avoid", "avoid_len"):
-                setattr(self, name, getattr(self, name)[sentences])
+            self.prefix, self.prefix_len = self.prefix[sentences], self.prefix_len[sentences]
+            self.need, self.need_len = self.need[sentences], self.need_len[sentences]
+            self.avoid, self.avoid_len = self.avoid[sentences], self.avoid_len[sentences]
         self.met = met.reshape(met.size(0) * met.size(1), self.constraints)

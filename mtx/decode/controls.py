@@ -87,22 +87,25 @@ def controls_of(value: dict, where: str) -> Controls:
     prefix = value.get("prefix", "")
     if not isinstance(prefix, str):
         raise MtxError(f"{where}: prefix must be a string")
-    lists = {}
-    for key in ("constraints", "avoid"):
-        items = value.get(key, [])
-        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-            raise MtxError(f"{where}: {key} must be a list of strings")
-        for i, item in enumerate(items):
-            if not item.split():
-                raise MtxError(f"{where}: {key}[{i}] is empty")
-        lists[key] = tuple(" ".join(x.split()) for x in items)
+    need, avoid = (_phrases(value, key, where) for key in ("constraints", "avoid"))
     alternatives = value.get("alternatives", 0)
     if type(alternatives) is not int or alternatives < 0:
         raise MtxError(f"{where}: alternatives must be a whole number, at least 0")
-    if alternatives and lists["constraints"]:
+    if alternatives and need:
         raise MtxError(f"{where}: alternatives take no constraints")
     prefix = " ".join(prefix.split())
-    return Controls(prefix, lists["constraints"], lists["avoid"], alternatives)
+    return Controls(prefix, need, avoid, alternatives)
+
+
+def _phrases(value: dict, key: str, where: str) -> tuple[str, ...]:
+    """The phrases of a JSON object's `key`: a list of non-empty strings, spaces normalised."""
+    items = value.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise MtxError(f"{where}: {key} must be a list of strings")
+    for i, item in enumerate(items):
+        if not item.split():
+            raise MtxError(f"{where}: {key}[{i}] is empty")
+    return tuple(" ".join(x.split()) for x in items)
 
 
 def parse_line(raw: str, where: str) -> Line:
