@@ -73,6 +73,23 @@ def test_allocate_deals_beams_round_robin_by_bank_and_keeps_score_order_in_one_b
     assert rules.allocate(scores, banks, usable, 5).tolist() == [[3, 0, 1, 2, 5]]
 
 
+def test_the_masking_rules_rule_out_exactly_what_they_name():
+    lprobs = torch.log_softmax(torch.randn(3, 7, generator=torch.Generator().manual_seed(0)), 1)
+    forced = rules.force_tokens(lprobs.clone(), torch.tensor([2, -1, 6]))
+    assert torch.equal(forced[1], lprobs[1])  # a free row keeps every token
+    for row, tok in ((0, 2), (2, 6)):
+        assert forced[row, tok] == lprobs[row, tok]  # its log-probability, not 0
+        assert (forced[row] > -torch.inf).sum() == 1
+    only = rules.only_tokens(lprobs, torch.tensor([False, True, False]), torch.arange(7) < 3)
+    assert torch.equal(only[[0, 2]], lprobs[[0, 2]])
+    assert (only[1, 3:] == -torch.inf).all() and torch.equal(only[1, :3], lprobs[1, :3])
+    blocked = rules.block_eos(lprobs.clone(), torch.tensor([True, False, False]))
+    assert blocked[0, EOS_ID] == -torch.inf and blocked[1, EOS_ID] == lprobs[1, EOS_ID]
+    assert torch.equal(blocked[:, EOS_ID + 1 :], lprobs[:, EOS_ID + 1 :])
+    banned = rules.ban(lprobs.clone(), torch.tensor([0, 0, 2]), torch.tensor([4, 5, 4]))
+    assert (banned == -torch.inf).nonzero().tolist() == [[0, 4], [0, 5], [2, 4]]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefix_constraints_and_avoided_phrases_are_honoured(arch):
     model, src = random_model(arch=arch, vocab=V), random_src(batch=8, vocab=V)

@@ -164,9 +164,9 @@ def force_tokens(lprobs: Tensor, forced: Tensor) -> Tensor:
     """(N, V) log-probabilities where row n must produce `forced[n]` ((N,) ids; -1: free):
     every other token ruled out there, the forced one keeping its log-probability."""
     rows = forced >= 0
-    keep = torch.zeros_like(lprobs, dtype=torch.bool)
-    keep[rows, forced[rows]] = True
-    return lprobs.masked_fill(rows.unsqueeze(1) & ~keep, -torch.inf)
+    at = forced.clamp(min=0).unsqueeze(1)  # a free row writes its own value back at 0
+    kept = lprobs.gather(1, at)
+    return lprobs.masked_fill(rows.unsqueeze(1), -torch.inf).scatter_(1, at, kept)
 
 
 def only_tokens(lprobs: Tensor, rows: Tensor, allowed: Tensor) -> Tensor:
