@@ -18,7 +18,8 @@ On test2016 (en->de; $M30K, default data/multi30k) with beam 4:
   source word whose best translation is a mutual best (the target word's best translation is
   that source word), a content word (in at most 1% of the training pairs) whose translation
   follows it in at least 80% of them, which the reference holds and the unsteered output
-  lacks, gives a term; term accuracy (the share of the glossary's hits in the sources whose
+  lacks, gives a term, written as the training targets most often write it (German nouns
+  capitalised); term accuracy (the share of the glossary's hits in the sources whose
   target term the output holds) and BLEU, without and with it.
 """
 
@@ -167,7 +168,7 @@ def glossary(tr, sources, refs, plain_out, path: Path) -> dict:
     import pyarrow as pa
 
     from mtx.data.lexical import Table
-    from mtx.decode.controls import Glossary, Line, Report, words
+    from mtx.decode.controls import WORD, Glossary, Line, Report, words
     from mtx.evaluate import score
 
     train_src = (M30K / "train.en").read_text(encoding="utf-8").splitlines()
@@ -182,11 +183,15 @@ def glossary(tr, sources, refs, plain_out, path: Path) -> dict:
             if back[0][j] < back[0][j + 1] and back[1][back[0][j]] == i:
                 best[w] = tgt_vocab[j]
     wanted = {w: {t} for w, t in best.items()}
-    pairs, count, both = len(train_src), Counter(), Counter()
+    pairs, count, both, spelt = len(train_src), Counter(), Counter(), Counter()
     for x, y in zip(train_src, train_tgt):
         xs, ys = set(words(x)), set(words(y))
         count.update(xs)
+        spelt.update(WORD.findall(y))
         both.update((a, b) for a in xs for b in ys if b in wanted.get(a, ()))
+    spelling = {}  # the table's words are casefolded: a term is written as the corpus writes it
+    for form, _ in spelt.most_common():
+        spelling.setdefault(form.casefold(), form)
     terms: dict[str, str] = {}
     for s, r, o in zip(sources, refs, plain_out):
         ref_words, out_words = set(words(r)), set(words(o))
@@ -196,7 +201,7 @@ def glossary(tr, sources, refs, plain_out, path: Path) -> dict:
             # at least 80% of the training pairs
             precise = count[w] <= pairs / 100 and both[w, t] >= 0.8 * count[w]
             if precise and t in ref_words and t not in out_words:
-                terms[w] = t
+                terms[w] = spelling[t]
     path.write_text("".join(f"{s}\t{t}\n" for s, t in sorted(terms.items())), encoding="utf-8")
     gloss = Glossary.load(path)
     items = [gloss.apply(Line(s)) for s in sources]
