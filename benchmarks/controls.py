@@ -80,6 +80,22 @@ def prefixes(tr, sources, refs, plain_out) -> dict:
     return out
 
 
+def counted(tr, items: list) -> tuple[tuple[list, float], list[int]]:
+    """`decode`, and the rows and the steps the model's decoder ran (summed over batches)."""
+    model = tr.searches.model
+    work, plain = [0, 0], model.decode
+
+    def decode_counting(last, *args):
+        work[0], work[1] = work[0] + last.size(0), work[1] + 1
+        return plain(last, *args)
+
+    model.decode = decode_counting
+    try:
+        return decode(tr, items), work
+    finally:
+        del model.decode  # the class's again
+
+
 def alternatives(tr, sources, refs) -> dict:
     """4 alternatives after each line's first reference word, against beam 4 with that
     prefix: their cost, and that each begins with the prefix and a distinct next word."""
@@ -88,8 +104,8 @@ def alternatives(tr, sources, refs) -> dict:
     prefix = [" ".join(r.split()[:1]) for r in refs]
     asked = [Line(s, Controls(prefix=p, alternatives=4)) for s, p in zip(sources, prefix)]
     beam = [Line(s, Controls(prefix=p)) for s, p in zip(sources, prefix)]
-    hyps, seconds = decode(tr, asked)
-    _, beam_s = decode(tr, beam)
+    (hyps, seconds), work = counted(tr, asked)
+    (beam_hyps, beam_s), beam_work = counted(tr, beam)
     _, seconds2 = decode(tr, asked)
     _, beam_s2 = decode(tr, beam)
     ok = sum(
@@ -99,9 +115,20 @@ def alternatives(tr, sources, refs) -> dict:
         for h, p, a in zip(hyps, prefix, asked)
     )
     best, best_beam = min(seconds, seconds2), min(beam_s, beam_s2)
+    longest = [tr.longest(tr.request_of(a, 0)) for a in asked]
+
+    def at_limit(found) -> int:  # lines with a hypothesis at its longest output (EOS counted)
+        return sum(max(len(x.tokens) + 1 for x in h) >= n for h, n in zip(found, longest))
+
     return {
         "lines": len(asked),
         "four_distinct_alternatives": ok,
+        # a batch runs until its last sentence is done: a greedy continuation that runs to
+        # its longest output keeps it going
+        "lines_reaching_the_limit": at_limit(hyps),
+        "lines_reaching_the_limit_beam4": at_limit(beam_hyps),
+        "decoder_rows_steps": work,
+        "decoder_rows_steps_beam4": beam_work,
         "seconds": round(best, 2),
         "seconds_beam4_prefix": round(best_beam, 2),
         "cost_vs_beam4": round(best / best_beam, 3),
