@@ -124,8 +124,12 @@ def test_cli_ensemble_of_checkpoints_and_refusals(toy_run, tmp_path):
     assert pair != translate("--checkpoint", b, "--device", "cpu")  # two models, not one
     assert translate("--checkpoint", b, "--checkpoint", b) == translate("--checkpoint", b)
 
-    result = mtx("evaluate", "--checkpoint", a, "--checkpoint", b, "--split", "valid", "--json")
-    assert '"bleu"' in result.stdout
+    (tmp_path / "v60.en").write_text(text)
+    refs = (tmp_path / "valid.de").read_text().splitlines()[:60]
+    (tmp_path / "v60.de").write_text("\n".join(refs) + "\n")
+    both = ("--checkpoint", a, "--checkpoint", b)
+    sets = ("--src", tmp_path / "v60.en", "--ref", tmp_path / "v60.de", "--json")
+    assert '"bleu"' in mtx("evaluate", *both, *sets).stdout
 
     other = tmp_path / "other.pt"
     ckpt = Checkpoint.load(b)
