@@ -281,8 +281,10 @@ class ModelConfig:
     norm: Literal["post", "pre"] = setting(
         "post", "residual placement: post (the paper: LN(x + f(x))) or pre (x + f(LN(x)))"
     )
-    positions: Literal["sinusoidal", "learned", "relative"] = setting(
-        "sinusoidal", "sinusoidal (the paper), learned, or relative (Shaw et al.)"
+    positions: Literal["sinusoidal", "fairseq", "learned", "relative"] = setting(
+        "sinusoidal",
+        "sinusoidal (the paper), fairseq (fairseq's sinusoidal table, counted from 2: NLLB's), "
+        "learned, or relative (Shaw et al.)",
     )
     max_relative_position: int = setting(
         16, "relative positions: distances clipped to [-k, k]", NOT_NEGATIVE

@@ -165,6 +165,11 @@ def read_spm_model(path: str) -> tuple[bytes, SpmSource]:
         raise MtxError(
             f"data.spm_model {p}: not a SentencePiece model file or an mtx checkpoint"
         ) from None
+    if v.languages:
+        raise MtxError(
+            f"data.spm_model {p}: {v.kind} vocabulary: fine-tuning an NLLB model (its target "
+            "sequences start with a language code) is not supported yet"
+        )
     if not isinstance(v, vocab.Joint):  # an imported model's: its ids were mapped on import
         return proto, SpmSource(kind, str(p.resolve()), sha256_file(p))
     sp = v.sp

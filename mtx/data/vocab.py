@@ -5,9 +5,9 @@ Two kinds, one interface (`Vocabulary`), stored in checkpoints and prepared data
 - mtx's own (`Joint`): one SentencePiece BPE model trained here for source and target; the
   model's ids are SentencePiece's, 0-3 fixed (pad, unk, bos, eos: `mtx.tokens`). Stored as
   the SentencePiece model proto.
-- an imported OPUS-MT model's (`Paired`, mtx/pretrained/): a source and a target
-  SentencePiece model over one table of pieces (MarianMT's `source.spm`, `target.spm` and
-  `vocab.json`). Text is segmented by its side's model and each piece looked up in the
+- an imported model's (`Paired`, mtx/pretrained/): a source and a target SentencePiece model
+  over one table of pieces (OPUS-MT's `source.spm`, `target.spm` and `vocab.json`; NLLB's one
+  `sentencepiece.bpe.model` for both sides, fairseq's ids and the language codes). Text is segmented by its side's model and each piece looked up in the
   table, a piece the table lacks being UNK, as `MarianTokenizer` does. The table is held in
   mtx's order (the import permutes the ids so that PAD, UNK and EOS are 0, 1 and 3; see
   mtx/pretrained/marian.py). Stored as a zip of `table.json`, `source.spm`, `target.spm`,
@@ -109,6 +109,11 @@ class Vocabulary(Protocol):
     origin: list[int]  # each id's in the model it was imported from (mtx's own: itself)
     decoder_start: str  # what model.decoder_start must be with it (mtx/tokens.py's SPECIALS)
     kind: str  # what it is, in words
+    family: str  # "mtx", "marian" or "nllb": how languages are named (see `languages`)
+    # NLLB's: {language code: its id}; a source starts with its language's code, the decoder
+    # reads the target's after its start token. Empty for the others (mtx's and MarianMT's
+    # multilingual models put a >>xx<< tag first in the source: corpora.py)
+    languages: dict[str, int]
     models: tuple[bytes, bytes]  # the source and the target SentencePiece model protos
 
     def get_piece_size(self) -> int: ...
@@ -132,6 +137,7 @@ class Joint:
         self.sp = self.source = self.target = load_spm(blob)
         self.origin = list(range(self.sp.get_piece_size()))
         self.decoder_start, self.kind = "bos", "mtx's own SentencePiece model"
+        self.family, self.languages = "mtx", {}
 
     def get_piece_size(self) -> int:
         return self.sp.get_piece_size()
@@ -155,8 +161,15 @@ class Joint:
 TABLE, SOURCE, TARGET = "table.json", "source.spm", "target.spm"
 
 
+FAMILIES = {  # family: (decoder_start, kind)
+    "marian": ("pad", "an imported MarianMT model's"),  # no BOS: id 2 is a piece
+    "nllb": ("eos", "an imported NLLB (M2M100) model's"),  # fairseq's: the decoder starts at EOS
+}
+
+
 class Paired:
-    """An imported OPUS-MT vocabulary: two SentencePiece models over one table of pieces."""
+    """An imported vocabulary: a source and a target SentencePiece model (the same one for
+    NLLB) over one table of pieces."""
 
     def __init__(
         self,
@@ -166,27 +179,26 @@ class Paired:
         specials: list[int],
         origin: list[int],
         blob: bytes | None = None,
+        family: str = "marian",
+        languages: dict[str, int] | None = None,
     ) -> None:
         """`pieces` in our id order; `specials`: the ids decoding leaves out; `origin`: each
-        id's in the imported model; `blob`: what they were read from (None: zip them)."""
+        id's in the imported model; `blob`: what they were read from (None: zip them);
+        `family`: the model's (FAMILIES); `languages`: NLLB's language codes' ids."""
         self.pieces, self.specials, self.origin = pieces, set(specials), origin
-        self.decoder_start = "pad"  # MarianMT's: no BOS, id 2 is a piece
-        self.kind = "an imported MarianMT model's"
+        self.family, self.languages = family, dict(languages or {})
+        self.decoder_start, self.kind = FAMILIES[family]
         self.models = (source, target)
         self.index = {p: i for i, p in enumerate(pieces)}
         if len(self.index) != len(pieces):
             raise MtxError("the vocabulary holds a piece twice")
         self.source = Mapped(load_spm(source), self.index)
         self.target = Mapped(load_spm(target), self.index)
-        self.blob = blob or _zip(
-            {
-                TABLE: json.dumps(
-                    {"pieces": pieces, "specials": specials, "origin": origin}
-                ).encode(),
-                SOURCE: source,
-                TARGET: target,
-            }
-        )
+        table = {"pieces": pieces, "specials": specials, "origin": origin}
+        if family != "marian":  # a MarianMT vocabulary's zip stays as it was
+            table |= {"family": family, "languages": self.languages}
+        files = {TABLE: json.dumps(table).encode(), SOURCE: source, TARGET: target}
+        self.blob = blob or _zip(files)
 
     def get_piece_size(self) -> int:
         return len(self.pieces)
@@ -241,4 +253,6 @@ def load(blob: bytes) -> Vocabulary:
             table["specials"],
             table["origin"],
             blob,
+            table.get("family", "marian"),
+            table.get("languages"),
         )

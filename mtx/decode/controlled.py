@@ -130,6 +130,7 @@ class Steer:
         self.first: dict[int, list[int]] = {}  # sentence (of `requests`) -> its K alternatives
         self.alive = list(range(len(requests)))  # the sentences of `requests` still decoded
         self.t = 0
+        self.output_from = 1 + len(requests[0].start)  # a row's first output column
         longest = max(len(r.prefix) for r in requests)
         self.prefix = _padded([r.prefix for r in requests], longest, device)
         self.prefix_len = torch.tensor([len(r.prefix) for r in requests], device=device)
@@ -148,9 +149,9 @@ class Steer:
         return self.need.size(1)
 
     def window(self, tokens: Tensor) -> Tensor:
-        """(N, W) the last W output tokens of each row of `tokens` (N, t + 1: the start token,
-        then the output), BEFORE where it has fewer."""
-        out = tokens[:, 1:][:, -self.W :]
+        """(N, W) the last W output tokens of each row of `tokens` (N, the start token and
+        the request's start ids, then the output), BEFORE where it has fewer."""
+        out = tokens[:, self.output_from :][:, -self.W :]
         if out.size(1) < self.W:
             before = out.new_full((out.size(0), self.W - out.size(1)), BEFORE)
             out = torch.cat([before, out], 1)

@@ -10,7 +10,8 @@ request is read across rows.
 A request holds the source as the model reads it, its line number (the seed of its samples),
 if it has one, its own length limit, and its controls (decode/controlled.py): a target prefix
 the output starts with, hard constraints (phrases the output must contain) and phrases to
-avoid, each as target ids. What a caller may add per sentence is added here, as a field of
+avoid, each as target ids; and what the decoder reads after its start token before the output
+(an NLLB model's target-language code). What a caller may add per sentence is added here, as a field of
 `Request`, and read by the searches from the batch.
 """
 
@@ -37,6 +38,9 @@ class Request:
     constraints: tuple[tuple[int, ...], ...] = ()  # phrases (target ids) it must contain
     avoid: tuple[tuple[int, ...], ...] = ()  # phrases it must not contain
     alternatives: int = 0  # return this many alternatives at the first word after the prefix
+    # read by the decoder after its start token, given, not produced nor scored (an NLLB
+    # model's target-language code): not part of the output
+    start: tuple[int, ...] = ()
 
     @property
     def steered(self) -> bool:
@@ -82,6 +86,15 @@ class SearchBatch:
         """The batch of the rows `rows` (ascending) alone, each computed as in this one."""
         index = torch.tensor(rows, device=self.src.device)
         return SearchBatch(self.src[index], [self.requests[i] for i in rows])
+
+    def starts(self, start: int) -> Tensor:
+        """(B, 1 + n) what each row's decoder reads before its output: the model's `start`
+        token, then its request's `start` ids (n of them, the same n in every row)."""
+        widths = {len(r.start) for r in self.requests}
+        if len(widths) > 1:
+            raise ValueError(f"requests with {sorted(widths)} start ids in one batch")
+        rows = [(start, *r.start) for r in self.requests]
+        return torch.tensor(rows, dtype=torch.long, device=self.src.device)
 
     def max_lengths(self, a: float, b: int, limit: int) -> list[int]:
         """Each row's longest output, EOS included (`Request.longest`)."""

@@ -123,10 +123,12 @@ class Scorer:
         S = padded_length(len(src[rows[0]]), self.limit)
         T = padded_length(len(tgt[rows[0]]), self.limit)
         source = pad([src[i] for i in rows], length=S).to(device)
-        tgt_in = pad([tgt[i][:-1] for i in rows], prefix=model.specials.start, length=T).to(device)
+        given = list(self.tr.start())  # read after the start token, not scored (NLLB's code)
+        n = len(given)
+        tgt_in = pad([given + tgt[i][:-1] for i in rows], prefix=model.specials.start, length=T + n)
         tgt_out = pad([tgt[i] for i in rows], length=T).to(device)
         memory, mask = model.encode(source)
-        out = model.decode(tgt_in, memory, mask)  # (B, T, V) logits, or log-probabilities
+        out = model.decode(tgt_in.to(device), memory, mask)[:, n:]  # (B, T, V) logits or lprobs
         lprobs = out.float()
         if not model.capabilities.log_probs:
             lprobs = torch.log_softmax(lprobs, dim=-1)

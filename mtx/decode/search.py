@@ -144,7 +144,7 @@ def greedy_search(
     alive = list(range(B0))  # original index of each sentence still decoded
     alive_t = torch.arange(B0, device=device)
     cache = model.new_cache()
-    last = torch.full((B0, 1), model.specials.start, dtype=torch.long, device=device)
+    last = batch.starts(model.specials.start)  # (B, 1 + n): the first step reads them all
     out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
     for t in range(max(max_len)):
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive]
@@ -201,7 +201,8 @@ def note_finished(
         return
     ids = rows[[i for i, _ in new], [j for _, j in new]]
     unmet = steer.unmet().tolist() if steer is not None else None
-    for (i, j), hyp in zip(new, tokens[ids, 1:].tolist()):
+    output = tokens[ids, tokens.size(1) - (length - 1) :]  # the last length - 1: no start ids
+    for (i, j), hyp in zip(new, output.tolist()):
         log_prob = host[i][j]
         score = rules.finished_score(log_prob, length, alpha)
         lacks = unmet[i][j] if unmet is not None else 0
@@ -214,7 +215,7 @@ def _beam_candidates(
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Beam search's candidates at step t (`_continuations`), or under the requests' controls
     with a `steer` (controlled.py)."""
-    last = tokens[:, -1:]
+    last = tokens if t == 0 else tokens[:, -1:]  # the first step reads every start id
     if steer is None:
         return _continuations(model, last, memory, src_mask, cache, force, scores)
     lprobs = _log_probs(model, last, memory, src_mask, cache, force)
@@ -254,7 +255,7 @@ def beam_search(
     max_len = batch.max_lengths(max_len_a, max_len_b, limit)
     alive = list(range(B0))  # original index of each sentence still decoded
     cache = model.new_cache()
-    tokens = torch.full((B0 * K, 1), start, dtype=torch.long, device=device)  # (B*K, t)
+    tokens = batch.starts(start).repeat_interleave(K, 0)  # (B*K, 1 + n + t)
     scores = rules.start_beams(torch.empty(B0, K, device=device))
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
     for t in range(max(max_len)):

@@ -147,6 +147,8 @@ class Searches:
         if mode == "shrinking":
             return None
         why = static_refusal(self.model, d, mode, self.device)
+        if self.vocab is not None and self.vocab.languages:
+            why = why or "an NLLB model's target-language start runs in the shrinking search only"
         if why:
             if d.search == "auto":
                 return None

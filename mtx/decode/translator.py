@@ -124,8 +124,8 @@ class Translator:
     @property
     def languages(self) -> list[str]:
         """The languages the model translates into (from its tags, or its config's one)."""
-        if self.tags:
-            return sorted(self.tags)
+        if self.tags or self.vocab.languages:
+            return sorted(self.tags or self.vocab.languages)
         return corpora.target_languages(self.cfg.data)
 
     def into(self, lang: str | None) -> Translator:
@@ -193,8 +193,27 @@ class Translator:
         return self._encode(line)
 
     def _encode(self, line: str) -> list[int]:
-        prefix = [self.tags[self.tgt_lang]] if self.tags else None
+        if self.vocab.languages:  # NLLB's: the source language's code first
+            prefix = [self._language_id(self.cfg.data.src_lang, "source")]
+        else:
+            prefix = [self.tags[self.tgt_lang]] if self.tags else None
         return encode_line(self.vocab.source, line, self.model.max_positions, prefix)
+
+    def _language_id(self, lang: str, side: str) -> int:
+        if lang not in self.vocab.languages:
+            raise MtxError(
+                f"{side} language {lang!r} is not one of this model's language codes (e.g. "
+                f"{', '.join(sorted(self.vocab.languages)[:3])}): set --src-lang/--tgt-lang "
+                "or data.src_lang/data.tgt_lang"
+            )
+        return self.vocab.languages[lang]
+
+    def start(self) -> tuple[int, ...]:
+        """What the decoder reads after its start token (Request.start): an NLLB model's
+        target-language code; nothing for the others."""
+        if not self.vocab.languages:
+            return ()
+        return (self._language_id(self.tgt_lang or self.cfg.data.tgt_lang, "target"),)
 
     def request(
         self,
@@ -212,7 +231,7 @@ class Translator:
     def _request(
         self, line: str, number: int, max_len: int | None, controls: Controls | None
     ) -> Request:
-        request = Request(tuple(self._encode(line)), number, max_len)
+        request = Request(tuple(self._encode(line)), number, max_len, start=self.start())
         if not controls:
             return request
         never, longest = self.model.specials.never_below, self.longest(request)
@@ -255,7 +274,11 @@ class Translator:
         `capabilities.mixed_lengths`), best first; with sampling, `nbest` samples of each,
         seeded by each sentence's line number (`lines` for padded sources)."""
         self.check_nbest(nbest)
-        return self.searches(SearchBatch.of(src, lines), self.cfg.decode, nbest)
+        batch, start = SearchBatch.of(src, lines), self.start()
+        if start and not isinstance(src, SearchBatch):
+            requests = [dataclasses.replace(r, start=start) for r in batch.requests]
+            batch = SearchBatch(batch.src, requests)
+        return self.searches(batch, self.cfg.decode, nbest)
 
     def static_search(self) -> StaticSearch | None:
         """The static search `decode.search` asks for, or None for the shrinking one."""
@@ -280,7 +303,7 @@ class Translator:
         """The request of an input line (a string, or a `Line` with controls), numbered
         `number` from 0; an error names the line (from 1)."""
         if isinstance(item, str):
-            return Request(tuple(self._encode(item)), number)
+            return Request(tuple(self._encode(item)), number, start=self.start())
         try:
             return self._request(item.text, number, None, item.controls)
         except MtxError as e:
@@ -290,7 +313,8 @@ class Translator:
         self, ids: list[list[int]], nbest: int = 1, first_line: int = 0
     ) -> list[list[Hypothesis]]:
         """`translate_ids` of sources encoded already (`encode`)."""
-        requests = [Request(tuple(x), first_line + i) for i, x in enumerate(ids)]
+        start = self.start()
+        requests = [Request(tuple(x), first_line + i, start=start) for i, x in enumerate(ids)]
         return self.translate_requests(requests, nbest)
 
     def translate_requests(self, requests: list[Request], nbest: int = 1) -> list[list[Hypothesis]]:

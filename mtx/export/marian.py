@@ -176,11 +176,16 @@ def marian_state_dict(model: Transformer, origin: list[int]) -> dict[str, Tensor
 
 
 def from_marian_state_dict(
-    weights: dict[str, Tensor], cfg: ModelConfig, origin: list[int]
+    weights: dict[str, Tensor], cfg: ModelConfig, origin: list[int], permute: bool = True
 ) -> dict[str, Tensor]:
     """MarianMTModel's weights under our names (the inverse of `marian_state_dict`): our id
-    i's rows are MarianMT id origin[i]'s, the model dimension in our interleaved order."""
-    back = torch.argsort(marian_permutation(cfg.d_model))  # our dimension j is Marian's back[j]
+    i's rows are MarianMT id origin[i]'s, the model dimension in our interleaved order. M2M100
+    (NLLB) names its layers' weights as MarianMT does; its positions are fairseq's table, read
+    in its own order (`permute` False), and its stacks' final norms are mapped here too."""
+    if permute:  # our dimension j is Marian's back[j]
+        back = torch.argsort(marian_permutation(cfg.d_model))
+    else:
+        back = torch.arange(cfg.d_model)
     ours: dict[str, Tensor] = {}
     for src, dst, where in _layer_names(cfg):
         if where == "attention":
@@ -190,6 +195,10 @@ def from_marian_state_dict(
         else:
             ours[src] = _permuted(weights[dst], where, back)
     ours["embed.weight"] = weights["model.shared.weight"][origin][:, back]
+    if cfg.norm == "pre":  # M2M100's stack norms
+        for stack in ("encoder", "decoder"):
+            for part in ("weight", "bias"):
+                ours[f"{stack}_norm.{part}"] = weights[f"model.{stack}.layer_norm.{part}"][back]
     if cfg.output_bias:
         ours["logits_bias"] = weights["final_logits_bias"][0][origin]
     return {k: v.float().contiguous() for k, v in ours.items()}

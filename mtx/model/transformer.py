@@ -4,8 +4,9 @@ Shape legend: B batch, S source length, T target length, d = d_model, V vocabula
 
 - One embedding matrix is shared by the source, the target and the pre-softmax projection
   (section 3.4); embeddings are multiplied by sqrt(d_model).
-- Positions (`model.positions`): sinusoidal (section 3.5) or learned (section 3.5's
-  alternative; one embedding per position) are added, then dropout (section 5.4); relative
+- Positions (`model.positions`): sinusoidal (section 3.5; or fairseq's table, an imported
+  NLLB model's: model/positions.py) or learned (section 3.5's alternative; one embedding per
+  position) are added, then dropout (section 5.4); relative
   positions (Shaw et al. 2018) add nothing here and act inside self-attention (attention.py).
 - Students' shapes (`model.decoder_d_ff`, `model.decoder_self: ssru`, layers.py) change the
   decoder only.
@@ -31,7 +32,7 @@ from mtx.model.groups import Groups
 from mtx.model.interface import Capabilities, Lacks
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
-from mtx.model.positions import sinusoidal_table
+from mtx.model.positions import position_table
 from mtx.tokens import PAD_ID
 
 
@@ -54,7 +55,10 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD_ID)
         # model.output_bias, MarianMT's final_logits_bias
         self.logits_bias = nn.Parameter(torch.zeros(vocab_size)) if cfg.output_bias else None
-        table = sinusoidal_table(cfg.max_positions, cfg.d_model)
+        self.fixed_positions = cfg.positions in ("sinusoidal", "fairseq")  # a table
+        table = position_table(cfg)  # model/positions.py; None: learned or relative
+        if table is None:
+            table = torch.zeros(cfg.max_positions, cfg.d_model)
         self.register_buffer("positions", table, persistent=False)
         self.position_embed = None
         if cfg.positions == "learned":
@@ -104,7 +108,7 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         n = ids.size(1)
         if isinstance(start, Tensor):
             x = self.embed(ids) * math.sqrt(self.cfg.d_model)
-            if self.cfg.positions == "sinusoidal":
+            if self.fixed_positions:
                 x = x + self.positions.index_select(0, start.view(1)).to(x.dtype)
             elif self.position_embed is not None:
                 x = x + self.position_embed(start.view(1, 1)).to(x.dtype)
@@ -115,7 +119,7 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
                 f"({self.cfg.max_positions})"
             )
         x = self.embed(ids) * math.sqrt(self.cfg.d_model)
-        if self.cfg.positions == "sinusoidal":
+        if self.fixed_positions:
             x = x + self.positions[start : start + n].to(x.dtype)
         elif self.position_embed is not None:
             x = x + self.position_embed.weight[start : start + n].to(x.dtype)

@@ -1,6 +1,7 @@
 """`mtx import`: a pretrained model of another toolkit becomes an mtx checkpoint that every
 command takes (translate, score, evaluate, serve, info, distill, export, train's
-init_from). Today: Hugging Face MarianMT models, the format of OPUS-MT (marian.py)."""
+init_from). Hugging Face MarianMT models, the format of OPUS-MT (marian.py), and M2M100
+models, the format of NLLB-200 (nllb.py)."""
 
 from __future__ import annotations
 
@@ -27,19 +28,20 @@ def import_model(source: str, output: Path, src_lang: str | None, tgt_lang: str 
     """Write the checkpoint `output` from `source` (a local model directory, or a hub id that
     huggingface_hub resolves); returns what was imported, in words. Nothing is written
     unless the whole import succeeds."""
-    from mtx.pretrained import marian
+    from mtx.pretrained import marian, nllb
 
     if output.exists():
         raise MtxError(f"{output} already exists: remove it or choose another --output")
     directory = resolve(source)
     config = read_config(directory)
     kind = config.get("model_type")
-    if kind != "marian":
+    families = {"marian": marian.convert, "m2m_100": nllb.convert}
+    if kind not in families:
         raise MtxError(
             f"{directory}: model_type {kind!r} cannot be imported (mtx imports MarianMT "
-            "models: 'marian')"
+            "models, 'marian', and NLLB's M2M100, 'm2m_100')"
         )
-    ckpt, about = marian.convert(directory, config, src_lang, tgt_lang)
+    ckpt, about = families[kind](directory, config, src_lang, tgt_lang)
     output.parent.mkdir(parents=True, exist_ok=True)
     ckpt.save(output)
     return about
@@ -54,7 +56,7 @@ def resolve(source: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        patterns = ["*.json", "*.spm", "*.safetensors", "pytorch_model.bin"]
+        patterns = ["*.json", "*.spm", "*.model", "*.safetensors", "pytorch_model.bin"]
         return Path(snapshot_download(source, allow_patterns=patterns))
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]

@@ -100,17 +100,21 @@ def id_order(size: int, pad: int, unk: int, eos: int) -> list[int]:
     return [pad, unk, rest[0], eos, *rest[1:]]
 
 
-def model_config(c: dict, output_bias: bool) -> Config:
+def model_config(c: dict, activation: str, max_positions: int, **settings) -> Config:
+    """The mtx config of a Hugging Face config `c` of MarianMT's or M2M100's (they name their
+    settings alike): `activation` and `max_positions` the family's defaults where `c` has
+    none; `settings`, the model.* keys the family sets."""
     cfg = Config()
     m = cfg.model
     m.d_model, m.n_heads = c["d_model"], c["encoder_attention_heads"]
     m.encoder_layers, m.decoder_layers = c["encoder_layers"], c["decoder_layers"]
     m.d_ff = c["encoder_ffn_dim"]
     m.decoder_d_ff = 0 if c["decoder_ffn_dim"] == m.d_ff else c["decoder_ffn_dim"]
-    m.activation = ACTIVATIONS[c.get("activation_function", "gelu")]
-    m.output_bias, m.decoder_start = output_bias, "pad"
-    m.max_positions = c.get("max_position_embeddings", 512)
-    m.layer_norm_eps = MARIAN_LAYER_NORM_EPS
+    m.activation = ACTIVATIONS[c.get("activation_function", activation)]
+    for key, value in settings.items():
+        setattr(m, key, value)
+    m.max_positions = c.get("max_position_embeddings", max_positions)
+    m.layer_norm_eps = MARIAN_LAYER_NORM_EPS  # nn.LayerNorm's default: both families'
     m.dropout = c.get("dropout", 0.1)
     m.attention_dropout = c.get("attention_dropout", 0.0)
     cfg.decode.beam = c.get("num_beams") or cfg.decode.beam
@@ -119,37 +123,52 @@ def model_config(c: dict, output_bias: bool) -> Config:
     return cfg
 
 
+def read_weights(directory: Path, c: dict, why: str | None, family: str) -> tuple[dict, int]:
+    """The weights of the model in `directory` (config `c`) and its vocabulary's size; refused
+    in one line if its config cannot be imported (`why`) or they are not `family`'s."""
+    if why:
+        raise MtxError(f"{directory}: {why} cannot be imported into an mtx model")
+    weights = load_weights(directory)
+    if "model.shared.weight" not in weights:
+        raise MtxError(f"{directory}: the weights hold no model.shared.weight: not {family}'s")
+    size = weights["model.shared.weight"].size(0)
+    if size != c.get("vocab_size", size):
+        raise MtxError(f"{directory}: config.json's vocab_size {c['vocab_size']} is not the "
+                       f"weights' {size}")  # fmt: skip
+    return weights, size
+
+
+def checked_state(
+    directory: Path, cfg: Config, weights: dict, origin: list[int], permute: bool = True
+) -> dict[str, Tensor]:
+    """The weights under our names (`from_marian_state_dict`), checked to load into the model
+    `cfg` describes; refused in one line if they do not fit its config."""
+    try:
+        cfg.validate()
+        state = from_marian_state_dict(weights, cfg.model, origin, permute)
+        make_model(cfg.model, len(origin)).load_state_dict(state)
+    except (KeyError, RuntimeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise MtxError(f"{directory}: its weights do not fit its config.json ({first})") from None
+    return state
+
+
 def convert(
     directory: Path, c: dict, src_lang: str | None, tgt_lang: str | None
 ) -> tuple[Checkpoint, str]:
     """The checkpoint of the MarianMT model in `directory` (config `c`), and a line saying
     what it is."""
-    why = refusal(c)
-    if why:
-        raise MtxError(f"{directory}: {why} cannot be imported into an mtx model")
-    weights = load_weights(directory)
-    if "model.shared.weight" not in weights:
-        raise MtxError(f"{directory}: the weights hold no model.shared.weight: not MarianMT's")
-    size = weights["model.shared.weight"].size(0)
-    if size != c.get("vocab_size", size):
-        raise MtxError(f"{directory}: config.json's vocab_size {c['vocab_size']} is not the "
-                       f"weights' {size}")  # fmt: skip
+    weights, size = read_weights(directory, c, refusal(c), "MarianMT")
     table, source, target = read_vocabulary(directory, size)
     origin = id_order(size, c["pad_token_id"], table["<unk>"], c["eos_token_id"])
     by_id = {i: p for p, i in table.items()}
     pieces = [by_id[i] for i in origin]
     bias = weights.get("final_logits_bias")
-    cfg = model_config(c, bias is not None and bool(bias.abs().max() > 0))
+    output_bias = bias is not None and bool(bias.abs().max() > 0)
+    cfg = model_config(c, "gelu", 512, output_bias=output_bias, decoder_start="pad")
     cfg.data.src_lang = src_lang or cfg.data.src_lang
     cfg.data.tgt_lang = tgt_lang or cfg.data.tgt_lang
-    try:
-        cfg.validate()
-        state = from_marian_state_dict(weights, cfg.model, origin)
-        model = make_model(cfg.model, size)
-        model.load_state_dict(state)
-    except (KeyError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise MtxError(f"{directory}: its weights do not fit its config.json ({first})") from None
+    state = checked_state(directory, cfg, weights, origin)
     vocabulary = Paired(pieces, source, target, [PAD_ID, EOS_ID, UNK_ID], origin)
     ckpt = Checkpoint(config=cfg, spm_model=vocabulary.blob, vocab_size=size, model=state)
     m = cfg.model

@@ -67,15 +67,16 @@ def build(out: Path, multilingual: bool = False, seed: int = 0, steps: int = 300
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.5)  # a buffer: it stays as it is
     tag = TAGS[0] + " " if multilingual else ""
-    _train(model, tokenizer, [(tag + s, t) for s, t in pairs], steps)
+    train(model, tokenizer, [(tag + s, t) for s, t in pairs], steps)
     model.eval().save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
-def _train(model, tokenizer, pairs: list[tuple[str, str]], steps: int) -> None:
+def train(model, tokenizer, pairs: list[tuple[str, str]], steps: int) -> None:
     """A few hundred updates on the toy corpus, so that outputs vary with the source and end
-    (a random post-norm model says the same thing to every source, forever)."""
+    (a random post-norm model says the same thing to every source, forever): MarianMT's or
+    M2M100's (helpers/nllb.py), with its tokenizer."""
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     for step in range(steps):

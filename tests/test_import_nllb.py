@@ -1,0 +1,227 @@
+"""`mtx import` of an NLLB (M2M100) model, checked against transformers on a model built here in
+NLLB's exact layout (tests/helpers/nllb.py): the tokenizer's ids, fairseq's positions, the
+logits, greedy and beam search with the target language's code, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import nllb
+from helpers.common import invoke, mtx
+from test_import import (
+    N,
+    assert_translations_equal,
+    lines,
+    only_eos_at_the_limit,
+    targets,
+    translator,
+)
+
+from mtx.checkpoint import Checkpoint
+from mtx.decode.score import Scorer
+from mtx.model.positions import fairseq_table
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(the M2M100 directory, its import, transformers' model and tokenizer)."""
+    from transformers import M2M100ForConditionalGeneration, NllbTokenizer
+
+    root = tmp_path_factory.mktemp("nllb")
+    directory = nllb.build(root / "nllb", steps=100)
+    path = root / "model.pt"
+    mtx("import", directory, "--output", path, "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn")
+    hf = M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+    tokenizer = NllbTokenizer.from_pretrained(directory, src_lang="eng_Latn", tgt_lang="deu_Latn")
+    return directory, path, hf, tokenizer
+
+
+def test_fairseqs_positions_are_m2m100s_to_the_bit():
+    from transformers.models.m2m_100.modeling_m2m_100 import (
+        M2M100SinusoidalPositionalEmbedding as Positions,
+    )
+
+    theirs = Positions.get_embedding(66, 32, padding_idx=1)
+    assert torch.equal(fairseq_table(64, 32), theirs[2:])  # the first token reads row 2
+
+
+def test_the_tokenizer_gives_transformers_ids(model):
+    """On every line but one of spaces alone, where transformers' converted tokenizer gives a
+    lone "▁" and SentencePiece (NLLB's own, as fairseq trained it) nothing: mtx follows
+    SentencePiece there, as for an empty line."""
+    _, path, _, tokenizer = model
+    tr = translator(path)
+    origin = tr.vocab.origin
+    for line in lines(1000):
+        theirs = tokenizer(line).input_ids
+        if line and not line.strip():
+            assert tokenizer.convert_ids_to_tokens(theirs[1:-1]) == ["▁"]
+            assert tr.encode(line) == tr.encode("")
+            theirs = tokenizer("").input_ids
+        assert [origin[i] for i in tr.encode(line)] == theirs, line
+    code = [origin[i] for i in tr.start()]
+    for line in targets(1000):
+        ours = code + [origin[i] for i in tr.vocab.target.encode(line)] + [origin[3]]
+        assert ours == tokenizer(text_target=line).input_ids, line
+
+
+def test_the_logits_equal_transformers(model):
+    _, path, hf, tokenizer = model
+    tr = translator(path)
+    origin = tr.vocab.origin
+    for src, tgt in zip(lines(100), targets(100)):
+        labels = tokenizer(text_target=tgt).input_ids  # [code, pieces, </s>]
+        with torch.no_grad():
+            theirs = hf(
+                input_ids=torch.tensor([[origin[i] for i in tr.encode(src)]]),  # spaces alone
+                decoder_input_ids=torch.tensor([[hf.config.decoder_start_token_id, *labels[:-1]]]),
+            ).logits[0]
+            ours_in = [tr.model.specials.start, *tr.start(), *tr.vocab.target.encode(tgt)]
+            memory, mask = tr.model.encode(torch.tensor([tr.encode(src)]))
+            ours = tr.model.decode(torch.tensor([ours_in]), memory, mask)[0]
+        torch.testing.assert_close(ours, theirs[:, origin], atol=1e-4, rtol=0)
+
+
+def test_scores_equal_the_sum_of_transformers_log_probabilities(model):
+    """The target language's code is read, not scored: its label's log-probability is left
+    out of transformers' sum."""
+    _, path, hf, tokenizer = model
+    sources, refs = lines(60)[2:], targets(60)[2:]
+    scores = Scorer(translator(path)).score(sources, refs)
+    for src, tgt, score in zip(sources, refs, scores):
+        labels = torch.tensor([tokenizer(text_target=tgt).input_ids])
+        with torch.no_grad():
+            logits = hf(input_ids=torch.tensor([tokenizer(src).input_ids]), labels=labels).logits
+        theirs = logits.log_softmax(-1)[0].gather(1, labels[0][:, None])[1:].sum().item()
+        assert score.total == pytest.approx(theirs, abs=1e-3)
+        assert score.tokens == labels.size(1) - 1
+
+
+def generate(hf, tokenizer, sources: list[str], beam: int) -> list[list[int]]:
+    """transformers' outputs under mtx's rules (test_import.py's), the decoder reading </s> and
+    the target language's code first; without them and EOS.
+
+    The code is given as the start of `decoder_input_ids`, not forced by
+    `forced_bos_token_id`: forcing it makes the first step's other candidates -inf, and beam
+    search then counts those among its finished hypotheses and stops early (greedy search gives
+    the same either way)."""
+    out = []
+    pad, eos = hf.config.pad_token_id, hf.config.eos_token_id
+    code = tokenizer.convert_tokens_to_ids("deu_Latn")
+    bad = [[pad], [tokenizer.unk_token_id], [tokenizer.bos_token_id]]
+    for k in range(0, len(sources), 50):
+        enc = tokenizer(sources[k : k + 50], return_tensors="pt", padding=True)
+        start = torch.tensor([[hf.config.decoder_start_token_id, code]] * len(enc.input_ids))
+        with torch.no_grad():
+            rows = hf.generate(
+                **enc, decoder_input_ids=start, num_beams=beam, do_sample=False,
+                length_penalty=0.0, early_stopping=True, max_length=N + 2, bad_words_ids=bad,
+                forced_eos_token_id=None, logits_processor=only_eos_at_the_limit(eos, N + 1),
+            )  # fmt: skip
+        for row in rows[:, 2:].tolist():
+            out.append(row[: row.index(eos)] if eos in row else row)
+    return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_equal_generate(model, beam):
+    _, path, hf, tokenizer = model
+    assert_translations_equal(path, lambda s, k: generate(hf, tokenizer, s, k), beam, 15)
+
+
+def test_the_target_language_is_chosen_by_tgt_lang(model):
+    _, path, _, _ = model
+    tr = translator(path)
+    fra = tr.into("fra_Latn")
+    assert tr.start() != fra.start() == (tr.vocab.languages["fra_Latn"],)
+    out = mtx("translate", "--checkpoint", path, "--tgt-lang", "fra_Latn", input="a man\n")
+    assert out.stdout.splitlines() == fra.translate(["a man"])
+    info = json.loads(mtx("info", path, "--json").stdout)["config"]["model"]
+    assert (info["norm"], info["positions"], info["decoder_start"]) == ("pre", "fairseq", "eos")
+
+
+def broken(directory, tmp_path, change):
+    copy = tmp_path / "broken"
+    shutil.copytree(directory, copy)
+    change(copy)
+    return copy
+
+
+def config_with(**changes):
+    def change(d):
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps(c | changes))
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: (d / "sentencepiece.bpe.model").unlink(), "no sentencepiece.bpe.model"),
+        (lambda d: [(d / n).unlink() for n in ("tokenizer.json", "tokenizer_config.json")],
+         "no tokenizer.json or tokenizer_config.json"),
+        (config_with(scale_embedding=False), "embeddings not scaled"),
+        (config_with(activation_function="tanh"), "activation_function 'tanh'"),
+        (config_with(d_model=20), "do not fit its config.json"),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_imported_is_refused_in_one_line(model, tmp_path, change, message):
+    directory = broken(model[0], tmp_path, change)
+    args = ("--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn")
+    result = invoke("import", directory, "--output", tmp_path / "out.pt", *args)
+    assert result.exit_code != 0
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_language_the_model_lacks_is_refused(model, tmp_path):
+    result = invoke("import", model[0], "--output", tmp_path / "out.pt", "--src-lang", "en")
+    assert (
+        result.exit_code != 0 and "--src-lang must name one of its language codes" in result.output
+    )
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_the_checkpoint_records_the_languages(model):
+    ckpt = Checkpoint.load(model[1])
+    assert ckpt.spm_model.startswith(b"PK")  # data/vocab.py's Paired, family nllb
+    tr = translator(model[1])
+    assert sorted(tr.vocab.languages) == sorted(nllb.CODES)
+    assert tr.vocab.decode([*tr.start(), *tr.vocab.target.encode("ein mann")]) == "ein mann"
+
+
+def test_what_an_imported_nllb_model_cannot_do_yet_is_refused_in_one_line(model, tmp_path):
+    """Export (to M2M100 and CTranslate2) and fine-tuning are not written yet: each says so."""
+    _, path, _, _ = model
+    for fmt in ("hf", "ctranslate2"):
+        result = invoke("export", path, "--format", fmt, "--output", tmp_path / fmt)
+        assert result.exit_code != 0 and "model.norm=pre" in result.output
+        assert not (tmp_path / fmt).exists()
+    run = f"run_dir={tmp_path / 'run'}"
+    toy = Path(__file__).resolve().parents[1] / "configs" / "toy.yaml"
+    result = invoke("prepare", "--config", toy, "--set", run, "--set",
+                    f"data.spm_model={path}")  # fmt: skip
+    assert result.exit_code != 0 and "fine-tuning an NLLB model" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "prepared").exists()
+
+
+def test_score_and_distill_take_an_imported_nllb_model(model, tmp_path):
+    _, path, _, _ = model
+    src, tgt = lines(12)[8:], targets(12)[8:]
+    (tmp_path / "src").write_text("\n".join(src) + "\n")
+    (tmp_path / "tgt").write_text("\n".join(tgt) + "\n")
+    scored = mtx(
+        "score", "--checkpoint", path, "--src", tmp_path / "src", "--tgt", tmp_path / "tgt"
+    )
+    expected = Scorer(translator(path)).score(src, tgt)
+    totals = [float(line.split()[0]) for line in scored.stdout.splitlines()]
+    assert totals == pytest.approx([s.total for s in expected], abs=1e-4)
+    mtx("distill", "--checkpoint", path, "--src", tmp_path / "src", "--output-dir", tmp_path / "d")
+    out = (tmp_path / "d" / "teacher.deu_Latn").read_text().splitlines()
+    assert out == translator(path, "decode.alpha=0.6").translate(src)
