@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import nllb
-from helpers.common import invoke, mtx
+from helpers.common import assert_same_parameters, invoke, mtx, records
 from test_import import (
     N,
     assert_translations_equal,
+    fine_tuning,
     lines,
     only_eos_at_the_limit,
     targets,
@@ -22,6 +23,7 @@ from test_import import (
 )
 
 from mtx.checkpoint import Checkpoint
+from mtx.data import toy
 from mtx.decode.score import Scorer
 from mtx.model.positions import fairseq_table
 
@@ -195,18 +197,84 @@ def test_the_checkpoint_records_the_languages(model):
     assert tr.vocab.decode([*tr.start(), *tr.vocab.target.encode("ein mann")]) == "ein mann"
 
 
-def test_what_an_imported_nllb_model_cannot_do_yet_is_refused_in_one_line(model, tmp_path):
-    """Export (to M2M100 and CTranslate2) and fine-tuning are not written yet: each says so."""
+def test_export_of_an_imported_nllb_model_is_refused_in_one_line(model, tmp_path):
+    """Export (to M2M100 and CTranslate2) is not written yet: each format says so."""
     _, path, _, _ = model
     for fmt in ("hf", "ctranslate2"):
         result = invoke("export", path, "--format", fmt, "--output", tmp_path / fmt)
         assert result.exit_code != 0 and "model.norm=pre" in result.output
+        assert len(result.output.strip().splitlines()) == 1
         assert not (tmp_path / fmt).exists()
-    run = f"run_dir={tmp_path / 'run'}"
+
+
+def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(model, tmp_path):
+    """Prepared sources start with the source language's code and targets with the target's,
+    as NllbTokenizer writes them; the decoder reads </s> then the target (the code's
+    prediction in the loss, as transformers has it)."""
+    import datasets
+    import numpy as np
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    from mtx.config import load_config
+    from mtx.data.batching import BatchDataset
+    from mtx.data.prepare import prepare
+    from mtx.train.step import LossModel
+    from mtx.train.trainer import train
+
+    _, path, hf, tokenizer = model
+    quiet = dict(log=lambda *_: None)
+    # a local corpus's files are named by its languages: here, the model's codes
+    files = []
+    for split in ("train", "valid", "test"):
+        toy.write_split(split, tmp_path / "toy" / split, "eng_Latn", "deu_Latn")
+        files.append(f"data.{split}={tmp_path / 'toy' / split}")
+    langs = ("data.src_lang=eng_Latn", "data.tgt_lang=deu_Latn", *files)
+
+    def settings(run, *extra):
+        return fine_tuning(run, path, *langs, *extra)
+
+    prepare(load_config(None, settings(tmp_path / "whole")), **quiet)
+    shutil.copytree(tmp_path / "whole" / "prepared", tmp_path / "parts" / "prepared")
+    tr = translator(path)
+    origin = torch.tensor(tr.vocab.origin)
+    ds = datasets.load_from_disk(str(tmp_path / "whole" / "prepared" / "train"))
+    for row in ds.select(range(20)):
+        assert origin[row["src_ids"]].tolist() == tokenizer(row["src"]).input_ids
+        assert origin[row["tgt_ids"]].tolist() == tokenizer(text_target=row["tgt"]).input_ids
+    batch = BatchDataset(ds, [np.arange(16)], start=tr.model.specials.start)[0]
+    with torch.no_grad():
+        ours = (
+            LossModel(tr.model, 0.1)(
+                batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index, batch.src_padded
+            )[0]
+            / batch.tgt_tokens
+        )
+        labels = origin[batch.tgt_out].masked_fill(batch.tgt_out == 0, -100)
+        out = hf(
+            input_ids=origin[batch.src], attention_mask=batch.src != 0,
+            decoder_input_ids=origin[batch.tgt_in],
+        )  # fmt: skip
+        theirs = LabelSmoother(epsilon=0.1)(out, labels, shift_labels=False)
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-4)
+    train(load_config(None, settings(tmp_path / "whole", "train.max_steps=8")), **quiet)
+    train(load_config(None, settings(tmp_path / "parts", "train.max_steps=5")), **quiet)
+    train(
+        load_config(None, settings(tmp_path / "parts", "train.max_steps=8")), resume=True, **quiet
+    )
+    assert_same_parameters(
+        tmp_path / "whole/checkpoints/last.pt", tmp_path / "parts/checkpoints/last.pt"
+    )
+    valid = records(tmp_path / "whole", "valid")
+    assert [r["step"] for r in valid] == [4, 8] and all("valid_bleu" in r for r in valid)
+    tuned = translator(tmp_path / "whole/checkpoints/last.pt")
+    assert tuned.start() == tr.start() and tuned.translate(["a man"])
+
+
+def test_a_language_code_the_model_lacks_is_refused_before_preparing(model, tmp_path):
+    cfg = fine_tuning(tmp_path / "run", model[1], "data.src_lang=en", "data.tgt_lang=deu_Latn")
     toy = Path(__file__).resolve().parents[1] / "configs" / "toy.yaml"
-    result = invoke("prepare", "--config", toy, "--set", run, "--set",
-                    f"data.spm_model={path}")  # fmt: skip
-    assert result.exit_code != 0 and "fine-tuning an NLLB model" in result.output
+    result = invoke("prepare", "--config", toy, *[x for c in cfg for x in ("--set", c)])
+    assert result.exit_code != 0 and "data.src_lang: 'en' is not a language code" in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "prepared").exists()
 
@@ -225,3 +293,17 @@ def test_score_and_distill_take_an_imported_nllb_model(model, tmp_path):
     mtx("distill", "--checkpoint", path, "--src", tmp_path / "src", "--output-dir", tmp_path / "d")
     out = (tmp_path / "d" / "teacher.deu_Latn").read_text().splitlines()
     assert out == translator(path, "decode.alpha=0.6").translate(src)
+
+
+def test_serve_takes_an_imported_nllb_model_and_its_target_languages(model):
+    from mtx.bench.server import Server
+
+    _, path, _, _ = model
+    texts = lines(20)[8:]
+    tr = translator(path, "decode.alpha=0.6")
+    with Server(path, "serve.workers=1") as server:
+        status, answer = server.translate(texts)
+        assert (status, answer["translations"]) == (200, tr.translate(texts))
+        status, answer = server.translate(texts, tgt_lang="fra_Latn")
+        assert (status, answer["translations"]) == (200, tr.into("fra_Latn").translate(texts))
+        assert server.stop() == 0

@@ -90,9 +90,14 @@ class Encoder:
     It pickles as the model file's path: each worker process loads the SentencePiece model
     once, itself."""
 
-    def __init__(self, spm_path: Path, threads: int = 1, group: int = 0, tag: int = 0) -> None:
+    def __init__(
+        self, spm_path: Path, threads: int = 1, group: int = 0, tag: int = 0, tgt_tag: int = 0
+    ) -> None:
+        """`tag`: the id each source starts with (a target-language tag, or an NLLB model's
+        source-language code; 0: none); `tgt_tag` the id each target starts with (an NLLB
+        model's target-language code, which its decoder reads after its start)."""
         self.path, self.threads, self.words = str(spm_path), threads, None
-        self.group, self.tag = group, tag
+        self.group, self.tag, self.tgt_tag = group, tag, tgt_tag
 
     def __getstate__(self) -> dict:
         return self.__dict__ | {"words": None}
@@ -104,7 +109,7 @@ class Encoder:
             self.words = (source, source if v.target is v.source else Words(v.target, self.threads))
         n = len(batch)
         src_ids = self._ids(self.words[0], batch["src"], self.tag)
-        tgt_ids = self._ids(self.words[1], batch["tgt"], 0)
+        tgt_ids = self._ids(self.words[1], batch["tgt"], self.tgt_tag)
         lines = batch["line"] if "line" in batch.column_names else pa.array([0] * n, pa.int64())
         return pa.table(
             {
@@ -165,11 +170,6 @@ def read_spm_model(path: str) -> tuple[bytes, SpmSource]:
         raise MtxError(
             f"data.spm_model {p}: not a SentencePiece model file or an mtx checkpoint"
         ) from None
-    if v.languages:
-        raise MtxError(
-            f"data.spm_model {p}: {v.kind} vocabulary: fine-tuning an NLLB model (its target "
-            "sequences start with a language code) is not supported yet"
-        )
     if not isinstance(v, vocab.Joint):  # an imported model's: its ids were mapped on import
         return proto, SpmSource(kind, str(p.resolve()), sha256_file(p))
     sp = v.sp
@@ -219,6 +219,9 @@ def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
 def _prepare_into(cfg: Config, out: PreparedFiles, dropped: Dropped, dual, log) -> Manifest:
     d = cfg.data
     given = read_spm_model(d.spm_model) if d.spm_model else None  # refused before any work
+    codes = vocab.load(given[0]).languages if given else {}  # an NLLB model's
+    for c in corpora.corpora(d) if codes else []:
+        languages(c, codes)
     seconds: Counter[str] = Counter()  # per stage, logged at the end
     groups = split_groups(d)
     texts = {
@@ -266,7 +269,7 @@ def _prepare_into(cfg: Config, out: PreparedFiles, dropped: Dropped, dual, log) 
         if not parts:
             continue  # no test set
         entry = _encode_and_write(
-            d, split, groups[split], parts, tag_of, out, dropped, seconds, log
+            d, split, groups[split], parts, tag_of, sp.languages, out, dropped, seconds, log
         )
         manifest.splits[split] = entry
     shutil.rmtree(out.cache, ignore_errors=True)
@@ -358,17 +361,21 @@ def _encode_and_write(
     groups: list[corpora.EvalSet],
     parts: list[tuple],
     tag_of: dict[str, int],
+    languages_of: dict[str, int],
     out: PreparedFiles,
     dropped: Dropped,
     seconds,
     log,
 ) -> SplitRecord:
     """Encode a split's parts, drop what is too long, write them to out/split one after the
-    other; returns the split's entry of the manifest."""
+    other; returns the split's entry of the manifest. `tag_of`: the >>xx<< tags' ids;
+    `languages_of`: an NLLB model's language codes' ids."""
     encoded_parts, sets = [], []
     for k, (g, (text, counts)) in enumerate(zip(groups, parts)):
-        tag = tag_of.get(g.tgt_lang, 0)
-        encoded, entry = _encode_part(d, split, k, g, text, counts, tag, out, dropped, seconds, log)
+        tags = languages(g, languages_of) if languages_of else (tag_of.get(g.tgt_lang, 0), 0)
+        encoded, entry = _encode_part(
+            d, split, k, g, text, counts, tags, out, dropped, seconds, log
+        )
         encoded_parts.append(encoded)
         sets.append(entry)
     start = time.perf_counter()
@@ -394,16 +401,28 @@ def _encode_and_write(
     return entry
 
 
-def _encode_part(d, split, k, g, text, counts, tag, out, dropped, seconds, log) -> tuple:
-    """Part k of a split encoded in data.workers processes (its source starting with `tag`
-    if not 0), its pairs too long dropped; returns it and its entry of the manifest."""
+def languages(g: corpora.EvalSet | corpora.Corpus, codes: dict[str, int]) -> tuple[int, int]:
+    """The ids an NLLB model's source and target start with: their languages' codes."""
+    for side, lang in (("src_lang", g.src_lang), ("tgt_lang", g.tgt_lang)):
+        if lang not in codes:
+            raise MtxError(
+                f"{g.key}{side}: {lang!r} is not a language code of data.spm_model's NLLB "
+                f"vocabulary (e.g. {', '.join(sorted(codes)[:3])})"
+            )
+    return codes[g.src_lang], codes[g.tgt_lang]
+
+
+def _encode_part(d, split, k, g, text, counts, tags, out, dropped, seconds, log) -> tuple:
+    """Part k of a split encoded in data.workers processes (its sources and targets starting
+    with `tags`' ids where not 0), its pairs too long dropped; returns it and its entry of the
+    manifest."""
     start = time.perf_counter()
     workers = worker_count(d.workers, len(text))
     # SentencePiece encodes a batch in threads: the cores are shared among the workers
     encoded = (
         text.with_format("arrow")
         .map(
-            Encoder(out.spm_model, max(1, cores() // workers), k, tag),
+            Encoder(out.spm_model, max(1, cores() // workers), k, *tags),
             batched=True,
             batch_size=ENCODE_BATCH,
             features=ENCODED,

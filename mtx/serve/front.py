@@ -68,11 +68,15 @@ class Front:
         self.max_positions = about.max_positions
         self.vocab = vocab.load(about.spm_proto)
         self.tags = corpora.tag_ids(self.vocab)
-        self.languages = sorted(self.tags) or corpora.target_languages(about.cfg.data)
+        # as the translator's: the tags' languages, an NLLB model's codes, or the config's one
+        named = self.tags or self.vocab.languages
+        self.languages = sorted(named) or corpora.target_languages(about.cfg.data)
 
     def length(self, text: str) -> int:
-        """Source subwords of `text`, EOS (and a tag) included: what the token budget counts."""
-        prefix = [next(iter(self.tags.values()))] if self.tags else None
+        """Source subwords of `text`, EOS (and a tag, or an NLLB model's source code) included:
+        what the token budget counts."""
+        named = self.tags or self.vocab.languages
+        prefix = [next(iter(named.values()))] if named else None
         return len(encode_line(self.vocab.source, text, self.max_positions, prefix))
 
     def check_controls(self, line: Line, where: str) -> None:
