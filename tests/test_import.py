@@ -275,25 +275,17 @@ def fine_tuning(run, path, *extra) -> list[str]:
     ]  # fmt: skip
 
 
-def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(marian, tmp_path):
+def assert_first_loss_is_transformers(tr, hf, prepared) -> None:
+    """mtx's label-smoothed loss of the first 16 prepared training pairs equals transformers'
+    (LabelSmoother, as Seq2SeqTrainer's --label_smoothing_factor) on the same ids."""
     import datasets
     import numpy as np
     from transformers.trainer_pt_utils import LabelSmoother
 
-    from mtx.config import load_config
     from mtx.data.batching import BatchDataset
-    from mtx.data.prepare import prepare
     from mtx.train.step import LossModel
-    from mtx.train.trainer import train
 
-    _, path, hf, _ = marian
-    quiet = dict(log=lambda *_: None)
-    prepare(load_config(None, fine_tuning(tmp_path / "whole", path)), **quiet)
-    shutil.copytree(tmp_path / "whole" / "prepared", tmp_path / "parts" / "prepared")
-    # step 0: mtx's label-smoothed loss of a batch is transformers' (LabelSmoother, as
-    # Seq2SeqTrainer's --label_smoothing_factor), on the prepared ids
-    tr = translator(path)
-    ds = datasets.load_from_disk(str(tmp_path / "whole" / "prepared" / "train"))
+    ds = datasets.load_from_disk(str(prepared / "train"))
     batch = BatchDataset(ds, [np.arange(16)], start=tr.model.specials.start)[0]
     origin = torch.tensor(tr.vocab.origin)
     with torch.no_grad():
@@ -310,6 +302,20 @@ def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(marian, tmp
         )  # fmt: skip
         theirs = LabelSmoother(epsilon=0.1)(out, labels, shift_labels=False)
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-4)
+
+
+def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(marian, tmp_path):
+
+    from mtx.config import load_config
+    from mtx.data.prepare import prepare
+    from mtx.train.trainer import train
+
+    _, path, hf, _ = marian
+    quiet = dict(log=lambda *_: None)
+    prepare(load_config(None, fine_tuning(tmp_path / "whole", path)), **quiet)
+    shutil.copytree(tmp_path / "whole" / "prepared", tmp_path / "parts" / "prepared")
+    # step 0: mtx's label-smoothed loss of a batch is transformers'
+    assert_first_loss_is_transformers(translator(path), hf, tmp_path / "whole" / "prepared")
     # the run, whole and in two parts: the same weights
     train(load_config(None, fine_tuning(tmp_path / "whole", path, "train.max_steps=8")), **quiet)
     train(load_config(None, fine_tuning(tmp_path / "parts", path, "train.max_steps=5")), **quiet)

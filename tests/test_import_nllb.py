@@ -14,6 +14,7 @@ from helpers import nllb
 from helpers.common import assert_same_parameters, invoke, mtx, records
 from test_import import (
     N,
+    assert_first_loss_is_transformers,
     assert_translations_equal,
     fine_tuning,
     lines,
@@ -212,13 +213,9 @@ def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(model, tmp_
     as NllbTokenizer writes them; the decoder reads </s> then the target (the code's
     prediction in the loss, as transformers has it)."""
     import datasets
-    import numpy as np
-    from transformers.trainer_pt_utils import LabelSmoother
 
     from mtx.config import load_config
-    from mtx.data.batching import BatchDataset
     from mtx.data.prepare import prepare
-    from mtx.train.step import LossModel
     from mtx.train.trainer import train
 
     _, path, hf, tokenizer = model
@@ -241,21 +238,7 @@ def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(model, tmp_
     for row in ds.select(range(20)):
         assert origin[row["src_ids"]].tolist() == tokenizer(row["src"]).input_ids
         assert origin[row["tgt_ids"]].tolist() == tokenizer(text_target=row["tgt"]).input_ids
-    batch = BatchDataset(ds, [np.arange(16)], start=tr.model.specials.start)[0]
-    with torch.no_grad():
-        ours = (
-            LossModel(tr.model, 0.1)(
-                batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index, batch.src_padded
-            )[0]
-            / batch.tgt_tokens
-        )
-        labels = origin[batch.tgt_out].masked_fill(batch.tgt_out == 0, -100)
-        out = hf(
-            input_ids=origin[batch.src], attention_mask=batch.src != 0,
-            decoder_input_ids=origin[batch.tgt_in],
-        )  # fmt: skip
-        theirs = LabelSmoother(epsilon=0.1)(out, labels, shift_labels=False)
-    assert ours.item() == pytest.approx(theirs.item(), abs=1e-4)
+    assert_first_loss_is_transformers(tr, hf, tmp_path / "whole" / "prepared")
     train(load_config(None, settings(tmp_path / "whole", "train.max_steps=8")), **quiet)
     train(load_config(None, settings(tmp_path / "parts", "train.max_steps=5")), **quiet)
     train(
