@@ -198,14 +198,38 @@ def test_the_checkpoint_records_the_languages(model):
     assert tr.vocab.decode([*tr.start(), *tr.vocab.target.encode("ein mann")]) == "ein mann"
 
 
-def test_export_of_an_imported_nllb_model_is_refused_in_one_line(model, tmp_path):
-    """Export (to M2M100 and CTranslate2) is not written yet: each format says so."""
+def test_the_ctranslate2_export_translates_and_scores_as_mtx(model, tmp_path):
+    """CTranslate2 reads the source's code first and takes the target's as `target_prefix`:
+    greedy, the same outputs; its log-probabilities of mtx's beam outputs equal mtx's."""
+    import ctranslate2
+
     _, path, _, _ = model
-    for fmt in ("hf", "ctranslate2"):
-        result = invoke("export", path, "--format", fmt, "--output", tmp_path / fmt)
-        assert result.exit_code != 0 and "model.norm=pre" in result.output
-        assert len(result.output.strip().splitlines()) == 1
-        assert not (tmp_path / fmt).exists()
+    mtx("export", path, "--format", "ctranslate2", "--output", tmp_path / "ct2")
+    tr = translator(path, "decode.beam=1", "decode.max_len_a=0", f"decode.max_len_b={N}")
+    sources = lines(200)
+    ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    piece, v = tr.vocab.id_to_piece, tr.vocab
+    pieces = [[piece(i) for i in tr.encode(s)[:-1]] for s in sources]
+    code = [piece(i) for i in tr.start()]
+    results = ct2.translate_batch(
+        pieces, target_prefix=[code] * len(pieces), beam_size=1, max_decoding_length=N,
+        suppress_sequences=[["<pad>"], ["<unk>"], ["<s>"]],
+    )  # fmt: skip
+    theirs = [[v.piece_to_id(p) for p in r.hypotheses[0][1:]] for r in results]
+    ours = [h[0].tokens for h in tr.translate_ids(sources)]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(sources), f"{same} of {len(sources)}"
+    beam = [h[0] for h in tr.with_decode(beam=4).translate_ids(sources[:30])]
+    scored = ct2.score_batch(pieces[:30], [code + [piece(i) for i in h.tokens] for h in beam])
+    for hyp, result in zip(beam, scored):  # the code's own log-probability not counted
+        assert sum(result.log_probs[1:]) == pytest.approx(hyp.log_prob, abs=1e-3)
+
+
+def test_the_hf_export_of_an_imported_nllb_model_is_refused_in_one_line(model, tmp_path):
+    result = invoke("export", model[1], "--format", "hf", "--output", tmp_path / "hf")
+    assert result.exit_code != 0 and "model.norm=pre" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "hf").exists()
 
 
 def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(model, tmp_path):

@@ -36,14 +36,20 @@ FORMATS = ("hf", "ctranslate2")
 PAPER_ARCHITECTURE = {"arch": "transformer", "norm": "post", "positions": "sinusoidal"}
 
 
+# what CTranslate2 takes besides: an imported NLLB model's pre-norm stacks and fairseq's table
+CT2_ARCHITECTURE = {"arch": "transformer", "norm": "pre", "positions": "fairseq"}
+
+
 def refusal(m: ModelConfig, fmt: str) -> str | None:
     """Why format `fmt` cannot hold a model of `m` (None: it can)."""
     arch = {k: getattr(m, k) for k in PAPER_ARCHITECTURE}
-    if arch != PAPER_ARCHITECTURE:
+    ct2 = fmt == "ctranslate2"
+    if arch not in ([PAPER_ARCHITECTURE, CT2_ARCHITECTURE] if ct2 else [PAPER_ARCHITECTURE]):
         found = ", ".join(f"model.{k}={v}" for k, v in arch.items())
+        nllb = " or an imported NLLB model (pre-norm, fairseq positions)" if ct2 else ""
         return (
-            "export supports the paper's Transformer only (post-norm, sinusoidal positions); "
-            f"this model has {found}"
+            "export supports the paper's Transformer (post-norm, sinusoidal positions)"
+            f"{nllb} only; this model has {found}"
         )
     kind = decoder_self(m)  # model/decoder_self.py
     if fmt not in kind.exports:

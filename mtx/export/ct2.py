@@ -2,9 +2,12 @@
 
 The weights go into CTranslate2's own `TransformerSpec` through its `Converter` base class,
 which validates, optionally quantizes (int8, float16, ...) and writes the model, as its
-OpenNMT-py and fairseq converters do. The spec expresses our model as it is: post-norm,
-ReLU, sqrt(d)-scaled shared embeddings, our interleaved sinusoidal table given as the
-position encodings, the fused (3d, d) query/key/value matrix, the decoder starting from <s>.
+OpenNMT-py and fairseq converters do. The spec expresses our model as it is: post-norm
+(or pre-norm with each stack's final LayerNorm: an imported NLLB model's), its activation,
+sqrt(d)-scaled shared embeddings, its position table given as the position encodings (our
+interleaved sinusoids, or fairseq's), the fused (3d, d) query/key/value matrix, the decoder
+starting from its start token (<s>; an imported model's <pad> or </s>). An NLLB model's caller
+passes the source language's code first in the source and the target's as `target_prefix`.
 The source EOS is added by CTranslate2 (add_source_eos), so callers pass SentencePiece pieces.
 
 (Going through the Hugging Face export and `ct2-transformers-converter` would not be exact:
@@ -49,13 +52,13 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
     spec = transformer_spec.TransformerSpec.from_config(
         (m.encoder_layers, m.decoder_layers),
         m.n_heads,
-        pre_norm=False,
+        pre_norm=m.norm == "pre",
         activation=common_spec.Activation[CT2_ACTIVATIONS[m.activation]],
     )
     spec.config.layer_norm_epsilon = m.layer_norm_eps
     spec.config.add_source_eos = True
     v = vocab.load(spm_proto)
-    spec.config.decoder_start_token = v.id_to_piece(model.specials.start)  # <s>, or <pad>
+    spec.config.decoder_start_token = v.id_to_piece(model.specials.start)  # <s>, <pad>, </s>
     w = {k: _np(v) for k, v in model.state_dict().items()}
     positions = _np(model.positions)
     d = m.d_model
@@ -72,9 +75,11 @@ def transformer_spec(model: Transformer, spm_proto: bytes):
         linear(dst.linear_1, f"{name}.ffn.fc2")
         norm(dst.layer_norm, f"{name}.ffn_norm")
 
-    for stack in (spec.encoder, spec.decoder):
-        stack.position_encodings.encodings = positions
+    for stack, name in ((spec.encoder, "encoder_norm"), (spec.decoder, "decoder_norm")):
+        stack.position_encodings.encodings = positions  # ours, or fairseq's (NLLB's)
         stack.scale_embeddings = True
+        if m.norm == "pre":  # each stack's last LayerNorm
+            norm(stack.layer_norm, name)
     spec.encoder.embeddings[0].weight = w["embed.weight"]
     spec.decoder.embeddings.weight = w["embed.weight"]
     spec.decoder.projection.weight = w["embed.weight"]
