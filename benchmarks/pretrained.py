@@ -1,7 +1,7 @@
 """`mtx import` and decoding at the real shape of an OPUS-MT model, against transformers and
 CTranslate2.
 
-    python -m benchmarks.pretrained [--lines 100] [--threads 2] [--work DIR] [--json]
+    python -m benchmarks.pretrained [--lines 100] [--threads 2] [--work DIR] [--json] [--nllb]
 
 These machines cannot reach the hub, so the model is built here: MarianMT with
 `opus-mt-de-en`'s exact configuration (d_model 512, 6+6 layers, 8 heads, feed-forward 2048,
@@ -13,6 +13,11 @@ then `mtx bench decode` on the first --lines of test2016.de, mtx against Hugging
 `generate` and CTranslate2 on the same weights, threads and beams (its own export). A random
 model never ends a sentence, so the imported checkpoint's longest output is cut to its source
 length + 5 (decode.max_len_a 1, max_len_b 5), about a translation's length, for every engine.
+
+With --nllb: an M2M100 model of NLLB-200-distilled-600M's exact configuration (d_model 1024,
+12+12 layers, 16 heads, feed-forward 4096, ReLU, vocabulary 256,206: about 615M parameters),
+random weights (`build_nllb`); the seconds of its import, and mtx's decoding speed on
+test2016.en (eng_Latn -> deu_Latn) alone.
 """
 
 from __future__ import annotations
@@ -81,6 +86,50 @@ def build(out: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# facebook/nllb-200-distilled-600M's configuration (its config.json)
+NLLB_600M = dict(
+    vocab_size=256206, d_model=1024, encoder_layers=12, decoder_layers=12,
+    encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
+    decoder_ffn_dim=4096, activation_function="relu", max_position_embeddings=1024,
+    pad_token_id=1, eos_token_id=2, bos_token_id=0, decoder_start_token_id=2,
+    scale_embedding=True, num_beams=4,
+)  # fmt: skip
+
+
+def build_nllb(out: Path) -> int:
+    """The M2M100 directory `out` at NLLB-200-distilled-600M's shape, random weights; its
+    tokenizer a SentencePiece BPE model trained on Multi30k's English and German (8,000
+    pieces, NLLB's ids) with NllbTokenizer's 202 language codes: the weights' rows past its
+    tokens are unused. Returns the parameter count."""
+    import sentencepiece as spm
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, NllbTokenizer
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    out.mkdir(parents=True)
+    text = [line for lang in ("en", "de") for line in lines_of(M30K / f"train.{lang}")]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=proto, model_type="bpe", vocab_size=8000,
+        character_coverage=1.0, hard_vocab_limit=False, minloglevel=2, num_threads=2,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+    )  # fmt: skip
+    (out / "sentencepiece.bpe.model").write_bytes(proto.getvalue())
+    codes = FAIRSEQ_LANGUAGE_CODES  # given: from a bare SentencePiece model none are added
+    tokenizer = NllbTokenizer.from_pretrained(
+        str(out), src_lang="eng_Latn", additional_special_tokens=codes
+    )
+    tokenizer.save_pretrained(out)
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(M2M100Config(**NLLB_600M)).eval()
+    model.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
 def cut_outputs(path: Path) -> None:
     """The checkpoint's longest output: source length + 5 (a random model never ends)."""
     from mtx.checkpoint import Checkpoint
@@ -96,7 +145,10 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--nllb", action="store_true", help="NLLB-200-distilled-600M's shape instead")
     a = ap.parse_args(argv)
+    if a.nllb:
+        return nllb(a)
     with tempfile.TemporaryDirectory(dir=a.work) as tmp:
         work = Path(tmp)
         parameters = build(work / "opus-mt-de-en")
@@ -124,6 +176,30 @@ def main(argv=None) -> None:
             f"{row['engine']:>6} beam {row['beam']}: {row['tokens_per_s']:,.0f} tokens/s, "
             f"{row['sentences_per_s']:.1f} sentences/s, same as mtx {row.get('same_as_mtx')}"
         )
+
+
+def nllb(a) -> None:
+    """The import at NLLB-200-distilled-600M's shape, then `mtx bench decode` of mtx alone
+    (the peers' runners give no target-language code) on the first --lines of test2016.en."""
+    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
+        work = Path(tmp)
+        parameters = build_nllb(work / "nllb")
+        ckpt = work / "imported.pt"
+        seconds = timed(
+            lambda: mtx("import", work / "nllb", "--output", ckpt,
+                        "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn"),
+            repeats=1, warmup=0,
+        )[0].median  # fmt: skip
+        cut_outputs(ckpt)
+        race = mtx(
+            "bench", "decode", "--checkpoint", ckpt, "--src", M30K / "test2016.en",
+            "--ref", M30K / "test2016.de", "--lines", str(a.lines), "--threads", str(a.threads),
+            "--engines", "mtx", "--rounds", "1", "--json",
+        )  # fmt: skip
+    figures = {"parameters": parameters, "import_seconds": seconds}
+    figures["decode"] = json.loads(race.stdout)
+    out = result("pretrained-nllb", figures, lines=a.lines, threads=a.threads)
+    print(json.dumps(out) if a.json else json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

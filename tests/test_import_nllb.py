@@ -105,24 +105,19 @@ def test_scores_equal_the_sum_of_transformers_log_probabilities(model):
 
 
 def generate(hf, tokenizer, sources: list[str], beam: int) -> list[list[int]]:
-    """transformers' outputs under mtx's rules (test_import.py's), the decoder reading </s> and
-    the target language's code first; without them and EOS.
-
-    The code is given as the start of `decoder_input_ids`, not forced by
-    `forced_bos_token_id`: forcing it makes the first step's other candidates -inf, and beam
-    search then counts those among its finished hypotheses and stops early (greedy search gives
-    the same either way)."""
+    """transformers' outputs under mtx's rules (test_import.py's), the target language's code
+    forced first (`forced_bos_token_id`, as NLLB's model card has it); without the decoder
+    start, the code and EOS."""
     out = []
     pad, eos = hf.config.pad_token_id, hf.config.eos_token_id
     code = tokenizer.convert_tokens_to_ids("deu_Latn")
     bad = [[pad], [tokenizer.unk_token_id], [tokenizer.bos_token_id]]
     for k in range(0, len(sources), 50):
         enc = tokenizer(sources[k : k + 50], return_tensors="pt", padding=True)
-        start = torch.tensor([[hf.config.decoder_start_token_id, code]] * len(enc.input_ids))
         with torch.no_grad():
             rows = hf.generate(
-                **enc, decoder_input_ids=start, num_beams=beam, do_sample=False,
-                length_penalty=0.0, early_stopping=True, max_length=N + 2, bad_words_ids=bad,
+                **enc, num_beams=beam, do_sample=False, length_penalty=0.0, early_stopping=True,
+                max_length=N + 2, bad_words_ids=bad, forced_bos_token_id=code,
                 forced_eos_token_id=None, logits_processor=only_eos_at_the_limit(eos, N + 1),
             )  # fmt: skip
         for row in rows[:, 2:].tolist():
@@ -314,3 +309,16 @@ def test_serve_takes_an_imported_nllb_model_and_its_target_languages(model):
         status, answer = server.translate(texts, tgt_lang="fra_Latn")
         assert (status, answer["translations"]) == (200, tr.into("fra_Latn").translate(texts))
         assert server.stop() == 0
+
+
+def test_bench_decode_races_an_nllb_model_by_mtx_alone(model, tmp_path):
+    """The peers' runners give no target-language code: they are left out, saying why."""
+    _, path, _, _ = model
+    (tmp_path / "src").write_text("\n".join(lines(20)[8:14]) + "\n")
+    (tmp_path / "ref").write_text("\n".join(targets(20)[8:14]) + "\n")
+    args = ("--src", tmp_path / "src", "--ref", tmp_path / "ref", "--engines", "mtx,ct2")
+    result = invoke("bench", "decode", "--checkpoint", path, *args, "--rounds", "1", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.strip().splitlines()[-1])
+    assert {r["engine"] for r in out["results"]} == {"mtx"}
+    assert any("an NLLB model is raced by mtx alone" in x for x in out["left_out"])

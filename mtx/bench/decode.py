@@ -191,12 +191,18 @@ def worker(work_dir: Path, name: str, model: int) -> None:
 EXPORTS = {"hf": ("hf", None), "ct2": ("ctranslate2", None), "ct2-int8": ("ctranslate2", "int8")}
 
 
-def exported(o: Options, engines: list[str], tmp: Path) -> tuple[list[tuple[int, str]], list]:
+def exported(
+    o: Options, engines: list[str], tmp: Path, nllb: bool = False
+) -> tuple[list[tuple[int, str]], list]:
     """Each checkpoint's exports for the peers' engines, into TMP/MODEL/ENGINE: the (model,
-    engine) pairs to race and the reasons of those left out (an export refused)."""
+    engine) pairs to race and the reasons of those left out (an export refused; `nllb`, the
+    models' vocabulary is an NLLB model's: the peers' runners give no target-language code)."""
     runs, left_out = [], []
     for model, checkpoint in enumerate(o.checkpoints):
         for name in engines:
+            if name in EXPORTS and nllb:
+                left_out.append(f"{name}: {checkpoint}: an NLLB model is raced by mtx alone")
+                continue
             if name in EXPORTS:
                 fmt, quantization = EXPORTS[name]
                 try:
@@ -234,7 +240,7 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
         (Path(tmp) / "work.json").write_text(json.dumps(work))
         (Path(tmp) / "options.json").write_text(json.dumps(o.to_json()))
         (Path(tmp) / "spm.model").write_bytes(tr.vocab.blob)
-        runs, left_out = exported(o, engines, Path(tmp))
+        runs, left_out = exported(o, engines, Path(tmp), bool(tr.vocab.languages))
         for r in range(o.rounds):  # every other round in reverse: noise falls on all
             for model, name in runs if r % 2 == 0 else runs[::-1]:
                 command = [sys.executable, "-m", "mtx.bench.decode", tmp, name, str(model)]
