@@ -139,6 +139,35 @@ def cut_outputs(path: Path) -> None:
     ckpt.save(path)
 
 
+# family: (build, languages of --src-lang and --tgt-lang, test2016's sides, engines, rounds)
+FAMILIES = {
+    "marian": (build, ("de", "en"), ("de", "en"), "mtx,hf,ct2", "2"),
+    # the peers' runners give no target-language code: mtx alone
+    "nllb": (build_nllb, ("eng_Latn", "deu_Latn"), ("en", "de"), "mtx", "1"),
+}
+
+
+def import_and_race(family: str, a) -> dict:
+    """Build the family's model, time `mtx import`, race `mtx bench decode` on it."""
+    make, (src_lang, tgt_lang), (src, tgt), engines, rounds = FAMILIES[family]
+    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
+        work = Path(tmp)
+        parameters = make(work / "model")
+        ckpt = work / "imported.pt"
+        seconds = timed(
+            lambda: mtx("import", work / "model", "--output", ckpt,
+                        "--src-lang", src_lang, "--tgt-lang", tgt_lang),
+            repeats=1, warmup=0,
+        )[0].median  # fmt: skip
+        cut_outputs(ckpt)
+        race = mtx(
+            "bench", "decode", "--checkpoint", ckpt, "--src", M30K / f"test2016.{src}",
+            "--ref", M30K / f"test2016.{tgt}", "--lines", str(a.lines), "--threads",
+            str(a.threads), "--engines", engines, "--rounds", rounds, "--json",
+        )  # fmt: skip
+    return {"parameters": parameters, "import_seconds": seconds, "decode": json.loads(race.stdout)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100)
@@ -147,59 +176,20 @@ def main(argv=None) -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--nllb", action="store_true", help="NLLB-200-distilled-600M's shape instead")
     a = ap.parse_args(argv)
-    if a.nllb:
-        return nllb(a)
-    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
-        work = Path(tmp)
-        parameters = build(work / "opus-mt-de-en")
-        ckpt = work / "imported.pt"
-        seconds = timed(
-            lambda: mtx("import", work / "opus-mt-de-en", "--output", ckpt,
-                        "--src-lang", "de", "--tgt-lang", "en"),
-            repeats=1, warmup=0,
-        )[0].median  # fmt: skip
-        cut_outputs(ckpt)
-        race = mtx(
-            "bench", "decode", "--checkpoint", ckpt, "--src", M30K / "test2016.de",
-            "--ref", M30K / "test2016.en", "--lines", str(a.lines), "--threads", str(a.threads),
-            "--engines", "mtx,hf,ct2", "--json",
-        )  # fmt: skip
-    figures = {"parameters": parameters, "import_seconds": seconds}
-    figures["decode"] = json.loads(race.stdout)
-    out = result("pretrained", figures, lines=a.lines, threads=a.threads)
+    family = "nllb" if a.nllb else "marian"
+    figures = import_and_race(family, a)
+    name = "pretrained-nllb" if a.nllb else "pretrained"
+    out = result(name, figures, lines=a.lines, threads=a.threads)
     if a.json:
         print(json.dumps(out))
         return
-    print(f"import of a {parameters / 1e6:.1f}M-parameter MarianMT model: {seconds:.1f} s")
+    parameters, seconds = figures["parameters"], figures["import_seconds"]
+    print(f"import of a {parameters / 1e6:.1f}M-parameter {family} model: {seconds:.1f} s")
     for row in figures["decode"]["results"]:
         print(
             f"{row['engine']:>6} beam {row['beam']}: {row['tokens_per_s']:,.0f} tokens/s, "
             f"{row['sentences_per_s']:.1f} sentences/s, same as mtx {row.get('same_as_mtx')}"
         )
-
-
-def nllb(a) -> None:
-    """The import at NLLB-200-distilled-600M's shape, then `mtx bench decode` of mtx alone
-    (the peers' runners give no target-language code) on the first --lines of test2016.en."""
-    with tempfile.TemporaryDirectory(dir=a.work) as tmp:
-        work = Path(tmp)
-        parameters = build_nllb(work / "nllb")
-        ckpt = work / "imported.pt"
-        seconds = timed(
-            lambda: mtx("import", work / "nllb", "--output", ckpt,
-                        "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn"),
-            repeats=1, warmup=0,
-        )[0].median  # fmt: skip
-        cut_outputs(ckpt)
-        race = mtx(
-            "bench", "decode", "--checkpoint", ckpt, "--src", M30K / "test2016.en",
-            "--ref", M30K / "test2016.de", "--lines", str(a.lines), "--threads", str(a.threads),
-            "--engines", "mtx", "--rounds", "1", "--json",
-        )  # fmt: skip
-    figures = {"parameters": parameters, "import_seconds": seconds}
-    figures["decode"] = json.loads(race.stdout)
-    out = result("pretrained-nllb", figures, lines=a.lines, threads=a.threads)
-    print(json.dumps(out) if a.json else json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":
