@@ -220,11 +220,18 @@ def test_the_ctranslate2_export_translates_and_scores_as_mtx(model, tmp_path):
         assert sum(result.log_probs[1:]) == pytest.approx(hyp.log_prob, abs=1e-3)
 
 
-def test_the_hf_export_of_an_imported_nllb_model_is_refused_in_one_line(model, tmp_path):
-    result = invoke("export", model[1], "--format", "hf", "--output", tmp_path / "hf")
-    assert result.exit_code != 0 and "model.norm=pre" in result.output
-    assert len(result.output.strip().splitlines()) == 1
-    assert not (tmp_path / "hf").exists()
+def test_the_export_gives_back_the_same_model(model, tmp_path):
+    from transformers import M2M100ForConditionalGeneration, NllbTokenizer
+
+    directory, path, hf, tokenizer = model
+    mtx("export", path, "--format", "hf", "--output", tmp_path / "back")
+    back = M2M100ForConditionalGeneration.from_pretrained(tmp_path / "back").state_dict()
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(back[name], tensor), name
+    for name in ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "back" / name).read_bytes() == (directory / name).read_bytes()
+    again = NllbTokenizer.from_pretrained(tmp_path / "back", src_lang="eng_Latn")
+    assert again("a man").input_ids == tokenizer("a man").input_ids
 
 
 def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(model, tmp_path):

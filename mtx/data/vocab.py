@@ -158,7 +158,7 @@ class Joint:
         return self.sp.decode(ids)
 
 
-TABLE, SOURCE, TARGET = "table.json", "source.spm", "target.spm"
+TABLE, SOURCE, TARGET, FILES = "table.json", "source.spm", "target.spm", "files/"
 
 
 FAMILIES = {  # family: (decoder_start, kind)
@@ -181,14 +181,17 @@ class Paired:
         blob: bytes | None = None,
         family: str = "marian",
         languages: dict[str, int] | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> None:
         """`pieces` in our id order; `specials`: the ids decoding leaves out; `origin`: each
         id's in the imported model; `blob`: what they were read from (None: zip them);
-        `family`: the model's (FAMILIES); `languages`: NLLB's language codes' ids."""
+        `family`: the model's (FAMILIES); `languages`: NLLB's language codes' ids; `files`:
+        the imported tokenizer's other files (NLLB's tokenizer.json...), kept for the export."""
         self.pieces, self.specials, self.origin = pieces, set(specials), origin
         self.family, self.languages = family, dict(languages or {})
         self.decoder_start, self.kind = FAMILIES[family]
         self.models = (source, target)
+        self.files = dict(files or {})
         self.index = {p: i for i, p in enumerate(pieces)}
         if len(self.index) != len(pieces):
             raise MtxError("the vocabulary holds a piece twice")
@@ -197,8 +200,9 @@ class Paired:
         table = {"pieces": pieces, "specials": specials, "origin": origin}
         if family != "marian":  # a MarianMT vocabulary's zip stays as it was
             table |= {"family": family, "languages": self.languages}
-        files = {TABLE: json.dumps(table).encode(), SOURCE: source, TARGET: target}
-        self.blob = blob or _zip(files)
+        stored = {TABLE: json.dumps(table).encode(), SOURCE: source, TARGET: target}
+        stored |= {FILES + name: data for name, data in sorted(self.files.items())}
+        self.blob = blob or _zip(stored)
 
     def get_piece_size(self) -> int:
         return len(self.pieces)
@@ -255,4 +259,5 @@ def load(blob: bytes) -> Vocabulary:
             blob,
             table.get("family", "marian"),
             table.get("languages"),
+            {n.removeprefix(FILES): z.read(n) for n in z.namelist() if n.startswith(FILES)},
         )

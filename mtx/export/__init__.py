@@ -36,20 +36,18 @@ FORMATS = ("hf", "ctranslate2")
 PAPER_ARCHITECTURE = {"arch": "transformer", "norm": "post", "positions": "sinusoidal"}
 
 
-# what CTranslate2 takes besides: an imported NLLB model's pre-norm stacks and fairseq's table
-CT2_ARCHITECTURE = {"arch": "transformer", "norm": "pre", "positions": "fairseq"}
+# an imported NLLB model's: pre-norm stacks and fairseq's table (hf: M2M100 again)
+NLLB_ARCHITECTURE = {"arch": "transformer", "norm": "pre", "positions": "fairseq"}
 
 
 def refusal(m: ModelConfig, fmt: str) -> str | None:
     """Why format `fmt` cannot hold a model of `m` (None: it can)."""
     arch = {k: getattr(m, k) for k in PAPER_ARCHITECTURE}
-    ct2 = fmt == "ctranslate2"
-    if arch not in ([PAPER_ARCHITECTURE, CT2_ARCHITECTURE] if ct2 else [PAPER_ARCHITECTURE]):
+    if arch not in (PAPER_ARCHITECTURE, NLLB_ARCHITECTURE):
         found = ", ".join(f"model.{k}={v}" for k, v in arch.items())
-        nllb = " or an imported NLLB model (pre-norm, fairseq positions)" if ct2 else ""
         return (
-            "export supports the paper's Transformer (post-norm, sinusoidal positions)"
-            f"{nllb} only; this model has {found}"
+            "export supports the paper's Transformer (post-norm, sinusoidal positions) and "
+            f"an imported NLLB model (pre-norm, fairseq positions) only; this model has {found}"
         )
     kind = decoder_self(m)  # model/decoder_self.py
     if fmt not in kind.exports:
@@ -80,10 +78,12 @@ def export(
     tmp.mkdir(parents=True)
     try:
         if fmt == "hf":
+            from mtx.export.m2m100 import export_m2m100
             from mtx.export.marian import export_hf
 
+            nllb = cfg.model.positions == "fairseq"  # an imported NLLB model: M2M100 again
             with _quiet_transformers():
-                export_hf(model, cfg, spm_proto, tmp)
+                (export_m2m100 if nllb else export_hf)(model, cfg, spm_proto, tmp)
         else:
             from mtx.export.ct2 import export_ct2
 

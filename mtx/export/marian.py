@@ -150,11 +150,15 @@ EMBEDDINGS = ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
-def marian_state_dict(model: Transformer, origin: list[int]) -> dict[str, Tensor]:
+def marian_state_dict(
+    model: Transformer, origin: list[int], permute: bool = True
+) -> dict[str, Tensor]:
     """Our weights under MarianMTModel's names, the model dimension permuted (see module doc)
-    and the vocabulary in MarianMT's order (`origin`: the MarianMT id of each of ours)."""
+    and the vocabulary in MarianMT's order (`origin`: the MarianMT id of each of ours). With
+    `permute` False, M2M100's (an imported NLLB model's: fairseq's positions in their own
+    order, each stack's final norm, no final_logits_bias)."""
     d = model.cfg.d_model
-    p = marian_permutation(d)
+    p = marian_permutation(d) if permute else torch.arange(d)
     ours = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     out: dict[str, Tensor] = {}
     for src, dst, where in _layer_names(model.cfg):
@@ -169,6 +173,11 @@ def marian_state_dict(model: Transformer, origin: list[int]) -> dict[str, Tensor
     embed = ours["embed.weight"][order][:, p]
     for name in EMBEDDINGS:
         out[f"{name}.weight"] = embed
+    if not permute:
+        for stack in ("encoder", "decoder"):
+            for part in ("weight", "bias"):
+                out[f"model.{stack}.layer_norm.{part}"] = ours[f"{stack}_norm.{part}"]
+        return out
     bias = model.output_bias()  # model.output_bias, else Marian's zeros
     bias = torch.zeros(model.vocab_size) if bias is None else bias.detach().float().cpu()
     out["final_logits_bias"] = bias[order][None]

@@ -33,6 +33,8 @@ from mtx.errors import MtxError
 from mtx.pretrained.marian import ACTIVATIONS, checked_state, model_config, read_weights
 
 SPM = "sentencepiece.bpe.model"
+# kept in the checkpoint as they are, for the export back to M2M100
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FAIRSEQ = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # fairseq's fixed ids
 UNUSED = "<unused_"  # the piece of a row of the weights the tokenizer has no token for
 
@@ -147,7 +149,8 @@ def convert(
     # what decoding leaves out: fairseq's four, the added tokens, the unused rows
     left_out = set(added.values())
     specials = [i for i, p in enumerate(pieces) if i < 4 or p in left_out or p.startswith(UNUSED)]
-    vocabulary = Paired(pieces, proto, proto, specials, origin, None, "nllb", languages)
+    kept = {n: (directory / n).read_bytes() for n in TOKENIZER_FILES if (directory / n).is_file()}
+    vocabulary = Paired(pieces, proto, proto, specials, origin, None, "nllb", languages, kept)
     ckpt = Checkpoint(config=cfg, spm_model=vocabulary.blob, vocab_size=size, model=state)
     m = cfg.model
     about = (
