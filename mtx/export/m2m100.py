@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.errors import MtxError
-from mtx.export.marian import marian_state_dict
+from mtx.export.marian import load_into, marian_state_dict
 from mtx.model.transformer import Transformer
 from mtx.pretrained.nllb import SPM
 
@@ -49,18 +47,7 @@ def export_m2m100(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) 
     if v.family != "nllb":
         raise MtxError("--format hf writes an M2M100 model only of an imported NLLB model")
     hf = M2M100ForConditionalGeneration(m2m100_config(cfg, model.vocab_size)).eval()
-    weights = marian_state_dict(model, v.origin, permute=False)
-    expected = hf.state_dict()
-    missing = set(expected) - set(weights) - {k for k in expected if "embed_positions" in k}
-    unexpected = set(weights) - set(expected)
-    if missing or unexpected:  # a transformers version with other names: fail loudly
-        raise MtxError(
-            f"this transformers version names M2M100's weights differently "
-            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
-        )
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            expected[name].copy_(tensor)
+    load_into(hf, marian_state_dict(model, v.origin, permute=False), "M2M100")
     hf.save_pretrained(out)
     (out / SPM).write_bytes(v.models[0])
     for name, data in v.files.items():

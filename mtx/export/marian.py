@@ -222,14 +222,19 @@ def to_marian(model: Transformer, cfg: Config, origin: list[int] | None = None):
     origin = list(range(model.vocab_size)) if origin is None else origin
     ids = marian_ids(model.specials, origin)
     hf = MarianMTModel(marian_config(cfg, model.vocab_size, ids)).eval()
-    weights = marian_state_dict(model, origin)
+    return load_into(hf, marian_state_dict(model, origin), "MarianMT")
+
+
+def load_into(hf, weights: dict[str, Tensor], family: str):
+    """`hf` (a transformers model) holding `weights`, every one of its weights named there but
+    its built position table; refused if this transformers version names them otherwise."""
     expected = hf.state_dict()
-    positions = {k for k in expected if k.endswith("embed_positions.weight")}
+    positions = {k for k in expected if "embed_positions" in k}
     missing = set(expected) - set(weights) - positions
     unexpected = set(weights) - set(expected)
     if missing or unexpected:  # a transformers version with other names: fail loudly
         raise MtxError(
-            f"this transformers version names MarianMT's weights differently "
+            f"this transformers version names {family}'s weights differently "
             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
         )
     with torch.no_grad():
