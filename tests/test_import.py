@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -343,6 +344,48 @@ def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(marian, tmp
     assert Translator.from_checkpoint(tmp_path / "student/checkpoints/last.pt").translate(["a"])
 
 
+@pytest.mark.slow  # two processes fine-tune on Multi30k
+def test_a_multi30k_fine_tune_of_an_imported_model_resumes_exactly_after_kill_9(marian, tmp_path):
+    """A fine-tuning run killed with SIGKILL just before update 6, then `--resume`d, ends with
+    the weights and Adam moments of the run that was never killed."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import MULTI30K
+
+    from mtx.config import load_config
+    from mtx.data.prepare import prepare
+
+    _, path, _, _ = marian
+    data = [f"data.{s}={MULTI30K / n}" for s, n in
+            (("train", "train"), ("valid", "val"), ("test", "test2016"))]  # fmt: skip
+    helper = Path(__file__).parent / "helpers" / "die_at_step.py"
+    (tmp_path / "ft.yaml").write_text("data:\n  src_lang: en\n")
+
+    def settings(name):
+        return fine_tuning(tmp_path / name, path, *data, "train.max_steps=9")
+
+    def run(name, *flags, die=-1):
+        """`mtx train` in a process of its own, SIGKILLed just before update `die` + 1."""
+        env = os.environ | {"RANK": "0", "MTX_DIE_RANK": "0", "MTX_DIE_AT_STEP": str(die)}
+        sets = [x for s in settings(name) for x in ("--set", s)]
+        cmd = [sys.executable, str(helper), "train", "--config", str(tmp_path / "ft.yaml")]
+        return subprocess.run([*cmd, *sets, *flags], env=env, capture_output=True, text=True)
+
+    prepare(load_config(None, settings("whole")), log=lambda *_: None)
+    shutil.copytree(tmp_path / "whole" / "prepared", tmp_path / "killed" / "prepared")
+    assert run("whole").returncode == 0
+    killed = run("killed", die=5)  # after the checkpoint of step 4 (train.valid_every=4)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = run("killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_parameters(
+        tmp_path / "whole/checkpoints/last.pt", tmp_path / "killed/checkpoints/last.pt"
+    )
+
+
+@pytest.mark.slow  # builds and trains a second MarianMT model (about 20 s)
 def test_a_multilingual_model_takes_its_target_token_from_tgt_lang(tmp_path):
     from transformers import MarianMTModel, MarianTokenizer
 
