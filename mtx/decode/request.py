@@ -10,9 +10,9 @@ request is read across rows.
 A request holds the source as the model reads it, its line number (the seed of its samples),
 if it has one, its own length limit, and its controls (decode/controlled.py): a target prefix
 the output starts with, hard constraints (phrases the output must contain) and phrases to
-avoid, each as target ids; and what the decoder reads after its start token before the output
-(an NLLB model's target-language code). What a caller may add per sentence is added here, as a field of
-`Request`, and read by the searches from the batch.
+avoid, each as target ids; and what the decoder reads after its start token before the
+output (an NLLB model's target-language code). What a caller may add per sentence is added
+here, as a field of `Request`, and read by the searches from the batch.
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ class Translator:
 
     @property
     def languages(self) -> list[str]:
-        """The languages the model translates into (from its tags, or its config's one)."""
+        """The languages the model translates into (from its tags, an NLLB model's language
+        codes, or its config's one)."""
         if self.tags or self.vocab.languages:
             return sorted(self.tags or self.vocab.languages)
         return corpora.target_languages(self.cfg.data)
