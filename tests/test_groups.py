@@ -30,6 +30,11 @@ def test_selecting_rows_keeps_each_group_and_drops_empty_ones():
     x = torch.arange(14)  # two rows per batch row: a sentence's beams
     assert [p.tolist() for p in g.split(x, 2)] == [list(range(6)), list(range(6, 14))]
     assert g.repeat_interleave(2).sizes == [6, 8]
+    # a repeated row is copied (a sentence's one row becoming its copies), even where the
+    # group's count of rows comes out as before
+    twice = g[torch.tensor([0, 0, 1, 3, 3, 3, 3])]
+    assert twice.sizes == [3, 4] and twice.parts[0][:, 0].tolist() == [0, 0, 1]
+    assert twice.parts[1][:, 0].tolist() == [10, 10, 10, 10]
 
 
 def sources(lengths: list[int], seed: int = 3, vocab: int = 24) -> list[torch.Tensor]:
@@ -76,6 +81,8 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
     seeds = [[7, i, j] for i in range(len(srcs)) for j in range(2)]  # 2 samples a sentence
     sampling = Sampling(top_k=5)
     samples = greedy_search(model, batch.repeat_interleave(2), 1.0, 8, 1024, sampling, seeds)
+    copied = greedy_search(model, batch, 1.0, 8, 1024, sampling, seeds, copies=2)
+    assert [(h.tokens, h.score) for h in copied] == [(h.tokens, h.score) for h in samples]
     for i, src in enumerate(srcs):
         alone = beam_search(model, src, beam=4, max_len_b=8, nbest=2)[0]
         assert [(h.tokens, h.score, h.log_prob) for h in alone] == [

@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import tiny_model_config
 
+from mtx.decode import search
 from mtx.decode.rules import length_penalty, max_lengths, source_lengths
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
@@ -253,6 +254,28 @@ def test_bpe_dropout_is_seeded_per_sentence_and_keeps_to_top_k():
     for i, h in enumerate(together):
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
         assert math.isclose(h.log_prob, teacher_forced_logprob(model, one, h.tokens), abs_tol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_copies_branch_from_one_row_and_ended_rows_leave_without_changing_a_token(
+    arch, monkeypatch
+):
+    """Samples drawn as copies of a sentence (decoded as one row, then as its copies) are
+    those of the sentence repeated; how long ended rows stay in the batch (search.COMPACT)
+    changes no output of greedy search or sampling."""
+    model, src = random_model(arch=arch), random_src(batch=6)
+    sampling, seeds = Sampling(temperature=1.5), [[3, i, j] for i in range(6) for j in range(3)]
+    repeated = greedy_search(model, src.repeat_interleave(3, 0), 1.0, 8, 1024, sampling, seeds)
+    runs = []
+    for compact in (1, 2, 10**6):  # never before the end, at half, at once
+        monkeypatch.setattr(search, "COMPACT", compact)
+        copied = greedy_search(model, src, 1.0, 8, 1024, sampling, seeds, copies=3)
+        assert [(h.tokens, h.score) for h in copied] == [(h.tokens, h.score) for h in repeated]
+        runs.append([(h.tokens, h.score) for h in greedy_search(model, src, 1.0, 8)])
+    assert runs[0] == runs[1] == runs[2]
+    assert len({len(h[0]) for h in runs[0]}) > 2  # rows ended at different steps
+    with pytest.raises(ValueError, match="need a pick"):
+        greedy_search(model, src, 1.0, 8, copies=2)
 
 
 def test_top_k_and_top_p_keep_only_the_most_probable_tokens():

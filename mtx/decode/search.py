@@ -36,12 +36,16 @@ the best K that do not end become the next beam. When a sentence is done depends
 Both are rules of rules.py (`sentence_done`).
 
 Greedy search and sampling report score = log P(Y) (no length penalty: nothing is ranked).
+Greedy search may take its tokens from a `Pick` (sampling's draws; a request's alternatives,
+controlled.py) and decode `copies` of each sentence: one row until the pick branches it into
+its copies (sampling at the first step, alternatives where their prefix ends), then one row a
+copy, each ending on its own. Ended rows leave the batch once they are 1 / COMPACT of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
     from mtx.decode.controlled import Steer
 
 STOPPING = rules.STOPPING
+COMPACT = 4  # greedy search drops ended rows once they are 1 / COMPACT of its rows
 
 
 def _log_probs(
@@ -120,6 +125,86 @@ def sentence_uniforms(seeds: list[list[int]], steps: int) -> Tensor:
     ).float()
 
 
+class Pick(Protocol):
+    """How greedy search chooses each row's next token in place of its most probable one,
+    and, decoding `copies` of each sentence, when a sentence's one row becomes its copies."""
+
+    def branch(self, rows: Tensor, t: int) -> Tensor:
+        """(N,) bool: which of the live rows `rows` (N,) (their ids: a sentence decoded as one
+        row is its first copy) become their sentence's copies at step t, before this step's
+        pick; a pick that keeps something per row gives the copies their parent's."""
+
+    def __call__(self, lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
+        """(N, V) log-probabilities of the live rows `rows` (N,) at step t -> their (N,)
+        tokens. It may rule tokens out of `lprobs` in place, never the one it picks."""
+
+
+@dataclass
+class Sampled:
+    """A `Pick` that samples: row r's draws are `uniforms[r]` (`sentence_uniforms`); a
+    sentence's copies branch at the first step, each drawing its own."""
+
+    sampling: Sampling
+    uniforms: Tensor  # (rows, steps)
+
+    @classmethod
+    def seeded(cls, sampling: Sampling, seeds, rows: int, steps: int, device) -> Sampled:
+        """Row i's `steps` draws from its own stream seeded by `seeds[i]`."""
+        if seeds is None or len(seeds) != rows:
+            raise ValueError("sampling needs one seed per row")
+        return cls(sampling, sentence_uniforms(seeds, steps).to(device))
+
+    def branch(self, rows: Tensor, t: int) -> Tensor:
+        return torch.full_like(rows, t == 0, dtype=torch.bool)
+
+    def __call__(self, lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
+        return self.sampling.pick(lprobs, self.uniforms[rows, t])
+
+
+def _branch(
+    split: list[bool], alive: list[int], copies: int, out: list[Hypothesis]
+) -> tuple[list[int], list[int]]:
+    """The rows of `alive` that `split` names become their sentence's `copies` rows (ids
+    row, row + 1, ...), each starting from its parent's hypothesis: returns the new rows' ids
+    and each one's parent (its index in `alive`)."""
+    ids, parents = [], []
+    for i, (row, s) in enumerate(zip(alive, split)):
+        for j in range(copies if s else 1):
+            ids.append(row + j)
+            parents.append(i)
+            if j:
+                out[row + j] = Hypothesis(list(out[row].tokens), out[row].score, out[row].log_prob)
+    return ids, parents
+
+
+def _keep_rows(cache, src_mask: Tensor | Groups | None, rows: Tensor):
+    """Greedy search's rows `rows` (N',) of the cache (the encoder's keys and values too: one
+    row per row) and of the source mask, which it returns."""
+    cache.reorder(rows)
+    cache.select(rows)
+    return None if src_mask is None else src_mask[rows]
+
+
+def _extend(
+    out: list[Hypothesis], alive: list[int], ended: list[bool], tok: Tensor, lp: Tensor
+) -> list[int]:
+    """Each live row's token (N,) and its log-probability added to the row's hypothesis in
+    `out` (EOS ends it, marked in `ended`); returns the indices (in `alive`) of the rows that
+    go on."""
+    keep = []
+    for i, (token, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
+        if ended[i]:
+            continue
+        hyp = out[alive[i]]
+        hyp.log_prob += logp
+        if token == EOS_ID:
+            hyp.score, ended[i] = hyp.log_prob, True
+        else:
+            hyp.tokens.append(token)
+            keep.append(i)
+    return keep
+
+
 @torch.inference_mode()  # no autograd bookkeeping: cheaper small operations
 def greedy_search(
     model: Decodable,
@@ -129,54 +214,56 @@ def greedy_search(
     limit: int = 1024,
     sampling: Sampling | None = None,
     seeds: list[list[int]] | None = None,
+    pick: Pick | None = None,
+    copies: int = 1,
 ) -> list[Hypothesis]:
-    """One hypothesis per sentence of `batch` (B rows): the most probable token at every step,
-    or with `sampling` a token drawn at random, sentence i's draws seeded by `seeds[i]`."""
+    """One hypothesis per row: the most probable token at every step, with `sampling` a token
+    drawn at random (row i's draws seeded by `seeds[i]`), with `pick` the token it picks.
+    With `copies` n (and a `pick`), each sentence of `batch` (B rows) gives n rows (B * n: row
+    r a copy of sentence r // n): it is decoded as one row until `pick.branch` makes it n,
+    which then go on, and end, each on its own."""
     batch = SearchBatch.of(batch)
-    src = batch.src
-    B0, device = src.size(0), src.device
-    memory, src_mask = model.encode(src)
-    max_len = batch.max_lengths(max_len_a, max_len_b, limit)
+    memory, src_mask = model.encode(batch.src)
+    requests = [r for r in batch.requests for _ in range(copies)]
+    B0, device = len(requests), batch.src.device
+    max_len = [r.longest(max_len_a, max_len_b, limit) for r in requests]
     if sampling is not None:
-        if seeds is None or len(seeds) != B0:
-            raise ValueError("sampling needs one seed per sentence")
-        uniforms = sentence_uniforms(seeds, max(max_len)).to(device)
-    alive = list(range(B0))  # original index of each sentence still decoded
-    alive_t = torch.arange(B0, device=device)
+        pick = Sampled.seeded(sampling, seeds, B0, max(max_len), device)
+    if copies > 1 and pick is None:
+        raise ValueError("copies of a sentence need a pick or sampling")
+    alive = list(range(0, B0, copies))  # the ids of the rows still decoded
+    alive_t = torch.tensor(alive, device=device)
     cache = model.new_cache()
     last = batch.starts(model.specials.start)  # (B, 1 + n): the first step reads them all
     out = [Hypothesis([], 0.0, 0.0) for _ in range(B0)]
+    ended = [False] * len(alive)  # rows that have ended, not yet out of the batch
     for t in range(max(max_len)):
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive]
-        if sampling is None and model.capabilities.candidates:  # a shortlist's
+        if pick is None and model.capabilities.candidates:  # a shortlist's
             start = torch.zeros(len(alive), 1, device=device)
             top, _, best = _continuations(model, last, memory, src_mask, cache, force, start)
             tok, lp = best[:, 0], top[:, 0]
         else:
             lprobs = _log_probs(model, last, memory, src_mask, cache, force)
-            if sampling is None:
-                tok = lprobs.argmax(dim=-1)
-            else:
-                tok = sampling.pick(lprobs, uniforms[alive_t, t])
+            split = pick.branch(alive_t, t).tolist() if copies > 1 else []
+            if any(split):  # the cache (keys and values of the encoder too) copied row by row
+                alive, parents = _branch(split, alive, copies, out)
+                ended = [ended[i] for i in parents]
+                rows = torch.tensor(parents, device=device)
+                alive_t, lprobs = torch.tensor(alive, device=device), lprobs[rows]
+                src_mask = _keep_rows(cache, src_mask, rows)
+            tok = lprobs.argmax(dim=-1) if pick is None else pick(lprobs, alive_t, t)
             lp = lprobs.gather(1, tok[:, None]).squeeze(1)
-        keep = []
-        for i, (token, logp) in enumerate(zip(tok.tolist(), lp.tolist())):
-            hyp = out[alive[i]]
-            hyp.log_prob += logp
-            if token == EOS_ID:
-                hyp.score = hyp.log_prob
-            else:
-                hyp.tokens.append(token)
-                keep.append(i)
+        keep = _extend(out, alive, ended, tok, lp)
         if not keep:
             break
         last = tok.unsqueeze(1)
-        if len(keep) < len(alive):  # finished sentences leave the batch
+        # ended rows leave the batch once they are a quarter of it: copying the cache
+        # of every row at each step where one ends costs more than decoding a few more rows
+        if (len(alive) - len(keep)) * COMPACT >= len(alive):
             rows = torch.tensor(keep, device=device)
-            alive, alive_t = [alive[i] for i in keep], alive_t[rows]
-            last, src_mask = last[rows], None if src_mask is None else src_mask[rows]
-            cache.reorder(rows)
-            cache.select(rows)
+            alive, alive_t, ended = [alive[i] for i in keep], alive_t[rows], [False] * len(keep)
+            last, src_mask = last[rows], _keep_rows(cache, src_mask, rows)
         memory = None  # from now on the cache holds its keys/values
     return out
 

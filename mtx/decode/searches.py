@@ -23,7 +23,7 @@ import torch
 from mtx.config import DecodeConfig
 from mtx.decode import rules
 from mtx.decode.controlled import Steer, word_ends
-from mtx.decode.request import Request, SearchBatch
+from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
@@ -130,12 +130,9 @@ class Searches:
         """`nbest` samples of each sentence, the best first: sample j of the request of line i
         drawn from the seed (decode.seed, i, j)."""
         seeds = [[d.seed, r.line, j] for r in batch.requests for j in range(nbest)]
-        requests: list[Request] = [r for r in batch.requests for _ in range(nbest)]
-        repeated = SearchBatch(batch.src.repeat_interleave(nbest, 0), requests)
         sampling = Sampling(d.temperature, d.top_k, d.top_p)
-        hyps = greedy_search(
-            self.decoded(d), repeated, d.max_len_a, d.max_len_b, self.limit, sampling, seeds
-        )
+        a, b, limit = d.max_len_a, d.max_len_b, self.limit
+        hyps = greedy_search(self.decoded(d), batch, a, b, limit, sampling, seeds, copies=nbest)
         return [rules.best(hyps[i : i + nbest], nbest) for i in range(0, len(hyps), nbest)]
 
     def static(self, d: DecodeConfig) -> StaticSearch | None:

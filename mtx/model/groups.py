@@ -53,7 +53,8 @@ class Groups:
         return list(x.split([n * per_row for n in self.sizes]))
 
     def index_select(self, dim: int, index: Tensor) -> Groups:
-        """The rows `index` (ascending) of every group; groups left with no row are dropped."""
+        """The rows `index` (ascending; a row repeated is copied) of every group; groups left
+        with no row are dropped."""
         if dim != 0:
             raise ValueError("Groups selects rows (dimension 0) only")
         rows = index.tolist()
@@ -65,7 +66,7 @@ class Groups:
             while i < len(rows) and rows[i] < end:
                 mine.append(rows[i] - start)
                 i += 1
-            if len(mine) == part.size(0):
+            if mine == list(range(part.size(0))):
                 out.append(part)
             elif mine:
                 out.append(part.index_select(0, torch.tensor(mine, device=part.device)))
