@@ -9,7 +9,7 @@ import torch
 from test_search import ARCHS, random_model, random_src
 
 from mtx.config import DecodeConfig
-from mtx.decode import rules
+from mtx.decode import rules, search
 from mtx.decode.controlled import Steer, matched
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.search import beam_search, greedy_search
@@ -204,3 +204,61 @@ def test_alternatives_are_the_best_next_tokens_each_continued_greedily():
             )
             assert greedy[0][0].tokens == h.tokens
             assert greedy[0][0].log_prob == pytest.approx(h.log_prob, abs=1e-5)
+
+
+def test_alternatives_are_the_same_alone_and_among_others_and_avoid_what_they_are_told():
+    """A sentence's alternatives (with its prefix and phrases to avoid) are the same alone and
+    in a batch of other requests, controlled or not."""
+    model, src = random_model(vocab=V), random_src(batch=8, vocab=V)
+    searches = Searches(model, torch.device("cpu"))
+    d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
+    plain = searches(SearchBatch.of(src), dataclasses.replace(d, beam=1), 1)
+    requests = []
+    for r, h in zip(SearchBatch.of(src).requests, plain):
+        prefix = (5, 9)[: r.line % 3]
+        # avoid a greedy output's second and third tokens where it has them
+        avoid = (tuple(h[0].tokens[1:3]),) if len(h[0].tokens) > 2 and r.line % 2 else ()
+        if r.line == 7:  # a line without alternatives among them
+            requests.append(Request(r.source, r.line, prefix=(5,)))
+        else:
+            requests.append(Request(r.source, r.line, prefix=prefix, avoid=avoid, alternatives=3))
+    together = searches(SearchBatch(src, requests), d, 1)
+    for i, r in enumerate(requests):
+        alone = searches(SearchBatch(src[i : i + 1], [r]), d, 1)[0]
+        assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in together[i]]
+        assert len(alone) == (3 if r.alternatives else 1)
+        for h in alone:
+            assert tuple(h.tokens[: len(r.prefix)]) == r.prefix
+            assert not any(contains(h.tokens, p) for p in r.avoid)
+    assert any(r.avoid for r in requests)
+    # a phrase begun in the prefix and ended by its second best next token: no alternative
+    # takes that token (each alternative reads what the prefix ended with)
+    first = Request(requests[0].source, 0, prefix=(5, 9), alternatives=3)
+    second = searches(SearchBatch(src[:1], [first]), d, 1)[0][1].tokens[2]
+    told = dataclasses.replace(first, avoid=((9, second),))
+    assert all(h.tokens[2] != second for h in searches(SearchBatch(src[:1], [told]), d, 1)[0])
+
+
+def test_a_prefix_is_decoded_once_and_each_alternative_costs_its_own_steps(monkeypatch):
+    """The decoder reads one row a sentence up to the position of its alternatives, then one
+    row an alternative until that alternative ends (ended rows leaving at once)."""
+    monkeypatch.setattr(search, "COMPACT", 10**6)
+    model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
+    searches = Searches(model, torch.device("cpu"))
+    d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
+    requests = [
+        Request(r.source, r.line, prefix=(5, 9, 7)[: r.line % 4], alternatives=4)
+        for r in SearchBatch.of(src).requests
+    ]
+    rows, plain = [], model.decode
+
+    def counting(last, *args):
+        rows.append(last.size(0))
+        return plain(last, *args)
+
+    monkeypatch.setattr(model, "decode", counting)
+    out = searches(SearchBatch(src, requests), d, 1)
+    n = [len(r.prefix) for r in requests]
+    expected = sum(k + 1 + sum(len(h.tokens) - k for h in hyps) for k, hyps in zip(n, out))
+    assert sum(rows) == expected
+    assert rows[0] == len(requests)  # the first step: one row a sentence

@@ -23,9 +23,13 @@ constraint begun, broken off and begun again, or constraints that share their fi
 followed exactly, as a trie of the constraints would follow them.
 
 Alternatives (a request's `alternatives`: K) are the K most probable words after the prefix,
-each continued greedily on its own to a full translation: the K beams all follow the prefix,
-take the K best tokens after it (EOS not among them), and from then on each may only take its
-own best token, so none competes with another; the cost is a beam-K search's.
+each continued greedily on its own to a full translation, decoded by greedy search (search.py)
+with `Alternatives` as its pick: the sentence is one row while it follows its prefix, becomes K
+rows where the prefix ends (they take the K best tokens there, EOS not among them), and each
+then takes its own best token until it ends. The decoder reads the prefix once and each
+alternative for its own length: fewer rows than a beam-K search with the prefix (whose K beams
+all run until the sentence is done), though a greedy continuation that repeats itself runs to
+the longest output, on a few rows.
 
 What is guaranteed: when the prefix, the constraints' tokens and EOS fit in a sentence's longest
 output, every output contains every constraint. The hypothesis that has met most keeps a beam
@@ -97,6 +101,16 @@ def matched(window: Tensor, phrases: Tensor, ends: Tensor | None = None) -> Tens
     return out
 
 
+def banned(lprobs: Tensor, window: Tensor, avoid: Tensor, lengths: Tensor) -> Tensor:
+    """`lprobs` (R, V) with each token ruled out that would complete a phrase to avoid: rows
+    whose last tokens `window` (R, W) are all but the last of one of their `avoid` (R, A, L)
+    (`lengths` (R, A), 0 where a row has fewer) may not take its last (`rules.ban`)."""
+    at = matched(window, avoid)
+    last = avoid.gather(2, (lengths - 1).clamp(min=0).unsqueeze(2)).squeeze(2)  # (R, A)
+    rows, which = ((at == lengths - 1) & (lengths > 0)).nonzero(as_tuple=True)
+    return rules.ban(lprobs, rows, last[rows, which])
+
+
 def word_ends(vocab, device: torch.device) -> Tensor:
     """(V,) bool: the tokens that do not continue the word before them, so that it has ended:
     EOS, the pieces that begin a word (SentencePiece's "▁" first) and those whose first
@@ -119,17 +133,11 @@ class Steer:
         K: int,
         device: torch.device,
         ends: Tensor | None = None,
-        alternatives: bool = False,
     ) -> None:
         """`ends`: the tokens that end a word (`word_ends`): then a constraint counts only
         where its last word ends, and the token after a prefix begins a word; None: ids
-        alone. With `alternatives` (requests without constraints), the K beams take the K most
-        probable tokens after the prefix (EOS not among them) and each then goes on greedily
-        on its own, a full translation each (`first` records them, best first)."""
-        self.K, self.ends, self.alternatives = K, ends, alternatives
-        self.first: dict[int, list[int]] = {}  # sentence (of `requests`) -> its K alternatives
-        self.alive = list(range(len(requests)))  # the sentences of `requests` still decoded
-        self.t = 0
+        alone."""
+        self.K, self.ends = K, ends
         self.output_from = 1 + len(requests[0].start)  # a row's first output column
         longest = max(len(r.prefix) for r in requests)
         self.prefix = _padded([r.prefix for r in requests], longest, device)
@@ -168,17 +176,9 @@ class Steer:
             after = ((self.prefix_len == t) & (t > 0)).repeat_interleave(K)
             lprobs = rules.only_tokens(lprobs, after, self.ends)
         if self.avoid.size(1):
-            avoid, lengths = (
-                self.avoid.repeat_interleave(K, 0),
-                self.avoid_len.repeat_interleave(K, 0),
-            )
-            at = matched(window, avoid)
-            last = avoid.gather(2, (lengths - 1).clamp(min=0).unsqueeze(2)).squeeze(2)  # (N, A)
-            rows, which = ((at == lengths - 1) & (lengths > 0)).nonzero(as_tuple=True)
-            lprobs = rules.ban(lprobs, rows, last[rows, which])
-        if self.alternatives:
-            lprobs = self._alternatives(lprobs, t)
-        self.at, self.t = None, t
+            avoid = self.avoid.repeat_interleave(K, 0), self.avoid_len.repeat_interleave(K, 0)
+            lprobs = banned(lprobs, window, *avoid)
+        self.at = None
         if self.constraints:
             need, lengths = self.need.repeat_interleave(K, 0), self.need_len.repeat_interleave(K, 0)
             self.at = matched(window, need, self.ends)
@@ -188,16 +188,6 @@ class Steer:
             )
             lprobs = rules.block_eos(lprobs, ~(self.met | waiting).all(1) & ~force)
         return lprobs
-
-    def _alternatives(self, lprobs: Tensor, t: int) -> Tensor:
-        """After the prefix, no EOS (the K alternatives are words); past it, each beam's own
-        best token only: K greedy continuations."""
-        K = self.K
-        at = (self.prefix_len == t).repeat_interleave(K)
-        lprobs = rules.block_eos(lprobs, at)
-        past = (self.prefix_len < t).repeat_interleave(K)
-        own = torch.where(past, lprobs.argmax(1), NONE)
-        return rules.force_tokens(lprobs, own)
 
     def candidates(
         self, scores: Tensor, lprobs: Tensor, window: Tensor
@@ -245,7 +235,6 @@ class Steer:
             )
             self.bank, self.usable = self.bank.gather(1, order), self.usable.gather(1, order)
             self.cand_met = self.cand_met.gather(1, order.unsqueeze(2).expand(-1, -1, P))
-        self.cand_tok = tok
         return top, from_beam, tok
 
     def _proposed(self, scores, lprobs, window, top, from_beam, tok):
@@ -288,15 +277,61 @@ class Steer:
         """Keep what the next beams (`keep` (B, K) candidates) have met, and the sentences
         still decoded (`sentences`, None: all)."""
         met = self.cand_met.gather(1, keep.unsqueeze(2).expand(-1, -1, self.constraints))
-        if self.alternatives:
-            chosen = self.cand_tok.gather(1, keep).tolist()
-            for i, n in enumerate(self.prefix_len.tolist()):
-                if n == self.t:
-                    self.first[self.alive[i]] = chosen[i]
         if sentences is not None:
             met = met[sentences]
-            self.alive = [self.alive[i] for i in sentences.tolist()]
             self.prefix, self.prefix_len = self.prefix[sentences], self.prefix_len[sentences]
             self.need, self.need_len = self.need[sentences], self.need_len[sentences]
             self.avoid, self.avoid_len = self.avoid[sentences], self.avoid_len[sentences]
         self.met = met.reshape(met.size(0) * met.size(1), self.constraints)
+
+
+class Alternatives:
+    """greedy_search's `pick` (search.py) for requests asking for K alternatives, decoded with
+    `copies` K (row r is alternative r % K of sentence r // K): every row follows its
+    sentence's prefix, row r then takes the (r % K + 1)-th most probable token after it (never
+    EOS; with `ends`, a token that begins a word, as `Steer` rules after a prefix), and from
+    then on its own most probable one; the phrases to avoid are banned throughout. Each row
+    ends on its own, so an alternative costs the steps of its own output."""
+
+    def __init__(
+        self, requests: list[Request], K: int, device: torch.device, ends: Tensor | None = None
+    ) -> None:
+        rows = [r for r in requests for _ in range(K)]
+        self.K, self.ends = K, ends
+        self.prefix = _padded([r.prefix for r in rows], max(len(r.prefix) for r in rows), device)
+        self.prefix_len = torch.tensor([len(r.prefix) for r in rows], device=device)
+        self.rank = torch.arange(len(rows), device=device).remainder(K).unsqueeze(1)  # (R, 1)
+        self.avoid, self.avoid_len = _phrases([r.avoid for r in rows], device)
+        self.window = None  # (R, W) each row's last output tokens, where a phrase is avoided
+        if self.avoid.size(1):
+            self.window = torch.full((len(rows), self.avoid.size(2)), BEFORE, device=device)
+
+    def branch(self, rows: Tensor, t: int) -> Tensor:
+        """The rows whose prefix ends at step t: there they become the K alternatives."""
+        split = self.prefix_len[rows] == t
+        if self.window is not None:
+            parents = rows[split]
+            for j in range(1, self.K):
+                self.window[parents + j] = self.window[parents]
+        return split
+
+    def __call__(self, lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
+        if self.window is not None:
+            window = self.window[rows]
+            lprobs = banned(lprobs, window, self.avoid[rows], self.avoid_len[rows])
+        tok = lprobs.argmax(1)
+        if t <= self.prefix.size(1):  # a row still in its prefix, or just past it
+            n = self.prefix_len[rows]
+            at = (n == t).nonzero().squeeze(1)  # the rows that take their alternative
+            if at.numel():
+                free = lprobs[at]
+                free[:, EOS_ID] = -torch.inf
+                if self.ends is not None and t > 0:
+                    free.masked_fill_(~self.ends, -torch.inf)
+                ranked = free.topk(self.K, dim=1).indices.gather(1, self.rank[rows[at]])
+                tok[at] = ranked.squeeze(1)
+            if t < self.prefix.size(1):
+                tok = torch.where(t < n, self.prefix[rows, t], tok)
+        if self.window is not None:
+            self.window[rows] = torch.cat([window[:, 1:], tok.unsqueeze(1)], 1)
+        return tok

@@ -22,7 +22,7 @@ import torch
 
 from mtx.config import DecodeConfig
 from mtx.decode import rules
-from mtx.decode.controlled import Steer, word_ends
+from mtx.decode.controlled import Alternatives, Steer, word_ends
 from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.decode.search import Sampling, beam_search, greedy_search
@@ -75,8 +75,8 @@ class Searches:
     def controlled(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
         """The shrinking beam search under each request's controls (controlled.py); at beam 1
         without a length penalty, so that it is greedy search. Requests asking for N
-        alternatives are decoded apart, N beams each, and get their N alternatives, best
-        first."""
+        alternatives are decoded apart, by greedy search, N rows each (`Alternatives`), and
+        get their N alternatives, best first."""
         if self._ends is None and self.vocab is not None:
             self._ends = word_ends(self.vocab, self.device)
         kinds = sorted({r.alternatives for r in batch.requests})
@@ -94,12 +94,9 @@ class Searches:
             return beam_search(
                 self.model, batch, d.beam, alpha, a, b, limit, nbest, d.stopping, steer
             )
-        steer = Steer(batch.requests, n, self.device, self._ends, alternatives=True)
-        hyps = beam_search(self.model, batch, n, 0.0, a, b, limit, n, "k_finished", steer)
-        return [
-            sorted(h, key=lambda x: steer.first[i].index(x.tokens[len(r.prefix)]))
-            for i, (r, h) in enumerate(zip(batch.requests, hyps))
-        ]
+        pick = Alternatives(batch.requests, n, self.device, self._ends)
+        hyps = greedy_search(self.model, batch, a, b, limit, pick=pick, copies=n)
+        return [hyps[i : i + n] for i in range(0, len(hyps), n)]
 
     def plain(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
         """`__call__` of requests without controls."""
