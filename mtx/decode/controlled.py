@@ -243,8 +243,11 @@ class Steer:
         need, at = self.need.repeat_interleave(K, 0), self.at  # (N, P, L), (N, P)
         nxt = need.gather(2, at.clamp(max=need.size(2) - 1).unsqueeze(2)).squeeze(2)  # (N, P)
         if self.ends is not None:  # a word's end: the row's best token that ends a word
-            best_end = lprobs.masked_fill(~self.ends, -torch.inf).argmax(1, keepdim=True)
-            nxt = torch.where(nxt == WORD_END, best_end, nxt)
+            waiting = nxt == WORD_END
+            rows = waiting.any(1).nonzero().squeeze(1)  # read only the rows that wait for one
+            if rows.numel():
+                ends = lprobs[rows].masked_fill_(~self.ends, -torch.inf).argmax(1, keepdim=True)
+                nxt[rows] = torch.where(waiting[rows], ends, nxt[rows])
         ok = torch.cat([~self.met, torch.ones_like(self.met[:, :1])], 1)  # (N, P + 1)
         extra = torch.cat([nxt.masked_fill(~ok[:, :-1], 0), lprobs.argmax(1, keepdim=True)], 1)
         extra_scores = scores.view(-1, 1) + lprobs.gather(1, extra)  # (N, P + 1)
