@@ -153,16 +153,26 @@ def test_translations_equal_generate(marian, beam):
     assert_translations_equal(path, lambda s, k: generate(hf, tokenizer, s, k), beam, 50)
 
 
+def assert_exported_back(imported, load, files: tuple[str, ...], back: Path) -> None:
+    """`mtx export --format hf` of an imported model (`imported`: its directory, checkpoint
+    and transformers model) into `back`: `load(back)` holds every tensor of the model it was
+    imported from, and `files` are its directory's, byte for byte."""
+    directory, path, hf = imported[:3]
+    mtx("export", path, "--format", "hf", "--output", back)
+    state = load(back).state_dict()
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(state[name], tensor), name
+    for name in files:
+        assert (back / name).read_bytes() == (directory / name).read_bytes()
+
+
 def test_the_export_gives_back_the_same_model(marian, tmp_path):
     from transformers import MarianMTModel
 
-    directory, path, hf, _ = marian
-    mtx("export", path, "--format", "hf", "--output", tmp_path / "back")
-    back = MarianMTModel.from_pretrained(tmp_path / "back").state_dict()
-    for name, tensor in hf.state_dict().items():
-        assert torch.equal(back[name], tensor), name
-    for name in ("source.spm", "target.spm"):
-        assert (tmp_path / "back" / name).read_bytes() == (directory / name).read_bytes()
+    directory = marian[0]
+    assert_exported_back(
+        marian, MarianMTModel.from_pretrained, ("source.spm", "target.spm"), tmp_path / "back"
+    )
     ours = json.loads((tmp_path / "back" / "vocab.json").read_text())
     assert ours == json.loads((directory / "vocab.json").read_text())
 

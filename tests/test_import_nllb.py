@@ -14,6 +14,7 @@ from helpers import nllb
 from helpers.common import assert_same_parameters, invoke, mtx, records
 from test_import import (
     N,
+    assert_exported_back,
     assert_first_loss_is_transformers,
     assert_logits_equal,
     assert_translations_equal,
@@ -212,13 +213,10 @@ def test_the_ctranslate2_export_translates_and_scores_as_mtx(model, tmp_path):
 def test_the_export_gives_back_the_same_model(model, tmp_path):
     from transformers import M2M100ForConditionalGeneration, NllbTokenizer
 
-    directory, path, hf, tokenizer = model
-    mtx("export", path, "--format", "hf", "--output", tmp_path / "back")
-    back = M2M100ForConditionalGeneration.from_pretrained(tmp_path / "back").state_dict()
-    for name, tensor in hf.state_dict().items():
-        assert torch.equal(back[name], tensor), name
-    for name in ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json"):
-        assert (tmp_path / "back" / name).read_bytes() == (directory / name).read_bytes()
+    files = ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json")
+    load = M2M100ForConditionalGeneration.from_pretrained
+    assert_exported_back(model, load, files, tmp_path / "back")
+    tokenizer = model[3]
     again = NllbTokenizer.from_pretrained(tmp_path / "back", src_lang="eng_Latn")
     assert again("a man").input_ids == tokenizer("a man").input_ids
 

@@ -171,9 +171,13 @@ def convert(
     state = checked_state(directory, cfg, weights, origin)
     vocabulary = Paired(pieces, source, target, [PAD_ID, EOS_ID, UNK_ID], origin)
     ckpt = Checkpoint(config=cfg, spm_model=vocabulary.blob, vocab_size=size, model=state)
+    return ckpt, described("MarianMT", cfg, size)
+
+
+def described(family: str, cfg: Config, size: int) -> str:
+    """What `mtx import` says of an imported model: its family, shape and vocabulary."""
     m = cfg.model
-    about = (
-        f"MarianMT: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
+    return (
+        f"{family}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
         f"{m.activation}, vocabulary {size}"
     )
-    return ckpt, about

@@ -30,7 +30,13 @@ import sentencepiece as spm
 from mtx.checkpoint import Checkpoint
 from mtx.data.vocab import Paired
 from mtx.errors import MtxError
-from mtx.pretrained.marian import ACTIVATIONS, checked_state, model_config, read_weights
+from mtx.pretrained.marian import (
+    ACTIVATIONS,
+    checked_state,
+    described,
+    model_config,
+    read_weights,
+)
 
 SPM = "sentencepiece.bpe.model"
 # kept in the checkpoint as they are, for the export back to M2M100
@@ -152,9 +158,5 @@ def convert(
     kept = {n: (directory / n).read_bytes() for n in TOKENIZER_FILES if (directory / n).is_file()}
     vocabulary = Paired(pieces, proto, proto, specials, origin, None, "nllb", languages, kept)
     ckpt = Checkpoint(config=cfg, spm_model=vocabulary.blob, vocab_size=size, model=state)
-    m = cfg.model
-    about = (
-        f"NLLB (M2M100): {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
-        f"{m.activation}, vocabulary {size}, {len(codes)} languages ({src_lang} -> {tgt_lang})"
-    )
-    return ckpt, about
+    about = described("NLLB (M2M100)", cfg, size)
+    return ckpt, f"{about}, {len(codes)} languages ({src_lang} -> {tgt_lang})"
