@@ -116,7 +116,7 @@ def alternatives(tr, sources, refs) -> dict:
     ok = sum(
         len(h) == 4
         and all(tr.detokenize(x.tokens).startswith(p) for x in h)
-        and len({tuple(x.tokens[: len(tr.request_of(a, 0).prefix) + 1]) for x in h}) == 4
+        and len({tuple(x.tokens[: len(tr.request_of(a, 0).controls.prefix) + 1]) for x in h}) == 4
         for h, p, a in zip(hyps, prefix, asked)
     )
     best, best_beam = min(times), min(beam_times)
@@ -159,7 +159,8 @@ def reference_phrases(refs: list[str], count: int) -> list[tuple[str, ...]]:
 
 
 def constraints(tr, sources, refs, plain_out, plain_s) -> dict:
-    from mtx.decode.controls import Controls, Line, contains
+    from mtx.decode.controls import Controls, Line
+    from mtx.decode.glossary import contains
     from mtx.evaluate import score
 
     out = {}
@@ -175,10 +176,10 @@ def constraints(tr, sources, refs, plain_out, plain_s) -> dict:
         fit = met = words = total = 0
         for x, h, g in zip(items, hyps, got):
             request = tr.request_of(x, 0)
-            total += len(request.constraints)
+            total += len(request.controls.constraints)
             if tr.fits(request):
-                fit += len(request.constraints)
-                met += len(request.constraints) - h[0].unmet
+                fit += len(request.controls.constraints)
+                met += len(request.controls.constraints) - h[0].unmet
                 words += sum(contains(g, c) for c in x.controls.constraints)
         plain_best = min(plain_s, again)
         best = min(seconds, seconds2)
@@ -200,7 +201,8 @@ def glossary(tr, sources, refs, plain_out, path: Path) -> dict:
     import pyarrow as pa
 
     from mtx.data.lexical import Table
-    from mtx.decode.controls import WORD, Glossary, Line, Report, words
+    from mtx.decode.controls import Line
+    from mtx.decode.glossary import WORD, Glossary, Report, words
     from mtx.evaluate import score
 
     train_src = (M30K / "train.en").read_text(encoding="utf-8").splitlines()
@@ -236,7 +238,7 @@ def glossary(tr, sources, refs, plain_out, path: Path) -> dict:
                 terms[w] = spelling[t]
     path.write_text("".join(f"{s}\t{t}\n" for s, t in sorted(terms.items())), encoding="utf-8")
     gloss = Glossary.load(path)
-    items = [gloss.apply(Line(s)) for s in sources]
+    items = [gloss.apply(Line(s), f"line {i + 1}") for i, s in enumerate(sources)]
     before, after = Report(), Report()
     hyps, _ = decode(tr, items)
     got = texts(tr, hyps)

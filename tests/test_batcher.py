@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from mtx.decode.result import Output, Translation
 from mtx.serve.batcher import Batcher, Choices, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
 from mtx.serve.front import Result
@@ -26,13 +27,17 @@ class Recorder:
         if self.gate is not None:
             self.gate.acquire()
         self.batches.append((list(texts), choices))
-        return [Result([t.upper()], [float(len(t))]) for t in texts]
+        return [answer(t.upper(), float(len(t))) for t in texts]
 
 
 async def submit(batcher, texts, choices=GREEDY, length=8):
     pending = Pending(asyncio.get_running_loop(), len(texts))
     batcher.submit(pending, texts, [length] * len(texts), choices)
     return pending
+
+
+def answer(text: str, score: float = 0.0) -> Result:
+    return Result(Translation((Output(text, score),)))
 
 
 def run(coro):
@@ -52,7 +57,7 @@ def test_a_long_request_spans_batches_and_comes_back_in_order():
         return texts, results
 
     texts, results = run(main())
-    assert [r.texts[0] for r in results] == [t.upper() for t in texts]
+    assert [r.translation.best.text for r in results] == [t.upper() for t in texts]
     assert [len(batch) for batch, _ in engine.batches] == [3, 3, 3, 1]  # 24 tokens: 3 of 8
 
 
@@ -110,7 +115,7 @@ def test_a_full_queue_refuses_a_request_whole_and_a_draining_one_refuses_all():
         b.stop()
         return results
 
-    assert [r.texts[0] for r in run(main())] == ["A", "B"]
+    assert [r.translation.best.text for r in run(main())] == ["A", "B"]
 
 
 def test_a_cancelled_request_leaves_the_queue_and_stop_fails_what_is_left():
@@ -148,7 +153,7 @@ def test_a_worker_waiting_on_a_cancelled_request_waits_for_the_next_one_instead(
         b.stop()
         return results
 
-    assert [r.texts[0] for r in run(main())] == ["B1", "B2"]
+    assert [r.translation.best.text for r in run(main())] == ["B1", "B2"]
     assert engine.batches == [(["b1", "b2"], BEAM)]
 
 
@@ -159,7 +164,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
         calls.append(texts)
         if texts == ["bad"]:
             raise RuntimeError("boom")
-        return [Result([t], [0.0]) for t in texts]
+        return [answer(t) for t in texts]
 
     async def main():
         b = Batcher(engine, batch_tokens=8, max_wait_s=0.0, max_queue=10)
@@ -172,7 +177,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
         b.stop()
         return results
 
-    assert run(main())[0].texts == ["good"]
+    assert run(main())[0].translation.best.text == "good"
 
 
 def test_the_event_loop_is_free_while_a_batch_decodes():
@@ -217,7 +222,7 @@ def test_idle_workers_share_the_queue_and_a_busy_one_leaves_it_to_the_others():
         return results
 
     results = run(main())
-    assert [r[0].texts[0] for r in results] == [f"A{i}" for i in range(8)]
+    assert [r[0].translation.best.text for r in results] == [f"A{i}" for i in range(8)]
     sizes = sorted(len(batch) for engine in (first, second) for batch, _ in engine.batches)
     assert sizes == [4, 4]
 
@@ -258,7 +263,7 @@ def test_a_worker_stops_waiting_once_as_many_sentences_as_its_last_batch_are_que
         # a hang guard, not a timing: without the rule the batch would wait FOREVER
         results = [await asyncio.wait_for(p.future, 20) for p in (second, third)]
         b.stop()
-        return [[r.texts[0] for r in rs] for rs in results]
+        return [[r.translation.best.text for r in rs] for rs in results]
 
     assert run(main()) == [["D", "E"], ["F"]]
     assert [batch for batch, _ in engine.batches] == [["a", "b", "c"], ["d", "e", "f"]]

@@ -11,6 +11,7 @@ from test_search import ARCHS, random_model, random_src
 from mtx.config import DecodeConfig
 from mtx.decode import rules, search
 from mtx.decode.controlled import Steer, matched
+from mtx.decode.controls import Segmented
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.searches import Searches
@@ -47,7 +48,9 @@ def random_requests(src, seed, prefix=True, avoid=True):
         )
         used = {t for p in (*need, pre) for t in p}
         bad = ((min(set(range(4, V)) - used),),) if avoid else ()
-        out.append(Request(r.source, r.line, prefix=pre, constraints=need, avoid=bad))
+        out.append(
+            Request(r.source, r.line, controls=Segmented(prefix=pre, constraints=need, avoid=bad))
+        )
     return out
 
 
@@ -98,10 +101,10 @@ def test_prefix_constraints_and_avoided_phrases_are_honoured(arch):
         out = controlled(model, src, requests, beam=beam, b=14)
         for r, hyps in zip(requests, out):
             tokens = hyps[0].tokens
-            assert tuple(tokens[: len(r.prefix)]) == r.prefix
-            assert all(contains(tokens, c) for c in r.constraints), (r, tokens)
+            assert tuple(tokens[: len(r.controls.prefix)]) == r.controls.prefix
+            assert all(contains(tokens, c) for c in r.controls.constraints), (r, tokens)
             assert hyps[0].unmet == 0
-            assert not any(contains(tokens, a) for a in r.avoid)
+            assert not any(contains(tokens, a) for a in r.controls.avoid)
 
 
 def test_the_score_is_the_log_probability_of_the_whole_output():
@@ -110,7 +113,7 @@ def test_the_score_is_the_log_probability_of_the_whole_output():
     model, src = random_model(vocab=V), random_src(batch=4, vocab=V)
     plain = greedy_search(model, src, 1.0, 10)
     requests = [
-        Request(r.source, r.line, prefix=tuple(h.tokens[:2]))
+        Request(r.source, r.line, controls=Segmented(prefix=tuple(h.tokens[:2])))
         for r, h in zip(SearchBatch.of(src).requests, plain)
     ]
     for h, c in zip(plain, controlled(model, src, requests, beam=1, b=10, alpha=0.0)):
@@ -146,14 +149,16 @@ def test_constraints_that_cannot_fit_are_counted_unmet_and_rank_last():
     model, src = random_model(vocab=V), random_src(batch=3, vocab=V)
     need = ((5, 6, 7), (8, 9, 10), (11, 12))  # 8 tokens + EOS
     requests = [
-        Request(r.source, r.line, max_len=6, constraints=need) for r in SearchBatch.of(src).requests
+        Request(r.source, r.line, max_len=6, controls=Segmented(constraints=need))
+        for r in SearchBatch.of(src).requests
     ]
     for hyps in controlled(model, src, requests, nbest=4):
         assert len(hyps[0].tokens) + 1 <= 6
         assert hyps[0].unmet == sum(not contains(hyps[0].tokens, c) for c in need) > 0
         assert [h.unmet for h in hyps] == sorted(h.unmet for h in hyps)
     fits = [
-        Request(r.source, r.line, max_len=9, constraints=need) for r in SearchBatch.of(src).requests
+        Request(r.source, r.line, max_len=9, controls=Segmented(constraints=need))
+        for r in SearchBatch.of(src).requests
     ]
     for hyps in controlled(model, src, fits):
         assert hyps[0].unmet == 0 and all(contains(hyps[0].tokens, c) for c in need)
@@ -164,14 +169,14 @@ def test_an_avoided_phrase_never_appears():
     model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
     plain = beam_search(model, src, 4, 0.6, 1.0, 12)
     requests = [
-        Request(r.source, r.line, avoid=(tuple(h[0].tokens[:2]),))
+        Request(r.source, r.line, controls=Segmented(avoid=(tuple(h[0].tokens[:2]),)))
         for r, h in zip(SearchBatch.of(src).requests, plain)
         if len(h[0].tokens) >= 2
     ]
     rows = [i for i, h in enumerate(plain) if len(h[0].tokens) >= 2]
     out = controlled(model, src[rows], requests)
     for r, hyps in zip(requests, out):
-        assert not contains(hyps[0].tokens, r.avoid[0])
+        assert not contains(hyps[0].tokens, r.controls.avoid[0])
 
 
 def test_alternatives_are_the_best_next_tokens_each_continued_greedily():
@@ -182,14 +187,15 @@ def test_alternatives_are_the_best_next_tokens_each_continued_greedily():
     d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
     plain = SearchBatch.of(src).requests
     requests = [
-        Request(r.source, r.line, prefix=(5, 9)[: r.line % 3], alternatives=3) for r in plain
+        Request(r.source, r.line, controls=Segmented(prefix=(5, 9)[: r.line % 3], alternatives=3))
+        for r in plain
     ]
     out = searches(SearchBatch(src, requests), d, 1)
     memory, src_mask = model.encode(src)
     for i, (r, hyps) in enumerate(zip(requests, out)):
-        n = len(r.prefix)
+        n = len(r.controls.prefix)
         firsts = [h.tokens[n] for h in hyps]
-        tgt_in = torch.tensor([[model.specials.start, *r.prefix]])
+        tgt_in = torch.tensor([[model.specials.start, *r.controls.prefix]])
         with torch.no_grad():
             logits = model.decode(tgt_in, memory[i : i + 1], src_mask[i : i + 1])[0, -1]
         lprobs = rules.mask_never_produced(
@@ -198,7 +204,7 @@ def test_alternatives_are_the_best_next_tokens_each_continued_greedily():
         lprobs[EOS_ID] = -torch.inf
         assert firsts == lprobs.topk(3).indices.tolist()
         for h in hyps:
-            alone = Request(r.source, r.line, prefix=tuple(h.tokens[: n + 1]))
+            alone = Request(r.source, r.line, controls=Segmented(prefix=tuple(h.tokens[: n + 1])))
             greedy = searches(
                 SearchBatch(src[i : i + 1], [alone]), dataclasses.replace(d, beam=1), 1
             )
@@ -219,23 +225,27 @@ def test_alternatives_are_the_same_alone_and_among_others_and_avoid_what_they_ar
         # avoid a greedy output's second and third tokens where it has them
         avoid = (tuple(h[0].tokens[1:3]),) if len(h[0].tokens) > 2 and r.line % 2 else ()
         if r.line == 7:  # a line without alternatives among them
-            requests.append(Request(r.source, r.line, prefix=(5,)))
+            requests.append(Request(r.source, r.line, controls=Segmented(prefix=(5,))))
         else:
-            requests.append(Request(r.source, r.line, prefix=prefix, avoid=avoid, alternatives=3))
+            requests.append(
+                Request(
+                    r.source, r.line, controls=Segmented(prefix=prefix, avoid=avoid, alternatives=3)
+                )
+            )
     together = searches(SearchBatch(src, requests), d, 1)
     for i, r in enumerate(requests):
         alone = searches(SearchBatch(src[i : i + 1], [r]), d, 1)[0]
         assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in together[i]]
-        assert len(alone) == (3 if r.alternatives else 1)
+        assert len(alone) == (3 if r.controls.alternatives else 1)
         for h in alone:
-            assert tuple(h.tokens[: len(r.prefix)]) == r.prefix
-            assert not any(contains(h.tokens, p) for p in r.avoid)
-    assert any(r.avoid for r in requests)
+            assert tuple(h.tokens[: len(r.controls.prefix)]) == r.controls.prefix
+            assert not any(contains(h.tokens, p) for p in r.controls.avoid)
+    assert any(r.controls.avoid for r in requests)
     # a phrase begun in the prefix and ended by its second best next token: no alternative
     # takes that token (each alternative reads what the prefix ended with)
-    first = Request(requests[0].source, 0, prefix=(5, 9), alternatives=3)
+    first = Request(requests[0].source, 0, controls=Segmented(prefix=(5, 9), alternatives=3))
     second = searches(SearchBatch(src[:1], [first]), d, 1)[0][1].tokens[2]
-    told = dataclasses.replace(first, avoid=((9, second),))
+    told = dataclasses.replace(first, controls=first.controls.replace(avoid=((9, second),)))
     assert all(h.tokens[2] != second for h in searches(SearchBatch(src[:1], [told]), d, 1)[0])
 
 
@@ -247,7 +257,9 @@ def test_a_prefix_is_decoded_once_and_each_alternative_costs_its_own_steps(monke
     searches = Searches(model, torch.device("cpu"))
     d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
     requests = [
-        Request(r.source, r.line, prefix=(5, 9, 7)[: r.line % 4], alternatives=4)
+        Request(
+            r.source, r.line, controls=Segmented(prefix=(5, 9, 7)[: r.line % 4], alternatives=4)
+        )
         for r in SearchBatch.of(src).requests
     ]
     rows, plain = [], model.decode
@@ -258,7 +270,7 @@ def test_a_prefix_is_decoded_once_and_each_alternative_costs_its_own_steps(monke
 
     monkeypatch.setattr(model, "decode", counting)
     out = searches(SearchBatch(src, requests), d, 1)
-    n = [len(r.prefix) for r in requests]
+    n = [len(r.controls.prefix) for r in requests]
     expected = sum(k + 1 + sum(len(h.tokens) - k for h in hyps) for k, hyps in zip(n, out))
     assert sum(rows) == expected
     assert rows[0] == len(requests)  # the first step: one row a sentence

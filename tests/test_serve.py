@@ -172,7 +172,8 @@ def test_texts_with_controls_get_what_mtx_translate_json_gives(server, checkpoin
         check=True,
     ).stdout.splitlines()  # fmt: skip
     expected = [json.loads(x) for x in out]
-    assert answer["translations"] == [e["translation"] for e in expected]
+    assert answer["results"] == expected  # the one JSON form of a result (decode/result.py)
+    assert answer["translations"] == [e["translation"] for e in expected]  # deprecated shape
     assert answer["scores"] == [e["score"] for e in expected]
     assert answer["unmet"] == [0, 0, 0, 0]
     assert answer["alternatives"][:3] == [None, None, None]
@@ -358,12 +359,15 @@ def test_the_ctranslate2_engine_serves_an_export_made_once(checkpoint, tmp_path)
     engine = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)
     assert (ct2_dir / "model.bin").is_file()
     results = engine.translate(LINES[:4], beam=2, nbest=2)
-    assert [len(r.texts) for r in results] == [2, 2, 2, 2]
-    assert all(r.texts[0] and r.scores[0] >= r.scores[1] for r in results)
+    assert [len(r.translation.outputs) for r in results] == [2, 2, 2, 2]
+    outputs = [r.translation.outputs for r in results]
+    assert all(o[0].text and o[0].score >= o[1].score for o in outputs)
     stamp = (ct2_dir / "model.bin").stat().st_mtime_ns
     again = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)  # reused, not redone
     assert (ct2_dir / "model.bin").stat().st_mtime_ns == stamp
-    assert [r.texts for r in again.translate(LINES[:4], 2, 2)] == [r.texts for r in results]
+    assert [r.translation for r in again.translate(LINES[:4], 2, 2)] == [
+        r.translation for r in results
+    ]
 
 
 def test_a_cached_ctranslate2_export_of_a_changed_checkpoint_is_made_again_or_refused(
@@ -378,13 +382,13 @@ def test_a_cached_ctranslate2_export_of_a_changed_checkpoint_is_made_again_or_re
     shutil.copy(checkpoint, ckpt)
     first = make_engine("ctranslate2", [ckpt], [], "cpu", None)
     assert first.dir == tmp_path / "model.ct2"
-    before = [r.texts for r in first.translate(LINES[:8], 1, 1)]
+    before = [r.translation for r in first.translate(LINES[:8], 1, 1)]
     changed = Checkpoint.load(ckpt)
     changed.model = {k: v.flip(0) if k == "embed.weight" else v for k, v in changed.model.items()}
     changed.save(ckpt)
     again = make_engine("ctranslate2", [ckpt], [], "cpu", None)
     assert exported_from(again.dir) == sha256_file(ckpt)
-    assert [r.texts for r in again.translate(LINES[:8], 1, 1)] != before
+    assert [r.translation for r in again.translate(LINES[:8], 1, 1)] != before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ct2", "model.pt"]
     shutil.copy(checkpoint, ckpt)  # the export is now of another checkpoint again
     with pytest.raises(MtxError, match=r"model.ct2 was exported from another checkpoint"):

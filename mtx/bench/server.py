@@ -19,9 +19,17 @@ START_TIMEOUT_S = 120
 class Server:
     """`mtx serve --port 0 ...` started in a subprocess; `port` is read from its first line."""
 
-    def __init__(self, checkpoint: Path | list[Path], *sets: str, args: tuple = ()) -> None:
+    def __init__(
+        self,
+        checkpoint: Path | list[Path],
+        *sets: str,
+        args: tuple = (),
+        program: tuple[str, ...] = ("-m", "mtx"),
+    ) -> None:
+        """`program`: what Python runs, `mtx serve ...` its arguments (a script that runs the
+        CLI, for a test)."""
         paths = checkpoint if isinstance(checkpoint, list) else [checkpoint]
-        cmd = [sys.executable, "-m", "mtx", "serve", "--port", "0", "--device", "cpu", *args]
+        cmd = [sys.executable, *program, "serve", "--port", "0", "--device", "cpu", *args]
         for path in paths:
             cmd += ["--checkpoint", str(path)]
         for item in sets:

@@ -12,7 +12,7 @@ from mtx.cli.app import log
 
 
 def load_glossary(path: Path | None):
-    from mtx.decode.controls import Glossary
+    from mtx.decode.glossary import Glossary
 
     return None if path is None else Glossary.load(path)
 
@@ -36,8 +36,9 @@ class Reader:
         from mtx.decode.controls import Line, parse_line
 
         for number, raw in enumerate(lines, start=first + 1):
-            line = parse_line(raw, f"line {number}") if self.json_lines else Line(raw)
-            yield line if self.glossary is None else self.glossary.apply(line)
+            where = f"line {number}"
+            line = parse_line(raw, where) if self.json_lines else Line(raw)
+            yield line if self.glossary is None else self.glossary.apply(line, where)
 
 
 class Output:
@@ -46,29 +47,23 @@ class Output:
     in `report` and warned of (on stderr) when its constraints cannot fit its longest output."""
 
     def __init__(self, translator, nbest: int, json_lines: bool) -> None:
-        from mtx.decode.controls import Report
+        from mtx.decode.glossary import Report
 
         self.translator, self.nbest, self.json_lines = translator, nbest, json_lines
         self.report = Report()
 
     def __call__(self, number: int, hyps, item=None) -> str:
-        texts = [self.translator.detokenize(h.tokens) for h in hyps]
-        if item is not None and not isinstance(item, str):
-            self.count(number, item, texts[0], hyps[0].unmet)
+        controls = None if item is None or isinstance(item, str) else item.controls
+        result = self.translator.translation(hyps, bool(controls and controls.alternatives))
+        if controls is not None:
+            self.count(number, item, result.best.text, result.best.unmet)
         if self.json_lines:
-            entries = [
-                {"translation": t, "score": h.score, "log_prob": h.log_prob, "unmet": h.unmet}
-                for t, h in zip(texts, hyps)
-            ]
-            if item is not None and not isinstance(item, str) and item.controls.alternatives:
-                return json.dumps(entries[0] | {"alternatives": entries}, ensure_ascii=False) + "\n"
-            record = entries[0] | ({"nbest": entries[: self.nbest]} if self.nbest > 1 else {})
-            return json.dumps(record, ensure_ascii=False) + "\n"
+            return json.dumps(result.to_json(self.nbest), ensure_ascii=False) + "\n"
         if self.nbest == 1:
-            return texts[0] + "\n"
+            return result.best.text + "\n"
         return "".join(
-            f"{number} ||| {t} ||| {h.score:.6f} ||| {h.log_prob:.6f}\n"
-            for t, h in zip(texts, hyps)
+            f"{number} ||| {o.text} ||| {o.score:.6f} ||| {o.log_prob:.6f}\n"
+            for o in result.outputs
         )
 
     def say_report(self) -> None:
@@ -77,12 +72,14 @@ class Output:
             log(self.report.summary())
 
     def count(self, number: int, item, translation: str, unmet: int) -> None:
+        from mtx.decode.controls import needed
+
         self.report.add(item, translation, unmet)
         if item.controls.constraints:
             request = self.translator.request_of(item, number)
             if not self.translator.fits(request):
                 self.report.unfit += 1
-                need = len(request.prefix) + sum(len(c) for c in request.constraints) + 1
+                need = needed(request.controls)
                 longest = self.translator.longest(request)
                 log(
                     f"line {number + 1}: the prefix, constraints and EOS take {need} pieces but "

@@ -139,13 +139,13 @@ class Steer:
         alone."""
         self.K, self.ends = K, ends
         self.output_from = 1 + len(requests[0].start)  # a row's first output column
-        longest = max(len(r.prefix) for r in requests)
-        self.prefix = _padded([r.prefix for r in requests], longest, device)
-        self.prefix_len = torch.tensor([len(r.prefix) for r in requests], device=device)
+        longest = max(len(r.controls.prefix) for r in requests)
+        self.prefix = _padded([r.controls.prefix for r in requests], longest, device)
+        self.prefix_len = torch.tensor([len(r.controls.prefix) for r in requests], device=device)
         close = () if ends is None else (WORD_END,)
-        need = [tuple((*c, *close) for c in r.constraints) for r in requests]
+        need = [tuple((*c, *close) for c in r.controls.constraints) for r in requests]
         self.need, self.need_len = _phrases(need, device)
-        self.avoid, self.avoid_len = _phrases([r.avoid for r in requests], device)
+        self.avoid, self.avoid_len = _phrases([r.controls.avoid for r in requests], device)
         self.W = max(self.need.size(2), self.avoid.size(2), 1)  # the window a step reads
         self.met = (self.need_len == 0).repeat_interleave(K, 0)  # (N, P): no phrase is met
         self.cand_met: Tensor | None = None  # (B, M, P) of the last step's candidates
@@ -268,8 +268,12 @@ class Steer:
             proposed,
         )
 
-    def select(self, top: Tensor) -> Tensor:
-        """(B, K) the candidates that become the next beams (`rules.allocate`)."""
+    def select(self, top: Tensor, tok: Tensor) -> Tensor:
+        """(B, K) the candidates that become the next beams: dealt among the banks
+        (`rules.allocate`) where the batch has constraints, else the plain search's
+        (`rules.continuing`), which allocate's one bank equals."""
+        if not self.constraints:
+            return rules.continuing(tok, self.K)
         return rules.allocate(top, self.bank, self.usable, self.K)
 
     def unmet(self) -> Tensor:
@@ -301,10 +305,12 @@ class Alternatives:
     ) -> None:
         rows = [r for r in requests for _ in range(K)]
         self.K, self.ends = K, ends
-        self.prefix = _padded([r.prefix for r in rows], max(len(r.prefix) for r in rows), device)
-        self.prefix_len = torch.tensor([len(r.prefix) for r in rows], device=device)
+        self.prefix = _padded(
+            [r.controls.prefix for r in rows], max(len(r.controls.prefix) for r in rows), device
+        )
+        self.prefix_len = torch.tensor([len(r.controls.prefix) for r in rows], device=device)
         self.rank = torch.arange(len(rows), device=device).remainder(K).unsqueeze(1)  # (R, 1)
-        self.avoid, self.avoid_len = _phrases([r.avoid for r in rows], device)
+        self.avoid, self.avoid_len = _phrases([r.controls.avoid for r in rows], device)
         self.window = None  # (R, W) each row's last output tokens, where a phrase is avoided
         if self.avoid.size(1):
             self.window = torch.full((len(rows), self.avoid.size(2)), BEFORE, device=device)

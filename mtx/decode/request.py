@@ -8,11 +8,11 @@ each row's request from it. A sentence's output depends on its own request alone
 request is read across rows.
 
 A request holds the source as the model reads it, its line number (the seed of its samples),
-if it has one, its own length limit, and its controls (decode/controlled.py): a target prefix
-the output starts with, hard constraints (phrases the output must contain) and phrases to
-avoid, each as target ids; and what the decoder reads after its start token before the
-output (an NLLB model's target-language code). What a caller may add per sentence is added
-here, as a field of `Request`, and read by the searches from the batch.
+if it has one, its own length limit, its controls (controls.py: a target prefix, constraints, phrases to
+avoid, alternatives), segmented into target ids, and what the decoder reads after its start
+token before the output (an NLLB model's target-language code). A control a caller may add per
+sentence is declared in controls.py, not here: it travels in `controls`, and dispatch.py says
+which search takes it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from mtx.decode import rules
+from mtx.decode.controls import Segmented
 from mtx.model.groups import Groups
 from mtx.tokens import PAD_ID
 
@@ -34,18 +35,10 @@ class Request:
     source: tuple[int, ...]  # source ids as the model reads them: its tag first, EOS last
     line: int = 0  # its line number in the input: the seed of its samples
     max_len: int | None = None  # its longest output, EOS included; None: decode.max_len_a/b's
-    prefix: tuple[int, ...] = ()  # the output starts with these target ids
-    constraints: tuple[tuple[int, ...], ...] = ()  # phrases (target ids) it must contain
-    avoid: tuple[tuple[int, ...], ...] = ()  # phrases it must not contain
-    alternatives: int = 0  # return this many alternatives at the first word after the prefix
+    controls: Segmented = Segmented()  # its controls as target ids (controls.py)
     # read by the decoder after its start token, given, not produced nor scored (an NLLB
     # model's target-language code): not part of the output
     start: tuple[int, ...] = ()
-
-    @property
-    def steered(self) -> bool:
-        """Whether it has controls: then the controlled search decodes it (controlled.py)."""
-        return bool(self.prefix or self.constraints or self.avoid or self.alternatives)
 
     def longest(self, a: float, b: int, limit: int) -> int:
         """Its longest output, EOS included: its own `max_len`, else a * source tokens (EOS

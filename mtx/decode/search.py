@@ -361,7 +361,7 @@ def beam_search(
         if all(done):
             break
         # (B, K): the best K not ending in EOS
-        keep = rules.continuing(tok, K) if steer is None else steer.select(top)
+        keep = rules.continuing(tok, K) if steer is None else steer.select(top, tok)
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         sentences = None
         if any(done):  # finished sentences leave the batch

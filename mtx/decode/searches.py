@@ -6,9 +6,10 @@
   decode settings, kept with its CUDA graphs from one batch to the next;
 - otherwise the shrinking search of search.py: greedy search at beam 1, else beam search.
 
-Requests with controls (a target prefix, constraints, avoided phrases: request.py) are taken
-out of their batch and decoded by the shrinking beam search under them (controlled.py), the
-others as before: a sentence without controls is decoded as if the others were not there.
+Which of them decodes a request is dispatch.py's: requests with controls (a target prefix,
+constraints, avoided phrases, alternatives: controls.py) are taken out of their batch and
+decoded by the shrinking beam search under them, or the alternatives search (controlled.py),
+the others as before: a sentence without controls is decoded as if the others were not there.
 
 With `decode.shortlist`, the shrinking search and sampling decode the model through its
 lexical shortlist (shortlist.py), loaded once and kept.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from mtx.config import DecodeConfig
-from mtx.decode import rules
+from mtx.decode import dispatch, rules
 from mtx.decode.controlled import Alternatives, Steer, word_ends
 from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
@@ -53,41 +54,44 @@ class Searches:
 
     def __call__(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
         """The `nbest` hypotheses of each sentence of `batch` (batches.py), best first; with
-        sampling, `nbest` samples of each, seeded by each request's line number. Requests with
-        controls (a prefix, constraints) are decoded by the controlled search, the others as
-        if they were alone in the batch."""
-        steered = [i for i, r in enumerate(batch.requests) if r.steered]
-        if not steered:
-            return self.plain(batch, d, nbest)
-        check_controls(self.model, d, self.device)
-        if len(steered) == len(batch.requests):
-            return self.controlled(batch, d, nbest)
-        plain = [i for i, r in enumerate(batch.requests) if not r.steered]
+        sampling, `nbest` samples of each, seeded by each request's line number. Each request
+        is decoded by the search dispatch.py chooses for it, as if it were alone in the batch:
+        requests with controls apart from the others, and those asking for N alternatives
+        apart from those asking for another number."""
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(batch.requests):
+            search = dispatch.check(r.controls, d, device=self.device.type)
+            groups.setdefault((search, r.controls.alternatives), []).append(i)
+        if len(groups) == 1:
+            ((search, n),) = groups
+            return self.run(search, n, batch, d, nbest)
         out: list[list[Hypothesis]] = [[] for _ in batch.requests]
-        for rows, hyps in (
-            (plain, self.plain(batch.subset(plain), d, nbest)),
-            (steered, self.controlled(batch.subset(steered), d, nbest)),
-        ):
-            for i, h in zip(rows, hyps):
-                out[i] = h
+        for (search, n), rows in groups.items():
+            for i, hyps in zip(rows, self.run(search, n, batch.subset(rows), d, nbest)):
+                out[i] = hyps
         return out
 
-    def controlled(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
+    def run(
+        self, search: dispatch.Search, n: int, batch: SearchBatch, d: DecodeConfig, nbest: int
+    ) -> list[list[Hypothesis]]:
+        """`search` (dispatch.py) over a batch all of whose requests it decodes (`n`: the
+        alternatives each asks for)."""
+        if search in (dispatch.CONSTRAINED, dispatch.ALTERNATIVES):
+            return self.controlled(batch, d, nbest, n)
+        return self.plain(batch, d, nbest)
+
+    def controlled(
+        self, batch: SearchBatch, d: DecodeConfig, nbest: int, n: int
+    ) -> list[list[Hypothesis]]:
         """The shrinking beam search under each request's controls (controlled.py); at beam 1
-        without a length penalty, so that it is greedy search. Requests asking for N
-        alternatives are decoded apart, by greedy search, N rows each (`Alternatives`), and
-        get their N alternatives, best first."""
+        without a length penalty, so that it is greedy search. With `n` alternatives asked
+        for, greedy search, N rows a request (`Alternatives`), giving the N alternatives of
+        each, best first."""
+        if self.model.capabilities.candidates:
+            raise MtxError("a target prefix or constraints run without a lexical shortlist")
         if self._ends is None and self.vocab is not None:
             self._ends = word_ends(self.vocab, self.device)
-        kinds = sorted({r.alternatives for r in batch.requests})
-        if len(kinds) > 1:
-            out: list[list[Hypothesis]] = [[] for _ in batch.requests]
-            for n in kinds:
-                rows = [i for i, r in enumerate(batch.requests) if r.alternatives == n]
-                for i, hyps in zip(rows, self.controlled(batch.subset(rows), d, nbest)):
-                    out[i] = hyps
-            return out
-        a, b, limit, n = d.max_len_a, d.max_len_b, self.limit, kinds[0]
+        a, b, limit = d.max_len_a, d.max_len_b, self.limit
         if n == 0:
             steer = Steer(batch.requests, d.beam, self.device, self._ends)
             alpha = d.alpha if d.beam > 1 else 0.0
@@ -135,9 +139,7 @@ class Searches:
     def static(self, d: DecodeConfig) -> StaticSearch | None:
         """The static search `decode.search` asks for (decode/static.py), or None for the
         shrinking one; one per decode settings, kept with its CUDA graphs."""
-        mode = d.search
-        if mode == "auto":
-            mode = "graphs" if self.device.type == "cuda" else "shrinking"
+        mode = dispatch.static_mode(d.search, self.device.type)
         if mode == "shrinking":
             return None
         why = static_refusal(self.model, d, mode, self.device)
@@ -153,21 +155,6 @@ class Searches:
                 self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, self.limit, mode == "graphs"
             )
         return self.kept[key]
-
-
-def check_controls(model: Decodable, d: DecodeConfig, device: torch.device) -> None:
-    """Refuse, in one line, decode settings a request's controls cannot run with."""
-    if d.sampling:
-        raise MtxError("a target prefix or constraints run in the search, not with decode.sampling")
-    if d.shortlist:
-        raise MtxError("a target prefix or constraints run without decode.shortlist")
-    if d.search in ("static", "graphs"):
-        raise MtxError(
-            f"decode.search {d.search}: a target prefix or constraints run in the shrinking "
-            "search only (decode.search shrinking, or auto)"
-        )
-    if model.capabilities.candidates:
-        raise MtxError("a target prefix or constraints run without a lexical shortlist")
 
 
 def static_refusal(

@@ -31,10 +31,12 @@ import torch
 from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
+from mtx.decode import dispatch
 from mtx.decode.batches import request_batches
 from mtx.decode.controls import Controls, Line, fits, segment
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.request import Request, SearchBatch
+from mtx.decode.result import Output, Translation
 from mtx.decode.rules import Hypothesis
 from mtx.decode.searches import Searches
 from mtx.decode.shortlist import vocabulary_sha256
@@ -235,12 +237,10 @@ class Translator:
         request = Request(tuple(self._encode(line)), number, max_len, start=self.start())
         if not controls:
             return request
+        dispatch.check(controls, self.cfg.decode, device=self.device.type)
         never, longest = self.model.specials.never_below, self.longest(request)
-        prefix, need, avoid = segment(controls, self.vocab.target.encode, never, longest)
-        alternatives = controls.alternatives
-        return dataclasses.replace(
-            request, prefix=prefix, constraints=need, avoid=avoid, alternatives=alternatives
-        )
+        segmented = segment(controls, self.vocab.target.encode, never, longest)
+        return dataclasses.replace(request, controls=segmented)
 
     def longest(self, request: Request) -> int:
         """A request's longest output, EOS included (decode.max_len_a/b, the model's limit)."""
@@ -250,7 +250,7 @@ class Translator:
     def fits(self, request: Request) -> bool:
         """Whether a request's prefix, constraints and EOS fit in its longest output (then
         every output contains every constraint: controlled.py)."""
-        return fits(request.prefix, request.constraints, self.longest(request))
+        return fits(request.controls, self.longest(request))
 
     def request_of(self, item: str | Line, number: int) -> Request:
         """The request of an input line, numbered `number` from 0 (see `_line_request`)."""
@@ -357,6 +357,15 @@ class Translator:
             output=[piece(i) for i in tokens] + ["</s>"],
             weights=weights,
         )
+
+    def translation(self, hyps: list[Hypothesis], alternatives: bool = False) -> Translation:
+        """The result of a sentence (result.py) from its hypotheses, best first
+        (`alternatives`: they are the alternatives it asked for)."""
+        outputs = tuple(
+            Output(self.detokenize(h.tokens), float(h.score), float(h.log_prob), h.unmet)
+            for h in hyps
+        )
+        return Translation(outputs, alternatives)
 
     def detokenize(self, ids: list[int]) -> str:
         return " ".join(self.vocab.decode(ids).split())  # never a newline inside a line

@@ -36,10 +36,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.exceptions import HTTPException
 
-from mtx.decode.controls import Line, controls_of
+from mtx.decode.controls import CONTROLS, Controls, Line
+from mtx.decode.result import EMPTY
 from mtx.errors import MtxError
 from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
@@ -50,29 +51,38 @@ RETRY_AFTER_S = 1
 RETRY = {"Retry-After": str(RETRY_AFTER_S)}  # with a 503
 
 
-class Source(BaseModel):
-    """A text with controls (decode/controls.py): what a line of `mtx translate --json` holds."""
+def source_model() -> type[BaseModel]:
+    """A text with controls, as a line of `mtx translate --json` holds it: its fields made from
+    the controls' declarations (decode/controls.py), checked there too."""
+    fields: dict[str, Any] = {"text": (str, ...)}
+    for c in CONTROLS.values():
+        fields[c.name] = (c.annotation, c.default if c.kind != "phrases" else [])
+    config = ConfigDict(extra="forbid", strict=True)
+    return create_model("Source", __config__=config, **fields)
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-    text: str
-    prefix: str = ""  # the translation starts with it
-    constraints: list[str] = []  # phrases it must contain
-    avoid: list[str] = []  # phrases it must not contain
-    alternatives: int = 0  # also this many alternatives at the first word after the prefix
 
-
-class TranslateRequest(BaseModel):
-    """POST /translate. Types are strict: "4" is not a beam."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    text: str | Source | list[str | Source]  # one text, or a list translated in order
-    beam: int | None = None  # beam size, 1 = greedy (default: the checkpoint's decode.beam)
-    nbest: int = 1  # also return this many best translations of each text, with scores
-    attention: bool = False  # also return the encoder-decoder attention (one checkpoint only)
-    tgt_lang: str | None = None  # the language to translate into (a multilingual model: needed)
+def request_model() -> type[BaseModel]:
+    """POST /translate's body. Types are strict: "4" is not a beam."""
+    source = source_model()
+    return create_model(
+        "TranslateRequest",
+        __config__=ConfigDict(extra="forbid", strict=True),
+        # one text, or a list translated in order
+        text=(str | source | list[str | source], ...),
+        # beam size, 1 = greedy (default: the checkpoint's decode.beam)
+        beam=(int | None, None),
+        # also return this many best translations of each text, with scores
+        nbest=(int, 1),
+        # also return the encoder-decoder attention (one checkpoint only)
+        attention=(bool, False),
+        # the language to translate into (a multilingual model: needed)
+        tgt_lang=(str | None, None),
+    )
 
 
 class TranslateResponse(BaseModel):
+    results: list[dict[str, Any]]  # one per text, in order: decode/result.py's JSON form
+    # deprecated, answered until mtx 0.3 (docs/serving.md): the same, as the old shape
     translations: list[str]  # one per text, in order
     scores: list[float | None]  # each translation's search score (None for a text with no words)
     nbest: list[list[dict[str, Any]]] | None = None  # with nbest > 1: [{"text", "score"}, ...]
@@ -131,6 +141,7 @@ class Service:
 
     def __init__(self, engine: Front, info: dict, decoders: list) -> None:
         self.engine, self.info = engine, info
+        self.model = request_model()  # made now: from the controls declared now
         self.cfg = engine.cfg
         s = self.cfg.serve
         self.metrics = Metrics()
@@ -161,7 +172,7 @@ class Service:
             self.drain_timer.daemon = True
             self.drain_timer.start()
 
-    async def read_request(self, request: Request) -> TranslateRequest:
+    async def read_request(self, request: Request) -> BaseModel:
         s = self.cfg.serve
         body = bytearray()
         async for chunk in request.stream():
@@ -176,11 +187,11 @@ class Service:
         except (ValueError, RecursionError) as e:
             raise invalid(f"the request body is not valid JSON ({e})") from None
         try:
-            return TranslateRequest.model_validate(value)
+            return self.model.model_validate(value)
         except ValidationError as e:
             raise invalid(_validation_message(e)) from None
 
-    def check(self, req: TranslateRequest, items: list[str | Source]) -> Choices:
+    def check(self, req: BaseModel, items: list) -> Choices:
         s, d = self.cfg.serve, self.cfg.decode
         if not items:
             raise invalid("text: an empty list (give at least one text)")
@@ -207,7 +218,7 @@ class Service:
             raise invalid(why)
         return Choices(beam, req.nbest, req.attention, req.tgt_lang)
 
-    def lines(self, items: list[str | Source]) -> list[str | Line]:
+    def lines(self, items: list) -> list[str | Line]:
         """Each text, or a `Line` with its controls, checked as the translator checks them."""
         out: list[str | Line] = []
         for i, item in enumerate(items):
@@ -216,11 +227,9 @@ class Service:
                 continue
             where = "text" if len(items) == 1 else f"text[{i}]"
             try:
-                line = Line(item.text, controls_of(item.model_dump(), where))
+                line = Line(item.text, Controls.read(item.model_dump(), where))
                 if line.controls.alternatives > self.cfg.serve.max_beam:
                     raise MtxError(f"{where}: alternatives must be at most serve.max_beam")
-                if line.controls and self.engine.name != "mtx":
-                    raise MtxError(f"{where}: a prefix or constraints need --engine mtx")
                 self.engine.check_controls(line, where)
             except MtxError as e:
                 raise invalid(str(e)) from None
@@ -238,7 +247,7 @@ class Service:
             done = await self.decode([texts[i] for i in todo], choices)
             for i, result in zip(todo, done):
                 results[i] = result
-        return self.answer(results, choices)
+        return self.answer(results, texts, choices)
 
     async def decode(self, texts: list[str | Line], choices: Choices) -> list[Result]:
         """Queue the texts and wait for their results, at most serve.timeout_s."""
@@ -260,27 +269,32 @@ class Service:
         except Exception as e:
             raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}", "error") from e
 
-    def answer(self, results: list[Result | None], choices: Choices) -> dict:
+    def answer(
+        self, results: list[Result | None], lines: list[str | Line], choices: Choices
+    ) -> dict:
+        """{"results": each text's result in decode/result.py's JSON form}, and the same in
+        the deprecated shape (docs/serving.md)."""
         m = self.metrics
+        done = [r.translation if r else EMPTY for r in results]
         out: dict[str, Any] = {
-            "translations": [r.texts[0] if r else "" for r in results],
-            "scores": [r.scores[0] if r else None for r in results],
+            "results": [t.to_json(choices.nbest) for t in done],
+            "translations": [t.best.text for t in done],
+            "scores": [t.best.score for t in done],
         }
         if choices.nbest > 1:
             out["nbest"] = [
-                [{"text": t, "score": s} for t, s in zip(r.texts, r.scores)] if r else []
-                for r in results
+                [{"text": o.text, "score": o.score} for o in t.outputs] if r else []
+                for t, r in zip(done, results)
             ]
         if choices.attention:
             out["attention"] = [r.attention if r else None for r in results]
-        if any(r and r.constrained for r in results):
-            out["unmet"] = [r.unmet if r else 0 for r in results]
-        if any(r and r.alternatives for r in results):
+        if any(not isinstance(x, str) and x.controls.constraints for x in lines):
+            out["unmet"] = [t.best.unmet for t in done]
+        if any(t.alternatives for t in done):
             out["alternatives"] = [
-                [{"text": t, "score": s} for t, s in zip(r.texts, r.scores)]
-                if r and r.alternatives else None
-                for r in results
-            ]  # fmt: skip
+                [{"text": o.text, "score": o.score} for o in t.outputs] if t.alternatives else None
+                for t in done
+            ]
         m.tokens_in.inc(sum(r.tokens_in for r in results if r))
         m.tokens_out.inc(sum(len(r.ids) for r in results if r))
         return out
@@ -319,7 +333,7 @@ def create_app(engine: Front, info: dict, decoders: list) -> FastAPI:
 
 def _add_translate(app: FastAPI, service: Service) -> None:
     """POST /translate, with its request body's schema on the OpenAPI page."""
-    schema = TranslateRequest.model_json_schema()
+    schema = service.model.model_json_schema()
     body = {"required": True, "content": {"application/json": {"schema": schema}}}
 
     @app.post("/translate", response_model=TranslateResponse, openapi_extra={"requestBody": body})

@@ -23,6 +23,7 @@ import torch
 
 from mtx.decode import rules
 from mtx.decode.controls import Line
+from mtx.decode.result import Output, Translation
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.serve.front import About, Choices, Result, check_engine
@@ -55,17 +56,8 @@ class MtxEngine:
         requests = [tr.request_of(text, 0) for text in texts]
         out = []
         for request, hyps in zip(requests, tr.translate_requests(requests, nbest)):
-            out.append(
-                Result(
-                    texts=[tr.detokenize(h.tokens) for h in hyps],
-                    scores=[float(h.score) for h in hyps],
-                    ids=list(hyps[0].tokens),
-                    tokens_in=len(request.source),
-                    constrained=bool(request.constraints),
-                    unmet=hyps[0].unmet,
-                    alternatives=bool(request.alternatives),
-                )
-            )
+            translation = tr.translation(hyps, bool(request.controls.alternatives))
+            out.append(Result(translation, list(hyps[0].tokens), len(request.source)))
         return out
 
     def attention(self, text: str, ids: list[int], tgt_lang: str | None = None) -> dict:
@@ -120,8 +112,8 @@ class CT2Engine:
         out = []
         for p, r in zip(pieces, results):
             ids = [[vocabulary.piece_to_id(x) for x in h] for h in r.hypotheses]
-            hyps = [tr.detokenize(h) for h in ids]
-            out.append(Result(hyps, [float(s) for s in r.scores], ids[0], len(p) + 1))
+            outputs = tuple(Output(tr.detokenize(h), float(s)) for h, s in zip(ids, r.scores))
+            out.append(Result(Translation(outputs), ids[0], len(p) + 1))
         return out
 
     def attention(self, text: str, ids: list[int], tgt_lang: str | None = None) -> dict:

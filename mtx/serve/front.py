@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
+from mtx.decode import dispatch
 from mtx.decode.controls import Line, segment
+from mtx.decode.result import Translation
 from mtx.errors import MtxError
 from mtx.tokens import SPECIALS, encode_line, longest_output
 
@@ -37,14 +39,12 @@ class Choices:
 
 @dataclass
 class Result:
-    texts: list[str]  # the n-best translations, best first
-    scores: list[float]  # what the search ranked them by
+    """One text's answer: its translation (decode/result.py) and what the server counts."""
+
+    translation: Translation
     ids: list[int] = field(default_factory=list)  # the best translation's subword ids
     tokens_in: int = 0  # source subwords, EOS included
     attention: dict | None = None  # MtxEngine.attention's, when the request asks for it
-    constrained: bool = False  # the text had constraints
-    unmet: int = 0  # how many of them the translation lacks (decode/controlled.py)
-    alternatives: bool = False  # `texts` are the alternatives the text asked for
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Front:
 
     def __init__(self, about: About) -> None:
         self.name, self.cfg, self.single_model = about.engine, about.cfg, about.single_model
-        self.max_positions = about.max_positions
+        self.max_positions, self.device = about.max_positions, about.device
         self.vocab = vocab.load(about.spm_proto)
         self.tags = corpora.tag_ids(self.vocab)
         # as the translator's: the tags' languages, an NLLB model's codes, or the config's one
@@ -80,8 +80,14 @@ class Front:
         return len(encode_line(self.vocab.source, text, self.max_positions, prefix))
 
     def check_controls(self, line: Line, where: str) -> None:
-        """Refuse, naming `where`, controls the translator would refuse (controls.segment)."""
+        """Refuse, naming `where`, controls the translator would refuse: a search that does
+        not take them (decode/dispatch.py; CTranslate2's takes none), or controls that cannot
+        be honoured (controls.segment)."""
+        if line.controls and self.name != "mtx":
+            missing = next(iter(line.controls))
+            raise MtxError(f"{where}: --engine {self.name} takes no {missing} (--engine mtx does)")
         d, limit = self.cfg.decode, self.max_positions - 1
+        dispatch.check(line.controls, d, where, self.device)
         longest = longest_output(self.length(line.text) - 1, d.max_len_a, d.max_len_b, limit)
         never = SPECIALS[self.cfg.model.decoder_start].never_below
         try:

@@ -1,0 +1,65 @@
+"""What translating one sentence gives, declared once: its hypotheses as text (`Output`) and
+the sentence's result (`Translation`), with the one JSON form that `mtx translate --json`,
+corpus translation and `mtx serve` ("results") answer:
+
+    {"translation": "Der Hund läuft.", "score": -0.41, "log_prob": -0.87, "unmet": 0,
+     "nbest": [{"translation": ..., "score": ..., "log_prob": ..., "unmet": ...}, ...],
+     "alternatives": [{...}, ...]}
+
+`translation`, `score`, `log_prob` and `unmet` are the best hypothesis's: its text, what the
+search ranked it by (its log-probability over a length penalty), its log-probability, and how
+many of the sentence's constraints it lacks (0 without constraints); `nbest` comes with n-best
+output (n > 1), the n best hypotheses in that form, best first; `alternatives` where the
+sentence asked for alternatives, each in that form, best first. A score or log-probability
+that an engine does not give (a text with no words in `mtx serve`, CTranslate2's
+log-probability) is null. A field a later feature adds to each sentence's result is added here.
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Output:
+    """One hypothesis as text."""
+
+    text: str
+    score: float | None = None
+    log_prob: float | None = None
+    unmet: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "translation": self.text,
+            "score": self.score,
+            "log_prob": self.log_prob,
+            "unmet": self.unmet,
+        }
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One sentence's result: its hypotheses, best first (the n best, or the alternatives it
+    asked for)."""
+
+    outputs: tuple[Output, ...]
+    alternatives: bool = False  # `outputs` are the alternatives the sentence asked for
+
+    @property
+    def best(self) -> Output:
+        return self.outputs[0]
+
+    def to_json(self, nbest: int = 1) -> dict:
+        """The one JSON form of a result (the module's docstring); `nbest`: how many of the
+        hypotheses the caller asked for."""
+        out = self.best.to_json()
+        if self.alternatives:
+            out["alternatives"] = [o.to_json() for o in self.outputs]
+        elif nbest > 1:
+            out["nbest"] = [o.to_json() for o in self.outputs[:nbest]]
+        return out
+
+
+EMPTY = Translation((Output(""),))  # a text with no words, not decoded (mtx serve)
