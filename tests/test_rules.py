@@ -1,9 +1,12 @@
 """One rulebook for every search (decode/rules.py): each rule is changed here, and the shrinking
-search (decode/search.py) and the static search (decode/static.py) must both follow the
-change, and still find the same hypotheses as each other. A search that wrote a rule of its
-own would ignore the change. The server's CTranslate2 engine and the peer benchmark take
+search (decode/search.py), the static search (decode/static.py) and the constrained beam
+search (decode/controlled.py, under controls that change nothing) must all follow the change,
+and still find the same hypotheses as each other; the alternatives search must follow the
+length limit and the tokens never produced. A search that wrote a rule of its own would
+ignore the change. The server's CTranslate2 engine and the peer benchmark take
 their length limit and suppressed tokens from the same rules."""
 
+import dataclasses
 import math
 
 import pytest
@@ -14,6 +17,9 @@ from mtx.bench.peers import batches
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode import rules
+from mtx.decode.controlled import Alternatives, Steer
+from mtx.decode.controls import Segmented
+from mtx.decode.request import SearchBatch
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
@@ -46,11 +52,38 @@ def src():
 
 def both(model, src, beam: int = K, nbest: int = 1) -> tuple[list, list]:
     """The n-best lists of the shrinking and the static search (attending over the written
-    positions only, so that the two compute the same numbers: tests/test_static.py)."""
+    positions only, so that the two compute the same numbers: tests/test_static.py), once
+    the constrained beam search has been checked to give the shrinking search's."""
     static = StaticSearch(model, beam, ALPHA, 1.0, B_LEN, LIMIT, full=False)(src, nbest=nbest)
     if beam == 1:
-        return [[h] for h in greedy_search(model, src, 1.0, B_LEN, LIMIT)], static
-    return beam_search(model, src, beam, ALPHA, 1.0, B_LEN, LIMIT, nbest), static
+        shrinking = [[h] for h in greedy_search(model, src, 1.0, B_LEN, LIMIT)]
+    else:
+        shrinking = beam_search(model, src, beam, ALPHA, 1.0, B_LEN, LIMIT, nbest)
+    assert tokens(constrained(model, src, beam, nbest)) == tokens(shrinking)
+    return shrinking, static
+
+
+def steered(src, **controls) -> SearchBatch:
+    """`src` with the same controls on every sentence."""
+    batch = SearchBatch.of(src)
+    rows = [dataclasses.replace(r, controls=Segmented(controls)) for r in batch.requests]
+    return SearchBatch(batch.src, rows)
+
+
+def constrained(model, src, beam: int, nbest: int) -> list:
+    """The constrained beam search under a control that changes nothing: avoiding PAD, which
+    no search produces (at beam 1 without a length penalty, as searches.py runs it)."""
+    batch = steered(src, avoid=((PAD_ID,),))
+    steer = Steer(batch.requests, beam, src.device)
+    alpha = ALPHA if beam > 1 else 0.0
+    return beam_search(model, batch, beam, alpha, 1.0, B_LEN, LIMIT, nbest, "k_finished", steer)
+
+
+def alternatives(model, src, n: int = 3) -> list:
+    """`n` alternatives of each sentence after its first token (decode/controlled.py)."""
+    batch = steered(src, prefix=(5,), alternatives=n)
+    pick = Alternatives(batch.requests, n, src.device)
+    return greedy_search(model, batch, 1.0, B_LEN, LIMIT, pick=pick, copies=n)
 
 
 def tokens(hyps) -> list:
@@ -67,6 +100,7 @@ def test_both_searches_take_the_longest_output_from_the_rules(model, src, monkey
     shrinking, static = both(model, src, beam)
     assert shrinking == static
     assert all(len(h.tokens) + 1 <= 3 for n in shrinking for h in n)  # EOS counts
+    assert all(len(h.tokens) + 1 <= 3 for h in alternatives(model, src))
 
 
 @pytest.mark.parametrize("beam", [K, 1])
@@ -80,10 +114,12 @@ def test_both_searches_rule_out_the_tokens_the_rules_rule_out(model, src, monkey
         real(lprobs, specials)[:, common] = -torch.inf
         return lprobs
 
+    assert any(common in h.tokens for h in alternatives(model, src))
     monkeypatch.setattr(rules, "mask_never_produced", also_common)
     shrinking, static = both(model, src, beam)
     assert shrinking == static
     assert not any(common in h.tokens for n in shrinking for h in n)
+    assert not any(common in h.tokens for h in alternatives(model, src))
 
 
 def test_both_searches_score_finished_hypotheses_by_the_rules(model, src, monkeypatch):
