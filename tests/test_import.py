@@ -6,6 +6,7 @@ refusals of what mtx cannot take."""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import warnings
 from pathlib import Path
@@ -61,6 +62,24 @@ def test_the_tokenizers_give_transformers_ids(marian):
     for line in targets(1000):
         ours = [v.origin[i] for i in v.target.encode(line)] + [v.origin[3]]
         assert ours == tokenizer(text_target=line).input_ids, line
+
+
+def test_every_piece_is_detokenized_as_transformers_does(marian):
+    """Each piece alone and in random runs, those the table has from the source model and the
+    target model lacks among them: the text transformers' decode gives (whitespace as mtx
+    writes a line: runs of it one space)."""
+    _, path, _, tokenizer = marian
+    tr = translator(path)
+    v, target = tr.vocab, tr.vocab.target.sp
+    ids = [i for i in range(v.get_piece_size()) if i not in v.specials]
+    lacked = [i for i in ids if target.piece_to_id(v.pieces[i]) == target.unk_id()]
+    assert any("\u2581" in v.pieces[i] for i in lacked)  # what left a literal ▁ before
+    rng = random.Random(0)
+    runs = [[i] for i in ids] + [rng.sample(ids, 6) for _ in range(500)]
+    runs += [[*rng.sample(ids, 2), i, *rng.sample(lacked, 2)] for i in lacked]
+    for run in runs:
+        want = tokenizer.decode([v.origin[i] for i in run], skip_special_tokens=True)
+        assert tr.detokenize(run) == " ".join(want.split()), [v.pieces[i] for i in run]
 
 
 def assert_logits_equal(path, hf, tokenizer) -> None:
@@ -271,7 +290,13 @@ def test_a_hub_id_without_the_network_says_what_to_download(tmp_path, monkeypatc
     result = invoke("import", "Helsinki-NLP/opus-mt-de-en", "--output", tmp_path / "out.pt")
     assert result.exit_code != 0
     assert "hf download Helsinki-NLP/opus-mt-de-en" in result.output
+    assert "then `mtx import DIR --output CHECKPOINT`" in result.output  # as it must be typed
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_the_help_names_both_families():
+    said = " ".join(invoke("import", "--help").output.split())
+    assert "MarianMT (OPUS-MT) or NLLB (M2M100)" in said
 
 
 def test_the_checkpoint_records_the_imported_vocabulary(marian):

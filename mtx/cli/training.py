@@ -90,13 +90,17 @@ def export(
 
 def import_(
     source: Annotated[
-        str, typer.Argument(help="A Hugging Face MarianMT model: its directory, or a hub id.")
+        str,
+        typer.Argument(
+            help="A Hugging Face MarianMT (OPUS-MT) or NLLB (M2M100) model: its directory, "
+            "or a hub id."
+        ),
     ],
     output: Annotated[Path, typer.Option(help="The mtx checkpoint to write.")],
     src_lang: Annotated[str | None, typer.Option(help="Its source language code.")] = None,
     tgt_lang: Annotated[str | None, typer.Option(help="Its target language code.")] = None,
 ) -> None:
-    """Turn a pretrained MarianMT (OPUS-MT) model into an mtx checkpoint."""
+    """Turn a pretrained MarianMT (OPUS-MT) or NLLB (M2M100) model into an mtx checkpoint."""
     from mtx.pretrained import import_model
 
     about = run(import_model, source, output, src_lang, tgt_lang)

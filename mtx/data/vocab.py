@@ -221,10 +221,12 @@ class Paired:
         return i == UNK_ID
 
     def decode(self, ids: list[int]) -> str:
-        """The target text of `ids`, special ids left out (as MarianTokenizer's decode with
-        skip_special_tokens)."""
+        """The target text of `ids`, special ids left out, as MarianTokenizer's decode with
+        skip_special_tokens gives it: the target model's decoding, then every word boundary
+        mark left a space (a piece the table has from the source model and the target model
+        lacks is decoded as it is written, its ▁ kept; OPUS-MT's vocabularies are joint)."""
         pieces = [self.pieces[i] for i in ids if i not in self.specials]
-        return self.target.sp.decode_pieces(pieces)
+        return self.target.sp.decode_pieces(pieces).replace("\u2581", " ").strip()
 
 
 def check_decoder_start(v: Vocabulary, decoder_start: str) -> None:

@@ -63,5 +63,5 @@ def resolve(source: str) -> Path:
         raise MtxError(
             f"{source}: not a local directory, and the hub did not answer ({first}); on a "
             f"machine with the network run `hf download {source} --local-dir DIR`, then "
-            "`mtx import DIR`"
+            "`mtx import DIR --output CHECKPOINT`"
         ) from None
