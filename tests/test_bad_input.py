@@ -158,6 +158,20 @@ def test_an_unusable_run_dir_is_a_one_line_error(tmp_path):
     assert_one_line_error(result, "file/run", "Not a directory")
 
 
+def test_a_missing_split_says_how_to_get_it(tmp_path, monkeypatch):
+    """The Multi30k recipe before `mtx fetch multi30k`: the error says to fetch it; a local
+    split of no corpus mtx fetches says what a local split is."""
+    monkeypatch.chdir(tmp_path)
+    run = f"run_dir={tmp_path / 'run'}"
+    result = invoke("prepare", "--config", ROOT / "configs/multi30k.yaml", "--set", run)
+    fetch = "`mtx fetch multi30k --output data/multi30k` downloads it"
+    assert_one_line_error(result, "file not found: data/multi30k/train.en", fetch)
+    values = [*sets([f"data.train={tmp_path / 'mine'}", run])]
+    result = invoke("prepare", "--config", ROOT / "configs/multi30k.yaml", *values)
+    assert_one_line_error(result, "mine.en (a local split is a prefix P of P.en, P.de)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_debug_shows_the_traceback(tmp_path):
     result = invoke("--debug", "prepare", "--config", ROOT / "configs/toy.yaml", "--set", "x=1")
     assert result.exit_code != 0 and "unknown config key" in str(result.exception)

@@ -41,10 +41,20 @@ def local_files(prefix: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
     src, tgt = Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}")
     for path in (src, tgt):
         if not path.is_file():
-            raise MtxError(
-                f"file not found: {path} (a local split is a prefix P of P.{src_lang}, P.{tgt_lang})"
-            )
+            raise MtxError(f"file not found: {path} ({_missing_advice(path, src_lang, tgt_lang)})")
     return src, tgt
+
+
+def _missing_advice(path: Path, src_lang: str, tgt_lang: str) -> str:
+    """What to do about a missing local split: `mtx fetch` where it is a file that a corpus
+    mtx fetches puts there (data/fetch.py), else what a local split is."""
+    from mtx.data.fetch import CORPORA
+
+    corpus = CORPORA.get(path.parent.name)
+    if corpus is not None and path.name in corpus.files:
+        name = path.parent.name
+        return f"`mtx fetch {name} --output {path.parent}` downloads it"
+    return f"a local split is a prefix P of P.{src_lang}, P.{tgt_lang}"
 
 
 def read_lines(path: Path) -> Iterator[str]:
