@@ -31,7 +31,7 @@ demo: install
 	$(BIN)/mtx plot $(RUN)
 
 test: install
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q --durations=15
 
 test-all: install
 	$(BIN)/python -m pytest -q

@@ -98,23 +98,45 @@ def quick_start() -> list[tuple[str, list[str]]]:
     return steps
 
 
+def test_the_quick_start_begins_in_the_environment_make_installs():
+    """`make` installs into $(VENV) (.venv): the quick start activates it before its first
+    `mtx`, so that it runs as typed after `make demo`."""
+    steps = quick_start()
+    venv = re.search(r"^VENV \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert steps[0] == (f". {venv}/bin/activate", [])
+
+
 @pytest.mark.slow
 def test_the_quick_start_runs_as_written(tmp_path):
     """In a directory holding only the repository's configs, each quick-start command as the
-    README gives it (`mtx` being this Python's) exits 0 and prints the first line the README
-    shows for it (its numbers are those of the CPU that made the README)."""
+    README gives it exits 0 and prints the first line the README shows for it (its numbers
+    are those of the CPU that made the README); the environment it activates is this
+    Python's (.venv's, under `make test`), so `mtx` is the command `make` installed."""
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
-    steps = quick_start()
+    activate, *steps = quick_start()
     assert [s.split()[1] for s, _ in steps] == ["prepare", "train", "toy", "translate", "evaluate"]
+    env = Path(sys.prefix) / "bin" / "activate"
     for command, shown in steps:
-        line = command.replace("mtx ", f"{shlex.quote(sys.executable)} -m mtx ", 1)
-        done = subprocess.run(line, shell=True, cwd=tmp_path, capture_output=True, text=True)
+        line = f". {shlex.quote(str(env))} && {command}"
+        done = subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, env=clean_env()
+        )
         assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
         printed = [p.strip() for p in (done.stdout + done.stderr).splitlines()]
         if shown:  # its first line as shown, any numbers (they are this CPU's)
             pattern = re.sub(r"\d[\d.,]*", r"[\\d.,]+", re.escape(shown[0]))
             assert any(re.fullmatch(pattern, p) for p in printed), (command, shown[0], printed)
     assert (tmp_path / "runs" / "toy" / "hyp.de").stat().st_size > 0
+
+
+def clean_env() -> dict:
+    """This environment without a virtual environment's PATH entry: the quick start's own
+    activation must make `mtx` found."""
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    here = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != here)
+    return env
 
 
 def test_the_multi30k_recipe_without_the_network_stops_in_one_line_saying_what_to_fetch(
@@ -136,3 +158,11 @@ def test_the_multi30k_recipe_without_the_network_stops_in_one_line_saying_what_t
     assert "cannot download https://raw.githubusercontent.com/multi30k/dataset/" in message
     assert "gunzip them and put them in data/multi30k" in message
     assert not (tmp_path / "data").exists() and not (tmp_path / "runs").exists()
+
+
+def test_make_test_runs_the_fast_suite_and_names_its_15_slowest_tests():
+    """CI runs `make test` (.ci/run): the suite without the slow tests, closing with the 15
+    slowest, so that a run on a slower host shows where its time went."""
+    target = re.search(r"^test: .*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert '-m "not slow"' in target and "--durations=15" in target
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
