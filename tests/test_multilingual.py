@@ -134,7 +134,7 @@ def test_the_ctranslate2_engine_takes_tgt_lang(best, greedy):
     engine = make_engine("ctranslate2", [best], ["decode.beam=1"], "cpu", None)
     for lang, texts in (("de", ENGLISH[:10]), ("en", GERMAN[:10])):
         results = engine.translate(texts, 1, 1, lang)
-        assert [r.texts[0] for r in results] == greedy.into(lang).translate(texts)
+        assert [r.translation.best.text for r in results] == greedy.into(lang).translate(texts)
 
 
 @pytest.fixture(scope="module")
