@@ -51,7 +51,7 @@ def lines_of(path: Path, n: int) -> list[str]:
 def decode(translator, items: list) -> tuple[list, float]:
     """The hypotheses of every item (a string or a `Line`) and the seconds it took."""
     start = time.perf_counter()
-    requests = [translator.request_of(x, i) for i, x in enumerate(items)]
+    requests = [translator.request(x, i) for i, x in enumerate(items)]
     hyps = translator.translate_requests(requests)
     return hyps, time.perf_counter() - start
 
@@ -116,11 +116,11 @@ def alternatives(tr, sources, refs) -> dict:
     ok = sum(
         len(h) == 4
         and all(tr.detokenize(x.tokens).startswith(p) for x in h)
-        and len({tuple(x.tokens[: len(tr.request_of(a, 0).controls.prefix) + 1]) for x in h}) == 4
+        and len({tuple(x.tokens[: len(tr.request(a, 0).controls.prefix) + 1]) for x in h}) == 4
         for h, p, a in zip(hyps, prefix, asked)
     )
     best, best_beam = min(times), min(beam_times)
-    longest = [tr.longest(tr.request_of(a, 0)) for a in asked]
+    longest = [tr.longest(tr.request(a, 0)) for a in asked]
 
     def at_limit(found) -> int:  # lines with a hypothesis at its longest output (EOS counted)
         return sum(max(len(x.tokens) + 1 for x in h) >= n for h, n in zip(found, longest))
@@ -175,7 +175,7 @@ def constraints(tr, sources, refs, plain_out, plain_s) -> dict:
         got = texts(tr, hyps)
         fit = met = words = total = 0
         for x, h, g in zip(items, hyps, got):
-            request = tr.request_of(x, 0)
+            request = tr.request(x, 0)
             total += len(request.controls.constraints)
             if tr.fits(request):
                 fit += len(request.controls.constraints)

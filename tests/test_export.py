@@ -248,7 +248,7 @@ def test_the_decoding_race_runs_every_engine_on_the_same_work(toy_run, toy_test,
 
 @pytest.mark.slow
 def test_the_decoding_race_runs_mtx_in_translate_s_own_batches(toy_run, toy_test, tmp_path):
-    """--batch-tokens: the mtx engines translate every line through translate_encoded's
+    """--batch-tokens: the mtx engines translate every line through translate_ids's
     batches (lengths mixed), the same outputs as batches of one length (batch independence);
     the peers are left out, and said."""
     src = tmp_path / "src.en"

@@ -191,7 +191,26 @@ def test_the_ctranslate2_export_translates_with_the_tag_as_a_prefix(exports, gre
 def test_a_model_of_one_target_language_takes_that_one_only(toy_run):
     best = toy_run / "checkpoints" / "best.pt"
     tr = Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
-    assert tr.languages == ["de"] and tr.tags == {}
+    assert tr.languages == ["de"] and tr.langs.scheme == "one"
     assert tr.into("de").translate(ENGLISH[:5]) == tr.translate(ENGLISH[:5])
     out = invoke("translate", "--checkpoint", best, "--tgt-lang", "en", input="a dog\n")
     assert out.exit_code == 2 and "'en' is not one this model translates into (de)" in out.output
+
+
+def test_the_language_scheme_is_one_object_that_the_translator_and_the_server_share(best):
+    """mtx/decode/languages.py: a tagged model's scheme, read once; the server's own process
+    (serve/front.py) reads the same from the same vocabulary and config, without torch."""
+    from mtx.decode.languages import Languages
+    from mtx.serve.front import About, Front
+
+    tr = Translator.from_checkpoint(best, device="cpu")
+    assert tr.langs == Languages.of(tr.vocab, tr.cfg.data)
+    assert tr.langs.scheme == "tags" and tr.langs.targets == ("de", "en")
+    assert tr.langs.source_prefix("en") == [tr.vocab.piece_to_id(">>en<<")]
+    assert tr.langs.start("en") == ()  # a tag is read in the source, not after the start
+    assert "name the target language" in tr.langs.refusal(None)
+    assert "'fr' is not one this model translates into (de, en)" in tr.langs.refusal("fr")
+    about = About("mtx", tr.cfg, tr.vocab.blob, tr.model.max_positions, True, "cpu", [])
+    front = Front(about)
+    assert front.langs == tr.langs
+    assert front.length("a dog runs .") == len(tr.into("de").encode("a dog runs ."))

@@ -128,7 +128,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
 
             def run_translate(sources, limit, beam):
                 tr.cfg.decode.beam = beam
-                return [h[0].tokens for h in tr.translate_encoded(sources)]
+                return [h[0].tokens for h in tr.translate_ids(sources)]
 
             inputs = [([ids[i] for i in idx], limit) for limit, idx in plan]
             return run_translate, inputs, "int8" if int8 else str(tr.dtype)[6:]
@@ -240,7 +240,7 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
         (Path(tmp) / "work.json").write_text(json.dumps(work))
         (Path(tmp) / "options.json").write_text(json.dumps(o.to_json()))
         (Path(tmp) / "spm.model").write_bytes(tr.vocab.blob)
-        runs, left_out = exported(o, engines, Path(tmp), bool(tr.vocab.languages))
+        runs, left_out = exported(o, engines, Path(tmp), tr.langs.scheme == "codes")
         for r in range(o.rounds):  # every other round in reverse: noise falls on all
             for model, name in runs if r % 2 == 0 else runs[::-1]:
                 command = [sys.executable, "-m", "mtx.bench.decode", tmp, name, str(model)]
@@ -364,7 +364,7 @@ def run(o: Options) -> str:
         if Translator.from_checkpoint(path, device="cpu").vocab.blob != tr.vocab.blob:
             raise MtxError(f"{path}: another vocabulary than {o.checkpoints[0]}'s")
     plan, skipped = batches(tr, lines, o.batch), []
-    if o.batch_tokens:  # every line in one call of translate_encoded, which batches them
+    if o.batch_tokens:  # every line in one call of translate_ids, which batches them
         plan = [(0, list(range(len(lines))))]
         skipped = [f"{e}: --batch-tokens races mtx's own batching only" for e in engines
                    if e not in SEARCHES]  # fmt: skip

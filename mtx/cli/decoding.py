@@ -260,7 +260,7 @@ def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, sai
 def _check_items(translator, reader: Reader, input: Path) -> None:
     """Every line of `input` read and turned into a request: the first bad one refused."""
     for number, item in enumerate(reader.items(_file_lines(input))):
-        translator.request_of(item, number)
+        translator.request(item, number)
 
 
 def write_translations(out: Output, stream, attention_dir, every_head, sources):
@@ -339,7 +339,9 @@ def evaluate(
             fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
         results, all_hyps = {}, []
         for name, lang, sources, refs in sets:
-            into = run(translator.into, lang) if lang and translator.tags else translator
+            into = (
+                run(translator.into, lang) if lang and translator.langs.needs_target else translator
+            )
             hyps = run(into.translate, sources)
             results[name] = run(score, hyps, refs)
             all_hyps += hyps

@@ -76,7 +76,7 @@ class Output:
 
         self.report.add(item, translation, unmet)
         if item.controls.constraints:
-            request = self.translator.request_of(item, number)
+            request = self.translator.request(item, number)
             if not self.translator.fits(request):
                 self.report.unfit += 1
                 need = needed(request.controls)

@@ -24,6 +24,7 @@ import torch
 from mtx.config import DecodeConfig
 from mtx.decode import dispatch, rules
 from mtx.decode.controlled import Alternatives, Steer, word_ends
+from mtx.decode.languages import Languages
 from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
 from mtx.decode.search import Sampling, beam_search, greedy_search
@@ -37,12 +38,19 @@ class Searches:
     """The searches of one model on one device; `__call__` runs the one `decode.*` names."""
 
     def __init__(
-        self, model: Decodable, device: torch.device, vocabulary: str = "", vocab=None
+        self,
+        model: Decodable,
+        device: torch.device,
+        vocabulary: str = "",
+        vocab=None,
+        languages: Languages | None = None,
     ) -> None:
         """`vocabulary`: the SentencePiece model's shortlist.vocabulary_sha256 (what a
         shortlist must have been built with); `vocab` the vocabulary (data/vocab.py), whose
-        word ends constraints and prefixes follow (None: ids alone)."""
+        word ends constraints and prefixes follow (None: ids alone); `languages` its scheme
+        (languages.py; None: one target language)."""
         self.model, self.device, self.vocabulary, self.vocab = model, device, vocabulary, vocab
+        self.languages = languages
         self._ends: torch.Tensor | None = None  # controlled.word_ends, once needed
         self.kept: dict[tuple, StaticSearch] = {}  # see `static`
         self.shortlisted: dict[str, Shortlisted] = {}  # see `decoded`
@@ -143,7 +151,7 @@ class Searches:
         if mode == "shrinking":
             return None
         why = static_refusal(self.model, d, mode, self.device)
-        if self.vocab is not None and self.vocab.languages:
+        if self.languages is not None and self.languages.scheme == "codes":
             why = why or "an NLLB model's target-language start runs in the shrinking search only"
         if why:
             if d.search == "auto":

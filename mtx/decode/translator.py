@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
 
-from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode import dispatch
 from mtx.decode.batches import request_batches
-from mtx.decode.controls import Controls, Line, fits, segment
+from mtx.decode.controls import Line, fits, segment
 from mtx.decode.ensemble import Ensemble
+from mtx.decode.languages import Languages
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.result import Output, Translation
 from mtx.decode.rules import Hypothesis
@@ -118,18 +118,16 @@ class Translator:
         for m in model.members():
             vocab.check_decoder_start(self.vocab, m.cfg.decoder_start)
         # shared by with_decode's copies; a shortlist is loaded and checked now, not mid-input
-        self.searches = Searches(self.model, self.device, vocabulary_sha256(spm_proto), self.vocab)
+        self.langs = Languages.of(self.vocab, cfg.data)  # the one language scheme
+        sha = vocabulary_sha256(spm_proto)
+        self.searches = Searches(self.model, self.device, sha, self.vocab, self.langs)
         self.searches.decoded(cfg.decode)
-        self.tags = corpora.tag_ids(self.vocab)  # {language: its >>xx<< tag's id}; {}: one
         self.tgt_lang: str | None = None  # into; None: the model's one target language
 
     @property
     def languages(self) -> list[str]:
-        """The languages the model translates into (from its tags, an NLLB model's language
-        codes, or its config's one)."""
-        if self.tags or self.vocab.languages:
-            return sorted(self.tags or self.vocab.languages)
-        return corpora.target_languages(self.cfg.data)
+        """The languages the model translates into (languages.py)."""
+        return list(self.langs.targets)
 
     def into(self, lang: str | None) -> Translator:
         """This translator, translating into `lang` (None: as it is). A multilingual model's
@@ -137,22 +135,15 @@ class Translator:
         language takes only that one."""
         if lang is None:
             return self
-        if lang not in self.languages:
-            raise MtxError(
-                f"target language {lang!r} is not one this model translates into "
-                f"({', '.join(self.languages)})"
-            )
+        if lang not in self.langs.targets:
+            self.langs.check(lang)
         other = copy.copy(self)
         other.tgt_lang = lang
         return other
 
     def check_language(self) -> None:
         """Refuse to translate with a multilingual model before a target language is chosen."""
-        if self.tags and self.tgt_lang is None:
-            raise MtxError(
-                f"this model translates into {', '.join(self.languages)}: name the target "
-                "language (--tgt-lang, or tgt_lang in a request)"
-            )
+        self.langs.check(self.tgt_lang)
 
     @classmethod
     def from_checkpoint(
@@ -191,55 +182,39 @@ class Translator:
         return other
 
     def encode(self, line: str) -> list[int]:
-        """A source line's ids (its target language's tag first, for a multilingual model)."""
-        self.check_language()
-        return self._encode(line)
-
-    def _encode(self, line: str) -> list[int]:
-        if self.vocab.languages:  # NLLB's: the source language's code first
-            prefix = [self._language_id(self.cfg.data.src_lang, "source")]
-        else:
-            prefix = [self.tags[self.tgt_lang]] if self.tags else None
+        """A source line's ids (its target language's tag first, for a multilingual model; an
+        NLLB model's source-language code)."""
+        prefix = self.langs.source_prefix(self.tgt_lang)
         return encode_line(self.vocab.source, line, self.model.max_positions, prefix)
-
-    def _language_id(self, lang: str, side: str) -> int:
-        if lang not in self.vocab.languages:
-            raise MtxError(
-                f"{side} language {lang!r} is not one of this model's language codes (e.g. "
-                f"{', '.join(sorted(self.vocab.languages)[:3])}): set --src-lang/--tgt-lang "
-                "or data.src_lang/data.tgt_lang"
-            )
-        return self.vocab.languages[lang]
 
     def start(self) -> tuple[int, ...]:
         """What the decoder reads after its start token (Request.start): an NLLB model's
         target-language code; nothing for the others."""
-        if not self.vocab.languages:
-            return ()
-        return (self._language_id(self.tgt_lang or self.cfg.data.tgt_lang, "target"),)
+        return self.langs.start(self.tgt_lang)
 
     def request(
-        self,
-        line: str,
-        number: int = 0,
-        max_len: int | None = None,
-        controls: Controls | None = None,
+        self, item: str | Line | Sequence[int], number: int = 0, max_len: int | None = None
     ) -> Request:
-        """What translating `line`, numbered `number` in its input (its samples' seed), asks
-        of a search (request.py); `max_len` its own longest output, EOS included; `controls`
-        its prefix, constraints and avoided phrases (controls.py), segmented and checked."""
+        """The one place a `Request` is built (request.py): what translating `item` (a source
+        line, a `Line` with controls, or a source already encoded by `encode`), numbered
+        `number` in its input from 0 (its samples' seed), asks of a search; `max_len` its
+        own longest output, EOS included. Its controls are checked against the search that
+        takes them (dispatch.py) and segmented (controls.py); an error names the line."""
         self.check_language()
-        return self._request(line, number, max_len, controls)
-
-    def _request(
-        self, line: str, number: int, max_len: int | None, controls: Controls | None
-    ) -> Request:
-        request = Request(tuple(self._encode(line)), number, max_len, start=self.start())
+        controls = item.controls if isinstance(item, Line) else None
+        if isinstance(item, Line | str):
+            source = tuple(self.encode(item if isinstance(item, str) else item.text))
+        else:
+            source = tuple(item)
+        request = Request(source, number, max_len, start=self.start())
         if not controls:
             return request
-        dispatch.check(controls, self.cfg.decode, device=self.device.type)
-        never, longest = self.model.specials.never_below, self.longest(request)
-        segmented = segment(controls, self.vocab.target.encode, never, longest)
+        try:
+            dispatch.check(controls, self.cfg.decode, device=self.device.type)
+            never, longest = self.model.specials.never_below, self.longest(request)
+            segmented = segment(controls, self.vocab.target.encode, never, longest)
+        except MtxError as e:
+            raise MtxError(f"line {number + 1}: {e}") from None
         return dataclasses.replace(request, controls=segmented)
 
     def longest(self, request: Request) -> int:
@@ -251,11 +226,6 @@ class Translator:
         """Whether a request's prefix, constraints and EOS fit in its longest output (then
         every output contains every constraint: controlled.py)."""
         return fits(request.controls, self.longest(request))
-
-    def request_of(self, item: str | Line, number: int) -> Request:
-        """The request of an input line, numbered `number` from 0 (see `_line_request`)."""
-        self.check_language()
-        return self._line_request(item, number)
 
     def check_nbest(self, nbest: int) -> None:
         d = self.cfg.decode
@@ -286,36 +256,12 @@ class Translator:
         return self.searches.static(self.cfg.decode)
 
     def translate_ids(
-        self, lines: list[str | Line], nbest: int = 1, first_line: int = 0
+        self, items: Sequence[str | Line | Sequence[int]], nbest: int = 1, first_line: int = 0
     ) -> list[list[Hypothesis]]:
-        """The hypotheses of each line, in input order; `first_line` numbers the first line
-        (for sampling seeds when `lines` is one chunk of a longer input)."""
+        """The hypotheses of each item (what `request` takes), in input order; `first_line`
+        numbers the first (sampling's seeds, when `items` is one chunk of a longer input)."""
         self.check_nbest(nbest)
-        self.check_language()
-        return self._translate_ids(lines, nbest, first_line)
-
-    def _translate_ids(
-        self, lines: list[str | Line], nbest: int, first_line: int
-    ) -> list[list[Hypothesis]]:
-        requests = [self._line_request(x, first_line + i) for i, x in enumerate(lines)]
-        return self.translate_requests(requests, nbest)
-
-    def _line_request(self, item: str | Line, number: int) -> Request:
-        """The request of an input line (a string, or a `Line` with controls), numbered
-        `number` from 0; an error names the line (from 1)."""
-        if isinstance(item, str):
-            return Request(tuple(self._encode(item)), number, start=self.start())
-        try:
-            return self._request(item.text, number, None, item.controls)
-        except MtxError as e:
-            raise MtxError(f"line {number + 1}: {e}") from None
-
-    def translate_encoded(
-        self, ids: list[list[int]], nbest: int = 1, first_line: int = 0
-    ) -> list[list[Hypothesis]]:
-        """`translate_ids` of sources encoded already (`encode`)."""
-        start = self.start()
-        requests = [Request(tuple(x), first_line + i, start=start) for i, x in enumerate(ids)]
+        requests = [self.request(x, first_line + i) for i, x in enumerate(items)]
         return self.translate_requests(requests, nbest)
 
     def translate_requests(self, requests: list[Request], nbest: int = 1) -> list[list[Hypothesis]]:
@@ -383,19 +329,14 @@ class Translator:
         it is called, before any line is read."""
         self.check_nbest(nbest)
         self.check_language()
-        return self._stream(lines, chunk_lines, idle, nbest, first_line)
 
-    def _stream(
-        self,
-        lines: Iterable[str | Line],
-        chunk_lines: int,
-        idle: float | None,
-        nbest: int,
-        first: int,
-    ) -> Iterator[list[Hypothesis]]:
-        for chunk in chunks(lines, chunk_lines, idle):
-            yield from self._translate_ids(chunk, nbest, first)
-            first += len(chunk)
+        def stream() -> Iterator[list[Hypothesis]]:
+            first = first_line
+            for chunk in chunks(lines, chunk_lines, idle):
+                yield from self.translate_ids(chunk, nbest, first)
+                first += len(chunk)
+
+        return stream()
 
     def translate_stream(
         self, lines: Iterable[str], chunk_lines: int = 512, idle: float | None = None

@@ -38,7 +38,7 @@ def _into(tr: Translator, lang: str, key: str, path: str) -> Scorer:
             f"{key} {path} translates into {', '.join(tr.languages)}, not {lang}"
             + ("" if key.endswith("backward") else " (set data.clean.dual_backward too)")
         )
-    return Scorer(tr.into(lang) if tr.tags else tr)
+    return Scorer(tr.into(lang) if tr.langs.needs_target else tr)
 
 
 class DualCrossEntropy:

@@ -53,7 +53,7 @@ class MtxEngine:
         tr = self._by_beam[beam].into(tgt_lang)
         # each text is line 0 of its own input: with decode.sampling its samples are seeded
         # alike in any batch (a position in the batch would make them depend on it)
-        requests = [tr.request_of(text, 0) for text in texts]
+        requests = [tr.request(text, 0) for text in texts]
         out = []
         for request, hyps in zip(requests, tr.translate_requests(requests, nbest)):
             translation = tr.translation(hyps, bool(request.controls.alternatives))

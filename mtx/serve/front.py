@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtx import corpora
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode import dispatch
 from mtx.decode.controls import Line, segment
+from mtx.decode.languages import Languages
 from mtx.decode.result import Translation
 from mtx.errors import MtxError
 from mtx.tokens import SPECIALS, encode_line, longest_output
@@ -67,16 +67,13 @@ class Front:
         self.name, self.cfg, self.single_model = about.engine, about.cfg, about.single_model
         self.max_positions, self.device = about.max_positions, about.device
         self.vocab = vocab.load(about.spm_proto)
-        self.tags = corpora.tag_ids(self.vocab)
-        # as the translator's: the tags' languages, an NLLB model's codes, or the config's one
-        named = self.tags or self.vocab.languages
-        self.languages = sorted(named) or corpora.target_languages(about.cfg.data)
+        self.langs = Languages.of(self.vocab, about.cfg.data)  # the translator's scheme
+        self.languages = list(self.langs.targets)
 
     def length(self, text: str) -> int:
         """Source subwords of `text`, EOS (and a tag, or an NLLB model's source code) included:
         what the token budget counts."""
-        named = self.tags or self.vocab.languages
-        prefix = [next(iter(named.values()))] if named else None
+        prefix = self.langs.any_prefix()
         return len(encode_line(self.vocab.source, text, self.max_positions, prefix))
 
     def check_controls(self, line: Line, where: str) -> None:
@@ -97,14 +94,8 @@ class Front:
 
     def check_language(self, lang: str | None) -> str:
         """Why a request's tgt_lang cannot be served ("" if it can)."""
-        if lang is None and self.tags:
-            return f"tgt_lang: this model translates into {', '.join(self.languages)}; name one"
-        if lang is not None and lang not in self.languages:
-            return (
-                f"tgt_lang: {lang!r} is not a language this model translates into "
-                f"({', '.join(self.languages)})"
-            )
-        return ""
+        why = self.langs.refusal(lang)
+        return f"tgt_lang: {why}" if why else ""
 
 
 def check_engine(name: str, checkpoints: int, device: str) -> None:

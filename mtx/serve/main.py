@@ -55,7 +55,7 @@ def serve(
             "checkpoints": about.checkpoints,
             "directions": about.checkpoints[0]["directions"],
             "target_languages": engine.languages,
-            "tgt_lang_required": bool(engine.tags),
+            "tgt_lang_required": engine.langs.needs_target,
             "decode": vars(engine.cfg.decode),
             "serve": vars(s),
         }
