@@ -10,7 +10,7 @@ from test_search import ARCHS, random_model, random_src
 
 from mtx.config import DecodeConfig
 from mtx.decode import rules, search
-from mtx.decode.controlled import Steer, matched
+from mtx.decode.controlled import ConstrainedBeam, matched
 from mtx.decode.controls import Segmented
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.search import beam_search, greedy_search
@@ -27,7 +27,7 @@ def contains(tokens, phrase):
 
 def controlled(model, src, requests, beam=4, b=12, nbest=1, alpha=0.6):
     batch = SearchBatch(src, requests)
-    steer = Steer(requests, beam, src.device)
+    steer = ConstrainedBeam(requests, beam, src.device)
     return beam_search(model, batch, beam, alpha, 1.0, b, 1024, nbest, "k_finished", steer)
 
 

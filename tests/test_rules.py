@@ -17,7 +17,7 @@ from mtx.bench.peers import batches
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode import rules
-from mtx.decode.controlled import Alternatives, Steer
+from mtx.decode.controlled import Alternatives, ConstrainedBeam
 from mtx.decode.controls import Segmented
 from mtx.decode.request import SearchBatch
 from mtx.decode.search import beam_search, greedy_search
@@ -74,7 +74,7 @@ def constrained(model, src, beam: int, nbest: int) -> list:
     """The constrained beam search under a control that changes nothing: avoiding PAD, which
     no search produces (at beam 1 without a length penalty, as searches.py runs it)."""
     batch = steered(src, avoid=((PAD_ID,),))
-    steer = Steer(batch.requests, beam, src.device)
+    steer = ConstrainedBeam(batch.requests, beam, src.device)
     alpha = ALPHA if beam > 1 else 0.0
     return beam_search(model, batch, beam, alpha, 1.0, B_LEN, LIMIT, nbest, "k_finished", steer)
 

@@ -2,7 +2,7 @@
 
 A request (request.py) may carry, as target ids, a prefix its output starts with, constraints
 (phrases its output must contain) and phrases to avoid. The beam search of search.py decodes
-such requests with a `Steer`, which adds to each step (each rule written in rules.py):
+such requests with `ConstrainedBeam` as its strategy, which adds to each step (each rule written in rules.py):
 
 - the prefix: at step t < len(prefix) only prefix[t] may come (`rules.force_tokens`); its
   log-probability counts, so an output is ranked by the log-probability of all of it;
@@ -53,6 +53,7 @@ from torch import Tensor
 
 from mtx.decode import rules
 from mtx.decode.request import Request
+from mtx.decode.search import Candidates, next_log_probs
 from mtx.tokens import EOS_ID
 
 NONE = -1  # the padding of phrases: never a token
@@ -123,9 +124,11 @@ def word_ends(vocab, device: torch.device) -> Tensor:
     return ends.to(device)
 
 
-class Steer:
-    """The controls of a batch's requests, and what each beam has met of them; what
-    `search.beam_search` reads at each step (see the module's docstring)."""
+class ConstrainedBeam:
+    """Beam search's strategy (search.py's `BeamStrategy`) under a batch's controls: the
+    controls of each sentence, and what each beam has met of its constraints, the one state
+    kept from step to step (`advance`); each step's candidates carry their own (see the
+    module's docstring)."""
 
     def __init__(
         self,
@@ -148,9 +151,6 @@ class Steer:
         self.avoid, self.avoid_len = _phrases([r.controls.avoid for r in requests], device)
         self.W = max(self.need.size(2), self.avoid.size(2), 1)  # the window a step reads
         self.met = (self.need_len == 0).repeat_interleave(K, 0)  # (N, P): no phrase is met
-        self.cand_met: Tensor | None = None  # (B, M, P) of the last step's candidates
-        self.bank: Tensor | None = None  # (B, M)
-        self.usable: Tensor | None = None  # (B, M): a candidate that may become a beam
 
     @property
     def constraints(self) -> int:
@@ -165,9 +165,23 @@ class Steer:
             out = torch.cat([before, out], 1)
         return out
 
-    def mask(self, lprobs: Tensor, window: Tensor, t: int, force: Tensor) -> Tensor:
+    def candidates(
+        self, model, tokens, memory, src_mask, cache, force: list[bool], scores: Tensor, t: int
+    ) -> Candidates:
+        """Step t's candidates of each sentence under its controls (`mask`, `propose`)."""
+        last = tokens if t == 0 else tokens[:, -1:]  # the first step reads every start id
+        lprobs = next_log_probs(model, last, memory, src_mask, cache, force)
+        window = self.window(tokens)
+        at_limit = torch.tensor(force, device=tokens.device)
+        lprobs, at = self.mask(lprobs, window, t, at_limit)
+        return self.propose(scores, lprobs, window, at)
+
+    def mask(
+        self, lprobs: Tensor, window: Tensor, t: int, force: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         """(N, V) log-probabilities at step t under the rows' controls (`force` (N,) bool: the
-        rows at their longest output)."""
+        rows at their longest output), and (N, P) how far each row has come in each
+        constraint (`matched`; None without constraints)."""
         K = self.K
         if t < self.prefix.size(1):
             forced = torch.where(t < self.prefix_len, self.prefix[:, t], NONE)
@@ -178,69 +192,71 @@ class Steer:
         if self.avoid.size(1):
             avoid = self.avoid.repeat_interleave(K, 0), self.avoid_len.repeat_interleave(K, 0)
             lprobs = banned(lprobs, window, *avoid)
-        self.at = None
-        if self.constraints:
-            need, lengths = self.need.repeat_interleave(K, 0), self.need_len.repeat_interleave(K, 0)
-            self.at = matched(window, need, self.ends)
-            # EOS ends a word: it may close a constraint that only waits for its word's end
-            waiting = (
-                self.at == lengths - 1 if self.ends is not None else torch.zeros_like(self.met)
-            )
-            lprobs = rules.block_eos(lprobs, ~(self.met | waiting).all(1) & ~force)
-        return lprobs
+        if not self.constraints:
+            return lprobs, None
+        need, lengths = self.need.repeat_interleave(K, 0), self.need_len.repeat_interleave(K, 0)
+        at = matched(window, need, self.ends)
+        # EOS ends a word: it may close a constraint that only waits for its word's end
+        waiting = at == lengths - 1 if self.ends is not None else torch.zeros_like(self.met)
+        lprobs = rules.block_eos(lprobs, ~(self.met | waiting).all(1) & ~force)
+        return lprobs, at
 
-    def candidates(
-        self, scores: Tensor, lprobs: Tensor, window: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def propose(
+        self, scores: Tensor, lprobs: Tensor, window: Tensor, at: Tensor | None
+    ) -> Candidates:
         """The candidates of each sentence (each (B, M)): the best 2K continuations
         (`rules.top_candidates`), then, with constraints, each beam's next token of every
         constraint it has not met and its own best token (candidates already among the others
-        are not usable); their banks are kept for `select`. With constraints, the K that
-        `rules.allocate` deals beams to when EOS may take one come first, so that those of them
-        ending in EOS finish (`rules.finishing`): a hypothesis that has met every constraint
-        may end even when its score is not among the best K. Without, the best K come first,
-        as in the plain beam search."""
+        are not usable), with their banks. With constraints, the K that `rules.allocate` deals
+        beams to when EOS may take one come first, so that those of them ending in EOS finish
+        (`rules.finishing`): a hypothesis that has met every constraint may end even when its
+        score is not among the best K. Without, the best K come first, as in the plain beam
+        search."""
         B, K, P = scores.size(0), self.K, self.constraints
         top, from_beam, tok = rules.top_candidates(scores, lprobs, K)
         if P:
-            top, from_beam, tok, proposed = self._proposed(
-                scores, lprobs, window, top, from_beam, tok
-            )
+            top, from_beam, tok, proposed = self._proposed(scores, lprobs, at, top, from_beam, tok)
         else:
             proposed = torch.ones_like(tok, dtype=torch.bool)
-        self.usable = proposed & (tok != EOS_ID)
+        usable = proposed & (tok != EOS_ID)
         rows = torch.arange(B, device=tok.device).unsqueeze(1) * K + from_beam  # (B, M)
         met = self.met[rows.view(-1)]  # (B * M, P)
         if P:
             M = tok.size(1)
             after = torch.cat([window[rows.view(-1), 1:], tok.view(-1, 1)], 1)
             lengths = self.need_len.repeat_interleave(M, 0)
-            at = matched(after, self.need.repeat_interleave(M, 0), self.ends)
-            met = met | ((at == lengths) & (lengths > 0))
-            progress = at.masked_fill(met, 0).max(1).values
-            self.bank = ((lengths * met).sum(1) + progress).view(B, M)
+            reached = matched(after, self.need.repeat_interleave(M, 0), self.ends)
+            met = met | ((reached == lengths) & (lengths > 0))
+            progress = reached.masked_fill(met, 0).max(1).values
+            bank = ((lengths * met).sum(1) + progress).view(B, M)
         else:
-            self.bank = torch.zeros_like(tok)
-        self.cand_met = met.view(B, tok.size(1), P)
-        if P:  # the candidates dealt beams with EOS among them first: those ending finish
-            first = rules.allocate(top, self.bank, proposed, K)
-            M = tok.size(1)
-            key = torch.arange(M, device=tok.device).add(K).expand(B, M).clone()
-            key.scatter_(1, first, torch.arange(K, device=tok.device).expand(B, K))
-            order = key.argsort(dim=1)
-            top, from_beam, tok = (
-                top.gather(1, order),
-                from_beam.gather(1, order),
-                tok.gather(1, order),
-            )
-            self.bank, self.usable = self.bank.gather(1, order), self.usable.gather(1, order)
-            self.cand_met = self.cand_met.gather(1, order.unsqueeze(2).expand(-1, -1, P))
-        return top, from_beam, tok
+            bank = torch.zeros_like(tok)
+        met = met.view(B, tok.size(1), P)
+        c = Candidates(top, from_beam, tok, bank, usable, met)
+        return self._allocated_first(c, proposed) if P else c
 
-    def _proposed(self, scores, lprobs, window, top, from_beam, tok):
-        """`candidates`' proposals appended to the best 2K, and which candidates are usable."""
+    def _allocated_first(self, c: Candidates, proposed: Tensor) -> Candidates:
+        """`c` reordered: the candidates dealt beams with EOS among them first, so that those
+        ending finish."""
+        K, (B, M) = self.K, c.tok.shape
+        first = rules.allocate(c.top, c.bank, proposed, K)
+        key = torch.arange(M, device=c.tok.device).add(K).expand(B, M).clone()
+        key.scatter_(1, first, torch.arange(K, device=c.tok.device).expand(B, K))
+        order = key.argsort(dim=1)
+        P = c.met.size(2)
+        return Candidates(
+            c.top.gather(1, order),
+            c.from_beam.gather(1, order),
+            c.tok.gather(1, order),
+            c.bank.gather(1, order),
+            c.usable.gather(1, order),
+            c.met.gather(1, order.unsqueeze(2).expand(-1, -1, P)),
+        )
+
+    def _proposed(self, scores, lprobs, at, top, from_beam, tok):
+        """`propose`'s proposals appended to the best 2K, and which candidates are usable."""
         B, K, V = scores.size(0), self.K, lprobs.size(1)
-        need, at = self.need.repeat_interleave(K, 0), self.at  # (N, P, L), (N, P)
+        need = self.need.repeat_interleave(K, 0)  # (N, P, L); `at` (N, P)
         nxt = need.gather(2, at.clamp(max=need.size(2) - 1).unsqueeze(2)).squeeze(2)  # (N, P)
         if self.ends is not None:  # a word's end: the row's best token that ends a word
             waiting = nxt == WORD_END
@@ -268,22 +284,22 @@ class Steer:
             proposed,
         )
 
-    def select(self, top: Tensor, tok: Tensor) -> Tensor:
+    def select(self, c: Candidates, K: int) -> Tensor:
         """(B, K) the candidates that become the next beams: dealt among the banks
         (`rules.allocate`) where the batch has constraints, else the plain search's
         (`rules.continuing`), which allocate's one bank equals."""
         if not self.constraints:
-            return rules.continuing(tok, self.K)
-        return rules.allocate(top, self.bank, self.usable, self.K)
+            return rules.continuing(c.tok, K)
+        return rules.allocate(c.top, c.bank, c.usable, K)
 
-    def unmet(self) -> Tensor:
+    def unmet(self, c: Candidates, K: int) -> Tensor:
         """(B, K) how many constraints each of the best K candidates lacks (if it ends)."""
-        return (~self.cand_met[:, : self.K]).sum(2)
+        return (~c.met[:, :K]).sum(2)
 
-    def advance(self, keep: Tensor, sentences: Tensor | None) -> None:
+    def advance(self, c: Candidates, keep: Tensor, sentences: Tensor | None) -> None:
         """Keep what the next beams (`keep` (B, K) candidates) have met, and the sentences
         still decoded (`sentences`, None: all)."""
-        met = self.cand_met.gather(1, keep.unsqueeze(2).expand(-1, -1, self.constraints))
+        met = c.met.gather(1, keep.unsqueeze(2).expand(-1, -1, self.constraints))
         if sentences is not None:
             met = met[sentences]
             self.prefix, self.prefix_len = self.prefix[sentences], self.prefix_len[sentences]
@@ -296,7 +312,7 @@ class Alternatives:
     """greedy_search's `pick` (search.py) for requests asking for K alternatives, decoded with
     `copies` K (row r is alternative r % K of sentence r // K): every row follows its
     sentence's prefix, row r then takes the (r % K + 1)-th most probable token after it (never
-    EOS; with `ends`, a token that begins a word, as `Steer` rules after a prefix), and from
+    EOS; with `ends`, a token that begins a word, as `ConstrainedBeam` rules after a prefix), and from
     then on its own most probable one; the phrases to avoid are banned throughout. Each row
     ends on its own, so an alternative costs the steps of its own output."""
 
@@ -325,22 +341,25 @@ class Alternatives:
         return split
 
     def __call__(self, lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
+        """The rows' tokens at step t, by the rules of rules.py: avoided phrases banned
+        (`rules.ban`), the prefix forced (`rules.force_tokens`), and where it ends the
+        (r % K + 1)-th best token that does not end the output (`rules.block_eos`) and, with
+        `ends`, begins a word (`rules.only_tokens`); else the most probable one."""
         if self.window is not None:
             window = self.window[rows]
             lprobs = banned(lprobs, window, self.avoid[rows], self.avoid_len[rows])
+        P = self.prefix.size(1)
+        n = self.prefix_len[rows]
+        if t < P:
+            lprobs = rules.force_tokens(lprobs, torch.where(t < n, self.prefix[rows, t], NONE))
         tok = lprobs.argmax(1)
-        if t <= self.prefix.size(1):  # a row still in its prefix, or just past it
-            n = self.prefix_len[rows]
-            at = (n == t).nonzero().squeeze(1)  # the rows that take their alternative
-            if at.numel():
-                free = lprobs[at]
-                free[:, EOS_ID] = -torch.inf
-                if self.ends is not None and t > 0:
-                    free.masked_fill_(~self.ends, -torch.inf)
-                ranked = free.topk(self.K, dim=1).indices.gather(1, self.rank[rows[at]])
-                tok[at] = ranked.squeeze(1)
-            if t < self.prefix.size(1):
-                tok = torch.where(t < n, self.prefix[rows, t], tok)
+        at = (n == t).nonzero().squeeze(1) if t <= P else n[:0]  # the rows that branch now
+        if at.numel():
+            free = rules.block_eos(lprobs[at], torch.ones_like(at, dtype=torch.bool))
+            if self.ends is not None and t > 0:
+                free = rules.only_tokens(free, torch.ones_like(at, dtype=torch.bool), self.ends)
+            ranked = free.topk(self.K, dim=1).indices.gather(1, self.rank[rows[at]])
+            tok[at] = ranked.squeeze(1)
         if self.window is not None:
             self.window[rows] = torch.cat([window[:, 1:], tok.unsqueeze(1)], 1)
         return tok

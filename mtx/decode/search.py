@@ -44,8 +44,10 @@ copy, each ending on its own. Ended rows leave the batch once they are 1 / COMPA
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from functools import partial
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -58,14 +60,11 @@ from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
 from mtx.tokens import EOS_ID
 
-if TYPE_CHECKING:
-    from mtx.decode.controlled import Steer
-
 STOPPING = rules.STOPPING
 COMPACT = 4  # greedy search drops ended rows once they are 1 / COMPACT of its rows
 
 
-def _log_probs(
+def next_log_probs(
     model: Decodable, last: Tensor, memory, src_mask, cache, force_eos: list[bool]
 ) -> Tensor:
     """(N, V) next-token log-probabilities of the N hypotheses whose last tokens are `last`
@@ -86,7 +85,7 @@ def _continuations(
     among its candidates only for a model with a lexical shortlist (shortlist.py)."""
     if model.capabilities.candidates:
         return model.continuations(last, memory, src_mask, cache, force_eos, scores)
-    lprobs = _log_probs(model, last, memory, src_mask, cache, force_eos)
+    lprobs = next_log_probs(model, last, memory, src_mask, cache, force_eos)
     return rules.top_candidates(scores, lprobs, scores.size(1))
 
 
@@ -244,7 +243,7 @@ def greedy_search(
             top, _, best = _continuations(model, last, memory, src_mask, cache, force, start)
             tok, lp = best[:, 0], top[:, 0]
         else:
-            lprobs = _log_probs(model, last, memory, src_mask, cache, force)
+            lprobs = next_log_probs(model, last, memory, src_mask, cache, force)
             split = pick.branch(alive_t, t).tolist() if copies > 1 else []
             if any(split):  # the cache (keys and values of the encoder too) copied row by row
                 alive, parents = _branch(split, alive, copies, out)
@@ -268,6 +267,56 @@ def greedy_search(
     return out
 
 
+@dataclass
+class Candidates:
+    """One step's candidates of each sentence (each (B, M)): their cumulative scores, the beam
+    each continues and its token; under constraints also each one's bank, whether it may
+    become a beam, and which constraints it has met (B, M, P) (decode/controlled.py)."""
+
+    top: Tensor
+    from_beam: Tensor
+    tok: Tensor
+    bank: Tensor | None = None
+    usable: Tensor | None = None
+    met: Tensor | None = None
+
+
+class BeamStrategy(Protocol):
+    """What beam search asks of a strategy at each step, each call given what it reads (no
+    state passes between the calls of a step): the candidates, the next beams among them, how
+    many constraints each of the first K lacks (None: none asked), and what the kept beams
+    carry to the next step."""
+
+    def candidates(
+        self, model: Decodable, tokens: Tensor, memory, src_mask, cache, force: list[bool],
+        scores: Tensor, t: int,
+    ) -> Candidates: ...  # fmt: skip
+
+    def select(self, c: Candidates, K: int) -> Tensor: ...
+
+    def unmet(self, c: Candidates, K: int) -> Tensor | None: ...
+
+    def advance(self, c: Candidates, keep: Tensor, sentences: Tensor | None) -> None: ...
+
+
+class PlainBeam:
+    """The beam search without controls: the best 2K continuations (`_continuations`), of
+    which the best K that do not end continue (`rules.continuing`)."""
+
+    def candidates(self, model, tokens, memory, src_mask, cache, force, scores, t) -> Candidates:
+        last = tokens if t == 0 else tokens[:, -1:]  # the first step reads every start id
+        return Candidates(*_continuations(model, last, memory, src_mask, cache, force, scores))
+
+    def select(self, c: Candidates, K: int) -> Tensor:
+        return rules.continuing(c.tok, K)
+
+    def unmet(self, c: Candidates, K: int) -> None:
+        return None
+
+    def advance(self, c: Candidates, keep: Tensor, sentences: Tensor | None) -> None:
+        return None
+
+
 def note_finished(
     finished: list[list[Hypothesis]],
     alive: list[int],
@@ -276,39 +325,26 @@ def note_finished(
     tokens: Tensor,
     length: int,
     alpha: float,
-    steer: Steer | None = None,
+    unmet: Callable[[], Tensor | None] = lambda: None,
 ) -> None:
     """Add to each live sentence's `finished` its candidates among the best K that finish
     (rules.finishing) at output `length`: `host` (B, K + 1) holds their log-probabilities (NaN
     for those that do not finish), `rows` (B, 2K) their beams' rows in `tokens` (B*K, t);
-    `steer` says how many constraints each lacks."""
+    `unmet()` (B, K) how many constraints each lacks (None: none), asked only when one
+    finishes."""
     K = len(host[0]) - 1 if host else 0
     new = [(i, j) for i in range(len(alive)) for j in range(K) if host[i][j] > -torch.inf]
     if not new:  # NaN compares False: only finished hypotheses
         return
     ids = rows[[i for i, _ in new], [j for _, j in new]]
-    unmet = steer.unmet().tolist() if steer is not None else None
+    lacking = unmet()
+    unmet_host = lacking.tolist() if lacking is not None else None
     output = tokens[ids, tokens.size(1) - (length - 1) :]  # the last length - 1: no start ids
     for (i, j), hyp in zip(new, output.tolist()):
         log_prob = host[i][j]
         score = rules.finished_score(log_prob, length, alpha)
-        lacks = unmet[i][j] if unmet is not None else 0
+        lacks = unmet_host[i][j] if unmet_host is not None else 0
         finished[alive[i]].append(Hypothesis(hyp, score, log_prob, lacks))
-
-
-def _beam_candidates(
-    model: Decodable, tokens: Tensor, memory, src_mask, cache, force: list[bool],
-    scores: Tensor, t: int, steer: Steer | None,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """Beam search's candidates at step t (`_continuations`), or under the requests' controls
-    with a `steer` (controlled.py)."""
-    last = tokens if t == 0 else tokens[:, -1:]  # the first step reads every start id
-    if steer is None:
-        return _continuations(model, last, memory, src_mask, cache, force, scores)
-    lprobs = _log_probs(model, last, memory, src_mask, cache, force)
-    window = steer.window(tokens)
-    lprobs = steer.mask(lprobs, window, t, torch.tensor(force, device=tokens.device))
-    return steer.candidates(scores, lprobs, window)
 
 
 def _to_host(top: Tensor, tok: Tensor, K: int) -> list[list[float]]:
@@ -330,10 +366,11 @@ def beam_search(
     limit: int = 1024,
     nbest: int = 1,
     stopping: str = "k_finished",
-    steer: Steer | None = None,
+    strategy: BeamStrategy | None = None,
 ) -> list[list[Hypothesis]]:
     """The `nbest` (at most `beam`) best hypotheses of each sentence of `batch` (B rows), best
-    first; under the requests' controls with a `steer` (controlled.py)."""
+    first; `strategy` the candidates and their selection (None: `PlainBeam`; under the
+    requests' controls, controlled.py's `ConstrainedBeam`)."""
     rules.check_stopping(stopping)
     batch = SearchBatch.of(batch)
     src, K = batch.src, beam
@@ -345,14 +382,16 @@ def beam_search(
     tokens = batch.starts(start).repeat_interleave(K, 0)  # (B*K, 1 + n + t)
     scores = rules.start_beams(torch.empty(B0, K, device=device))
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
+    strategy = strategy or PlainBeam()
     for t in range(max(max_len)):
         B = len(alive)
         force = [rules.at_limit(t + 1, max_len[b]) for b in alive for _ in range(K)]
-        step = (model, tokens, memory, src_mask, cache, force, scores)
-        top, from_beam, tok = _beam_candidates(*step, t, steer)
-        rows = torch.arange(B, device=device).unsqueeze(1) * K + from_beam  # (B, 2K) flat rows
+        c = strategy.candidates(model, tokens, memory, src_mask, cache, force, scores, t)
+        top, tok = c.top, c.tok
+        rows = torch.arange(B, device=device).unsqueeze(1) * K + c.from_beam  # (B, M) flat rows
         host = _to_host(top, tok, K)
-        note_finished(finished, alive, host, rows, tokens, t + 1, alpha, steer)
+        unmet = partial(strategy.unmet, c, K)
+        note_finished(finished, alive, host, rows, tokens, t + 1, alpha, unmet)
         done = [
             rules.at_limit(t + 1, max_len[b])
             or rules.sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
@@ -361,7 +400,7 @@ def beam_search(
         if all(done):
             break
         # (B, K): the best K not ending in EOS
-        keep = rules.continuing(tok, K) if steer is None else steer.select(top, tok)
+        keep = strategy.select(c, K)
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         sentences = None
         if any(done):  # finished sentences leave the batch
@@ -370,8 +409,7 @@ def beam_search(
             alive = [alive[i] for i in live]
             scores, rows, tok = scores[sentences], rows[sentences], tok[sentences]
             src_mask = None if src_mask is None else src_mask[sentences]
-        if steer is not None:
-            steer.advance(keep, sentences)
+        strategy.advance(c, keep, sentences)
         rows = rows.view(-1)  # (B'*K,) rows of the previous step's hypotheses
         tokens = torch.cat([tokens[rows], tok.view(-1, 1)], 1)
         cache.reorder(rows)

@@ -23,7 +23,7 @@ import torch
 
 from mtx.config import DecodeConfig
 from mtx.decode import dispatch, rules
-from mtx.decode.controlled import Alternatives, Steer, word_ends
+from mtx.decode.controlled import Alternatives, ConstrainedBeam, word_ends
 from mtx.decode.languages import Languages
 from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis
@@ -101,7 +101,7 @@ class Searches:
             self._ends = word_ends(self.vocab, self.device)
         a, b, limit = d.max_len_a, d.max_len_b, self.limit
         if n == 0:
-            steer = Steer(batch.requests, d.beam, self.device, self._ends)
+            steer = ConstrainedBeam(batch.requests, d.beam, self.device, self._ends)
             alpha = d.alpha if d.beam > 1 else 0.0
             return beam_search(
                 self.model, batch, d.beam, alpha, a, b, limit, nbest, d.stopping, steer
