@@ -83,6 +83,10 @@ def test_the_masking_rules_rule_out_exactly_what_they_name():
     for row, tok in ((0, 2), (2, 6)):
         assert forced[row, tok] == lprobs[row, tok]  # its log-probability, not 0
         assert (forced[row] > -torch.inf).sum() == 1
+    # the token a row takes where it is forced: what force_tokens' argmax picks
+    force = torch.tensor([2, -1, 6])
+    taken = rules.take_forced(lprobs.argmax(1), force)
+    assert torch.equal(taken, rules.force_tokens(lprobs.clone(), force).argmax(1))
     only = rules.only_tokens(lprobs, torch.tensor([False, True, False]), torch.arange(7) < 3)
     assert torch.equal(only[[0, 2]], lprobs[[0, 2]])
     assert (only[1, 3:] == -torch.inf).all() and torch.equal(only[1, :3], lprobs[1, :3])

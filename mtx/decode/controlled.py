@@ -342,24 +342,28 @@ class Alternatives:
 
     def __call__(self, lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
         """The rows' tokens at step t, by the rules of rules.py: avoided phrases banned
-        (`rules.ban`), the prefix forced (`rules.force_tokens`), and where it ends the
+        (`rules.ban`), the prefix forced (`rules.take_forced`), and where it ends the
         (r % K + 1)-th best token that does not end the output (`rules.block_eos`) and, with
         `ends`, begins a word (`rules.only_tokens`); else the most probable one."""
         if self.window is not None:
             window = self.window[rows]
             lprobs = banned(lprobs, window, self.avoid[rows], self.avoid_len[rows])
         P = self.prefix.size(1)
-        n = self.prefix_len[rows]
-        if t < P:
-            lprobs = rules.force_tokens(lprobs, torch.where(t < n, self.prefix[rows, t], NONE))
-        tok = lprobs.argmax(1)
-        at = (n == t).nonzero().squeeze(1) if t <= P else n[:0]  # the rows that branch now
-        if at.numel():
-            free = rules.block_eos(lprobs[at], torch.ones_like(at, dtype=torch.bool))
-            if self.ends is not None and t > 0:
-                free = rules.only_tokens(free, torch.ones_like(at, dtype=torch.bool), self.ends)
-            ranked = free.topk(self.K, dim=1).indices.gather(1, self.rank[rows[at]])
-            tok[at] = ranked.squeeze(1)
+        if t > P:  # every row is past its prefix: its own best token
+            tok = lprobs.argmax(1)
+        else:
+            n = self.prefix_len[rows]
+            tok = lprobs.argmax(1)
+            if t < P:
+                tok = rules.take_forced(tok, torch.where(t < n, self.prefix[rows, t], NONE))
+            at = (n == t).nonzero().squeeze(1)  # the rows that branch now
+            if at.numel():
+                every = torch.ones_like(at, dtype=torch.bool)
+                free = rules.block_eos(lprobs[at], every)
+                if self.ends is not None and t > 0:
+                    free = rules.only_tokens(free, every, self.ends)
+                ranked = free.topk(self.K, dim=1).indices.gather(1, self.rank[rows[at]])
+                tok[at] = ranked.squeeze(1)
         if self.window is not None:
             self.window[rows] = torch.cat([window[:, 1:], tok.unsqueeze(1)], 1)
         return tok

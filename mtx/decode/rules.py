@@ -169,6 +169,13 @@ def force_tokens(lprobs: Tensor, forced: Tensor) -> Tensor:
     return lprobs.masked_fill(rows.unsqueeze(1), -torch.inf).scatter_(1, at, kept)
 
 
+def take_forced(tok: Tensor, forced: Tensor) -> Tensor:
+    """(N,) the tokens rows take where `forced[n]` ((N,) ids; -1: free) forces one, else
+    `tok`: what the argmax of `force_tokens`' log-probabilities picks, without masking every
+    token of the rows (what a search that takes one token a row needs)."""
+    return torch.where(forced >= 0, forced, tok)
+
+
 def only_tokens(lprobs: Tensor, rows: Tensor, allowed: Tensor) -> Tensor:
     """(N, V) log-probabilities where the rows `rows` ((N,) bool) may only produce the tokens
     `allowed` ((V,) bool): after a prefix, a token that begins a word (or ends the output)."""
