@@ -253,3 +253,15 @@ def test_the_help_of_an_option_that_sets_a_key_is_that_keys_declaration():
     for key in ("decode.stopping", "decode.beam", "decode.top_p", "decode.dtype"):
         assert " ".join(setting_help(key).replace("\\[", "[").split()) in shown, key
     assert "k_finished, exact or never" in shown and "(in (0, 1])" in shown
+
+
+def test_typed_decode_settings_are_checked_as_a_files_are():
+    """A command's options reach the config typed (Config.with_decode), not as "key=value"
+    strings, and are refused by the same declarations."""
+    cfg = Config().with_decode(beam=2, alpha=0.0, shortlist="x.pt")
+    assert (cfg.decode.beam, cfg.decode.alpha, cfg.decode.shortlist) == (2, 0.0, "x.pt")
+    assert Config().with_decode() == Config()
+    with pytest.raises(MtxError, match="decode.beam must be positive, got 0"):
+        Config().with_decode(beam=0)
+    with pytest.raises(MtxError, match="decode.dtype must be one of"):
+        Config().with_decode(dtype="fp64")

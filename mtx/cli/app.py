@@ -105,6 +105,6 @@ def checkpoint_paths(
 
 
 def setting_help(key: str, default: str = "the checkpoint's") -> str:
-    """An option's help from the config key it sets (config.py's declaration of it)."""
+    """An option's help from the config key it sets (its declaration in mtx/config/)."""
     text = describe(key).replace("[", "\\[")  # not a rich markup tag
     return f"{text[0].upper()}{text[1:]}; default: {default} {key}."

@@ -118,11 +118,11 @@ def _translator(
     checkpoint's decode.*."""
     from mtx.decode.translator import Translator
 
-    overrides = list(set or [])
     options = dict(beam=beam, alpha=alpha, batch_tokens=batch_tokens, **decode)
-    overrides += [f"decode.{key}={value}" for key, value in options.items() if value is not None]
+    # typed values, as the config declares them (a path as its string)
+    typed = {k: str(v) if isinstance(v, Path) else v for k, v in options.items() if v is not None}
     paths = checkpoint_paths(checkpoint, config, set)
-    translator = run(Translator.from_checkpoints, paths, overrides, device)
+    translator = run(Translator.from_checkpoints, paths, list(set or []), device, typed)
     return run(translator.into, tgt_lang)
 
 

@@ -200,7 +200,7 @@ class Rule:
 
     name: str  # the reason written for the pairs it drops (dropped.tsv, the manifest, the table)
     setting: str  # its key under data.clean
-    default: Any  # as config.py's CleanConfig declares it (tests/test_filtering.py checks)
+    default: Any  # as config/data.py's CleanConfig declares it (tests/test_filtering.py checks)
     off: Any  # the setting's value that turns the rule off
     fires: Callable[[Any, str, str, tuple[str, str] | None], bool]  # (setting, src, tgt, norm)
     drops: str  # what it drops, in a few words

@@ -147,19 +147,26 @@ class Translator:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, overrides: list[str] | None = None, device: str = "auto"
+        cls,
+        path: str | Path,
+        overrides: list[str] | None = None,
+        device: str = "auto",
+        decode: dict | None = None,
     ) -> Translator:
-        model, cfg, spm_proto = load_model(path, overrides)
-        return cls(model, cfg, spm_proto, device)
+        """The translator of a checkpoint, its config with `overrides` ("key=value" strings:
+        --set) and then `decode`'s typed decode.* settings (a command's options) applied."""
+        return cls.from_checkpoints([Path(path)], overrides, device, decode)
 
     @classmethod
     def from_checkpoints(
-        cls, paths: list[Path], overrides: list[str] | None = None, device: str = "auto"
+        cls,
+        paths: list[Path],
+        overrides: list[str] | None = None,
+        device: str = "auto",
+        decode: dict | None = None,
     ) -> Translator:
         """One checkpoint's translator, or the ensemble of several (ensemble.py): decode.*
         settings come from the first, and every checkpoint must hold the same vocabulary."""
-        if len(paths) == 1:
-            return cls.from_checkpoint(paths[0], overrides, device)
         models, cfg, spm_proto = [], None, b""
         for path in paths:
             model, model_cfg, proto = load_model(path, overrides)
@@ -171,7 +178,8 @@ class Translator:
                     "checkpoints of an ensemble must share one"
                 )
             models.append(model)
-        return cls(Ensemble(models), cfg, spm_proto, device)
+        cfg = cfg.with_decode(**(decode or {}))
+        return cls(models[0] if len(models) == 1 else Ensemble(models), cfg, spm_proto, device)
 
     def with_decode(self, **changes) -> Translator:
         """This translator (the same model and vocabulary, not copies) with other decode.*

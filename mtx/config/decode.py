@@ -1,0 +1,92 @@
+"""The decode and serve sections: the search, and the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mtx.config.fields import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, Range, setting
+from mtx.errors import MtxError
+
+
+@dataclass
+class DecodeConfig:
+    """How `mtx translate`, `evaluate`, `serve` and validation BLEU decode (decode/)."""
+
+    beam: int = setting(4, "beam size (1: greedy)", POSITIVE)
+    alpha: float = setting(0.6, "length penalty ((5 + length) / 6) ** alpha", NOT_NEGATIVE)
+    max_len_a: float = setting(1.0, "longest output = a x source length + b", NOT_NEGATIVE)
+    max_len_b: int = setting(50, "see max_len_a", NOT_NEGATIVE)
+    batch_tokens: int = setting(4096, "source-token budget of a translation batch", POSITIVE)
+    stopping: Literal["k_finished", "exact", "never"] = setting(
+        "k_finished", "when a beam search ends a sentence (decode/search.py)"
+    )
+    search: Literal["shrinking", "static", "graphs", "auto"] = setting(
+        "auto",
+        "shrinking: sentences leave the batch as they end (decode/search.py); static: fixed "
+        "rows over a preallocated cache (decode/static.py); graphs: static, each step a CUDA "
+        "graph (CUDA only); auto: graphs on CUDA, else shrinking. static and graphs take "
+        "stopping k_finished, no sampling, one Transformer; auto falls back to shrinking",
+    )
+    sampling: bool = setting(False, "draw each token at random instead of searching")
+    temperature: float = setting(1.0, "sampling: softmax(logits / temperature)", POSITIVE)
+    top_k: int = setting(0, "sampling: only the k most probable tokens (0: all)", NOT_NEGATIVE)
+    top_p: float = setting(
+        1.0,
+        "sampling: only the smallest set of tokens holding this much probability",
+        Range(0, 1, low_open=True),
+    )
+    seed: int = setting(
+        0, "sampling: line i of the input draws from the stream seeded by (seed, i)", NOT_NEGATIVE
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "int8"] = setting(
+        "auto",
+        "auto (bf16 on a GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU only: "
+        "int8 weights, inputs quantized row by row)",
+    )
+    shortlist: str = setting(
+        "",
+        "a lexical shortlist (`mtx shortlist`): each sentence's next token is chosen among the "
+        "target pieces likely for its source only (decode/shortlist.py; the shrinking search; "
+        "empty: the whole vocabulary)",
+    )
+
+
+@dataclass
+class ServeConfig:
+    """`mtx serve` (serve/): where it listens, its limits and its batching."""
+
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
+    port: int = setting(
+        8080, "TCP port (0: one the system picks, printed at start)", Range(0, 65535)
+    )
+    batching: bool = setting(True, "false: one request at a time, decoded alone (for comparison)")
+    workers: int = setting(
+        0,
+        "decoding processes, each with its share of the cores (0: on the CPU one per core, at "
+        "most 4; on a GPU 1)",
+        NOT_NEGATIVE,
+    )
+    max_wait_ms: float = setting(
+        5.0, "wait at most this long for more sentences to fill a batch", NOT_NEGATIVE
+    )
+    max_queue: int = setting(
+        2048, "sentences waiting at most; a request beyond gets 503", AT_LEAST_1
+    )
+    max_texts: int = setting(256, "texts in one request at most (413 beyond)", AT_LEAST_1)
+    max_chars: int = setting(4096, "characters in one text at most (413 beyond)", AT_LEAST_1)
+    max_body_bytes: int = setting(
+        1_000_000, "bytes in one request body at most (413 beyond)", AT_LEAST_1
+    )
+    max_beam: int = setting(8, "the largest beam (and n-best) a request may ask for", AT_LEAST_1)
+    timeout_s: float = setting(60.0, "a request waiting longer gets 504", POSITIVE)
+    drain_s: float = setting(
+        30.0, "on SIGTERM: finish queued sentences within this, then 503 the rest", NOT_NEGATIVE
+    )
+
+    def check(self) -> None:
+        if self.max_texts > self.max_queue:  # such a request could never be queued
+            raise MtxError(
+                f"serve.max_texts ({self.max_texts}) must not exceed serve.max_queue "
+                f"({self.max_queue})"
+            )
