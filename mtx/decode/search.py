@@ -377,8 +377,7 @@ def beam_search(
     B0, device, start = src.size(0), src.device, model.specials.start
     memory, src_mask = model.encode(src)  # one row per sentence, not per beam
     max_len = batch.max_lengths(max_len_a, max_len_b, limit)
-    alive = list(range(B0))  # original index of each sentence still decoded
-    cache = model.new_cache()
+    alive, cache = list(range(B0)), model.new_cache()  # alive: each live sentence's index
     tokens = batch.starts(start).repeat_interleave(K, 0)  # (B*K, 1 + n + t)
     scores = rules.start_beams(torch.empty(B0, K, device=device))
     finished: list[list[Hypothesis]] = [[] for _ in range(B0)]
@@ -390,8 +389,9 @@ def beam_search(
         top, tok = c.top, c.tok
         rows = torch.arange(B, device=device).unsqueeze(1) * K + c.from_beam  # (B, M) flat rows
         host = _to_host(top, tok, K)
-        unmet = partial(strategy.unmet, c, K)
-        note_finished(finished, alive, host, rows, tokens, t + 1, alpha, unmet)
+        note_finished(
+            finished, alive, host, rows, tokens, t + 1, alpha, partial(strategy.unmet, c, K)
+        )
         done = [
             rules.at_limit(t + 1, max_len[b])
             or rules.sentence_done(finished[b], host[i][K], max_len[b], K, nbest, alpha, stopping)
@@ -399,8 +399,7 @@ def beam_search(
         ]
         if all(done):
             break
-        # (B, K): the best K not ending in EOS
-        keep = strategy.select(c, K)
+        keep = strategy.select(c, K)  # (B, K): the next beams (the best K not ending in EOS)
         scores, rows, tok = top.gather(1, keep), rows.gather(1, keep), tok.gather(1, keep)
         sentences = None
         if any(done):  # finished sentences leave the batch
