@@ -332,7 +332,7 @@ class Checkpoint:
 
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
-    """Another toolkit's weights (a pretrained model's, mtx/pretrained/): a .safetensors
+    """Another toolkit's weights (a pretrained model's, mtx/formats/): a .safetensors
     file, or a PyTorch pickle through the safe loader (weights_only: never an unsafe
     unpickling); MtxError in one line if they cannot be read."""
     try:

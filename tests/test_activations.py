@@ -13,7 +13,7 @@ from transformers import MarianMTModel
 from mtx.checkpoint import Checkpoint
 from mtx.config import load_config
 from mtx.errors import MtxError
-from mtx.export import export
+from mtx.formats import export
 from mtx.model.layers import FeedForward
 from mtx.model.rows import ACTIVATIONS
 from mtx.model.transformer import Transformer

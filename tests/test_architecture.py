@@ -22,7 +22,7 @@ FLOORS = [
     {"decode": ["mtx.decode"]},
     {
         "train": ["mtx.train"],
-        "export": ["mtx.export", "mtx.pretrained"],
+        "formats": ["mtx.formats"],
         "info": ["mtx.info"],
         "jobs": ["mtx.jobs"],
     },

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from mtx.config import ModelConfig
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch
-from mtx.export import refusal
+from mtx.formats import refusal
 from mtx.info import architecture
 from mtx.model import decoder_self
 from mtx.model.flops import forward_flops

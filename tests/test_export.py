@@ -18,9 +18,10 @@ from mtx.config import Config, DecodeConfig
 from mtx.data import toy
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.export import export
-from mtx.export.marian import marian_permutation, to_marian
 from mtx.files import sha256_file
+from mtx.formats import export
+from mtx.formats.marian import to_marian
+from mtx.formats.weights import marian_permutation
 from mtx.model.positions import sinusoidal_table
 from mtx.model.transformer import Transformer
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID

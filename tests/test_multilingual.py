@@ -15,7 +15,7 @@ from mtx.data import toy
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.evaluate import score
-from mtx.export import export
+from mtx.formats import export
 from mtx.serve.engine import make_engine
 from mtx.tokens import BOS_ID, PAD_ID, UNK_ID
 

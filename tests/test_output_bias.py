@@ -15,7 +15,7 @@ from mtx.data import toy
 from mtx.decode.shortlist import Shortlist, vocabulary_sha256
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.export import export
+from mtx.formats import export
 from mtx.model.transformer import Transformer
 
 

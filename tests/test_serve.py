@@ -22,8 +22,8 @@ from mtx.bench.server import Server
 from mtx.checkpoint import Checkpoint
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.export import exported_from
 from mtx.files import sha256_file
+from mtx.formats import exported_from
 from mtx.tokens import SOURCE_BUCKET
 
 LINES = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:96]

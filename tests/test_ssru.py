@@ -14,7 +14,7 @@ from mtx.decode.search import beam_search
 from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.export import export
+from mtx.formats import export
 from mtx.info import architecture
 from mtx.model.ssru import SSRU
 from mtx.model.transformer import Transformer, count_parameters
@@ -214,7 +214,7 @@ def test_the_narrow_decoder_exports_to_ctranslate2_with_the_same_scores(runs, tm
 
 
 def test_the_narrow_decoder_exports_to_marian_with_the_same_logits():
-    from mtx.export.marian import to_marian
+    from mtx.formats.marian import to_marian
 
     torch.manual_seed(0)
     m = tiny_model_config(decoder_d_ff=24, decoder_layers=1)

@@ -54,7 +54,7 @@ from mtx.data.sources import read_lines
 from mtx.decode import rules
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.export import export
+from mtx.formats import export
 
 ENGINES = ("mtx", "mtx-int8", "hf", "ct2", "ct2-int8")
 # mtx's other searches (decode.search), raced when --engines names them: mtx-static (fixed

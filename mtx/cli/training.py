@@ -82,7 +82,7 @@ def export(
     ] = None,
 ) -> None:
     """Write a checkpoint as a Hugging Face MarianMT or a CTranslate2 model directory."""
-    from mtx.export import export as do_export
+    from mtx.formats import export as do_export
 
     about = run(do_export, checkpoint, format, output, quantization)
     log(f"exported {checkpoint} (step {about['step']}) to {output} as {about['format']}")
@@ -101,7 +101,7 @@ def import_(
     tgt_lang: Annotated[str | None, typer.Option(help="Its target language code.")] = None,
 ) -> None:
     """Turn a pretrained MarianMT (OPUS-MT) or NLLB (M2M100) model into an mtx checkpoint."""
-    from mtx.pretrained import import_model
+    from mtx.formats import import_model
 
     about = run(import_model, source, output, src_lang, tgt_lang)
     log(f"imported {source} ({about}) to {output}")

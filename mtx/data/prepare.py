@@ -7,7 +7,7 @@ interrupted prepare never leaves data that `train` would accept):
     spm.model          the vocabulary (data/vocab.py): the joint SentencePiece model trained
                        here, or the one data.spm_model names (a SentencePiece model file, or a
                        checkpoint, which embeds its vocabulary: an imported model's segments
-                       source and target with their own models, mtx/pretrained/)
+                       source and target with their own models, mtx/formats/)
     spm.vocab          its pieces, one per line with their id and score (for people to read)
     dropped.tsv        every pair the cleaning dropped, with its reason (data/filtering.py)
     manifest.json      the data's description: sources, sha256 of local source files, counts of

@@ -5,12 +5,12 @@ Two kinds, one interface (`Vocabulary`), stored in checkpoints and prepared data
 - mtx's own (`Joint`): one SentencePiece BPE model trained here for source and target; the
   model's ids are SentencePiece's, 0-3 fixed (pad, unk, bos, eos: `mtx.tokens`). Stored as
   the SentencePiece model proto.
-- an imported model's (`Paired`, mtx/pretrained/): a source and a target SentencePiece model
+- an imported model's (`Paired`, mtx/formats/): a source and a target SentencePiece model
   over one table of pieces (OPUS-MT's `source.spm`, `target.spm` and `vocab.json`; NLLB's one
   `sentencepiece.bpe.model` for both sides, fairseq's ids and the language codes). Text is
   segmented by its side's model and each piece looked up in the table, a piece the table lacks
   being UNK, as `MarianTokenizer` does. The table is held in mtx's order (the import permutes
-  the ids so that PAD, UNK and EOS are 0, 1 and 3; see mtx/pretrained/marian.py). Stored as a
+  the ids so that PAD, UNK and EOS are 0, 1 and 3; see mtx/formats/marian.py). Stored as a
   zip of `table.json`, `source.spm`, `target.spm` (and an NLLB model's tokenizer files, under
   `files/`, for its export), written byte for byte the same for the same vocabulary.
 """

@@ -10,7 +10,7 @@ A kind says how to build its sublayer, whether it is a recurrence (causal by con
 called `module(h, cache)`, its state a cell of `state_width` in the decoder cache) or
 attention-like (called `module(h, mask=, causal=, cache=)`, keys and values in the cache), its
 forward FLOPs (model/flops.py), a description (`mtx info`) and the export formats that hold
-it (mtx/export refuses the others). The layer (layers.py), the caches' allocation
+it (mtx/formats refuses the others). The layer (layers.py), the caches' allocation
 (transformer.py), the FLOPs, `mtx info` and the exports read it from `DECODER_SELF`; a kind
 added here is decoded by both searches and trained as any other (tests/test_decoder_self.py
 adds one). Settable from a config once `model.decoder_self`'s choices (config.py) name it.

@@ -8,7 +8,7 @@ Each engine lives in a decoding process of its own (workers.py), fed by one batc
 `MtxEngine` is `Translator.translate_requests`, a request per text: the same search, settings
 and batch independence as `mtx translate`, so a sentence gets the translation that `mtx
 translate` gives it, whatever else is in its batch. `CT2Engine` runs a CTranslate2 export of
-the checkpoint (mtx/export): faster on the CPU, but its search is CTranslate2's (its own
+the checkpoint (mtx/formats): faster on the CPU, but its search is CTranslate2's (its own
 length penalty and padding), so its outputs may differ from mtx's and from one batch to the
 next. `describe_engine` tells the
 server's own process, which holds no engine, what it needs to know of one (front.py).
@@ -85,7 +85,7 @@ class CT2Engine:
         self.translator = translator  # its SentencePiece model and decode.* settings
         self.cfg = translator.cfg
         self.dir = ct2_dir or checkpoint.with_name(checkpoint.stem + ".ct2")
-        from mtx.export import ct2_export_of
+        from mtx.formats import ct2_export_of
 
         # made on first use; made again if the checkpoint changed since (refused in a
         # --ct2-dir the user named)

@@ -1,4 +1,12 @@
-"""`mtx export`: a checkpoint into another inference stack's format.
+"""Outside formats, one module each, both directions in it: MarianMT (OPUS-MT: marian.py),
+M2M100 (NLLB-200: m2m100.py), and CTranslate2 (ct2.py, export only); weights.py is the weight
+names the first two share. This module is the registry and the two commands over them:
+
+- `mtx import` (`import_model`): a Hugging Face model directory or hub id becomes an mtx
+  checkpoint that every command takes; its `model_type` names the format (`IMPORTS`).
+- `mtx export` (`export`): a checkpoint into a format: `hf` gives back the family it came
+  from (a checkpoint's vocabulary says it: data/vocab.py's `family`; mtx's own models are
+  MarianMT's shape), `ctranslate2` a CTranslate2 directory.
 
 - `hf`: a Hugging Face `transformers` MarianMT directory (marian.py).
 - `ctranslate2`: a CTranslate2 model directory (ct2.py).
@@ -25,12 +33,72 @@ from pathlib import Path
 from mtx import __version__, corpora
 from mtx.checkpoint import Checkpoint
 from mtx.config import ModelConfig
+from mtx.data import vocab
 from mtx.errors import MtxError
 from mtx.files import sha256_file
+from mtx.formats import ct2, m2m100, marian
 from mtx.model.build import checkpoint_model
 from mtx.model.decoder_self import decoder_self
 
+
+def read_config(directory: Path) -> dict:
+    """A Hugging Face model directory's config.json; refused in one line if there is none."""
+    if not directory.is_dir():
+        raise MtxError(f"{directory}: no such directory (a Hugging Face model's, downloaded)")
+    path = directory / "config.json"
+    if not path.is_file():
+        raise MtxError(f"{directory}: no config.json: not a Hugging Face model directory")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise MtxError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+
+
+def import_model(source: str, output: Path, src_lang: str | None, tgt_lang: str | None) -> str:
+    """Write the checkpoint `output` from `source` (a local model directory, or a hub id that
+    huggingface_hub resolves); returns what was imported, in words. Nothing is written
+    unless the whole import succeeds."""
+    if output.exists():
+        raise MtxError(f"{output} already exists: remove it or choose another --output")
+    directory = resolve(source)
+    config = read_config(directory)
+    kind = config.get("model_type")
+    if kind not in IMPORTS:
+        raise MtxError(
+            f"{directory}: model_type {kind!r} cannot be imported (mtx imports MarianMT "
+            "models, 'marian', and NLLB's M2M100, 'm2m_100')"
+        )
+    ckpt, about = IMPORTS[kind](directory, config, src_lang, tgt_lang)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.save(output)
+    return about
+
+
+def resolve(source: str) -> Path:
+    """A local directory as it is; otherwise a hub id (owner/name), downloaded by
+    huggingface_hub into its cache. Without the network, the error says what to download."""
+    path = Path(source)
+    if path.exists() or source.startswith((".", "/")) or source.count("/") != 1:
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.spm", "*.model", "*.safetensors", "pytorch_model.bin"]
+        return Path(snapshot_download(source, allow_patterns=patterns))
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise MtxError(
+            f"{source}: not a local directory, and the hub did not answer ({first}); on a "
+            f"machine with the network run `hf download {source} --local-dir DIR`, then "
+            "`mtx import DIR --output CHECKPOINT`"
+        ) from None
+
+
 FORMATS = ("hf", "ctranslate2")
+# --format hf of a checkpoint of each family (data/vocab.py): where it came from, or MarianMT
+HF_EXPORTS = {"mtx": marian.export_hf, "marian": marian.export_hf, "nllb": m2m100.export_m2m100}
+# mtx import of each Hugging Face model_type
+IMPORTS = {"marian": marian.convert, "m2m_100": m2m100.convert}
 
 
 PAPER_ARCHITECTURE = {"arch": "transformer", "norm": "post", "positions": "sinusoidal"}
@@ -78,16 +146,11 @@ def export(
     tmp.mkdir(parents=True)
     try:
         if fmt == "hf":
-            from mtx.export.m2m100 import export_m2m100
-            from mtx.export.marian import export_hf
-
-            nllb = cfg.model.positions == "fairseq"  # an imported NLLB model: M2M100 again
+            family = vocab.load(spm_proto).family  # the checkpoint says where it came from
             with _quiet_transformers():
-                (export_m2m100 if nllb else export_hf)(model, cfg, spm_proto, tmp)
+                HF_EXPORTS[family](model, cfg, spm_proto, tmp)
         else:
-            from mtx.export.ct2 import export_ct2
-
-            export_ct2(model, cfg, spm_proto, tmp, quantization)
+            ct2.export_ct2(model, cfg, spm_proto, tmp, quantization)
         about = {
             "exported_by": f"mtx {__version__}",
             "format": fmt if quantization is None else f"{fmt} ({quantization})",

@@ -1,4 +1,9 @@
-"""A Hugging Face M2M100 model (NLLB-200's format) as an mtx checkpoint.
+"""M2M100 (NLLB-200), both directions: `mtx import` of a Hugging Face M2M100 model and `mtx
+export --format hf` of an imported one.
+
+## Import
+
+A Hugging Face M2M100 model (NLLB-200's format) as an mtx checkpoint.
 
 What maps, and how:
 
@@ -6,7 +11,7 @@ What maps, and how:
   stack (model.norm: pre), fairseq's sinusoidal positions counted from 2 (model.positions:
   fairseq, model/positions.py), and the decoder starting from EOS (model.decoder_start: eos).
   Embeddings are scaled by sqrt(d) and tied to the output projection, as ours; q/k/v join
-  into our in_proj, the layers' weights named as MarianMT names them (export/marian.py's
+  into our in_proj, the layers' weights named as MarianMT names them (weights.py's
   map, read in the model dimension's own order).
 - The vocabulary: `sentencepiece.bpe.model` segments both sides, with fairseq's ids: <s> 0,
   <pad> 1, </s> 2, <unk> 3, then SentencePiece's piece k (k >= 3) at k + 1; then the
@@ -18,6 +23,17 @@ What maps, and how:
   code is given, not scored. `--src-lang` and `--tgt-lang` name them (eng_Latn, deu_Latn).
 
 Whatever mtx cannot express is refused in one line naming it, before anything is written.
+
+## Export
+
+`mtx export --format hf` of an imported NLLB model: a Hugging Face M2M100 directory again.
+
+The inverse of the import above: the layers' weights under M2M100's names (MarianMT's,
+weights.py's map, in the model dimension's own order), each stack's final LayerNorm,
+the vocabulary back in fairseq's order; `sentencepiece.bpe.model` and the tokenizer's files
+kept from the import (tokenizer.json, tokenizer_config.json), written back byte for byte, so
+that the ids of the language codes are the original's. Importing a model and exporting it
+again gives back the same tensors and files.
 """
 
 from __future__ import annotations
@@ -28,20 +44,27 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mtx.checkpoint import Checkpoint
+from mtx.config import Config
+from mtx.data import vocab
 from mtx.data.vocab import Paired
 from mtx.errors import MtxError
-from mtx.pretrained.marian import (
-    ACTIVATIONS,
-    checked_state,
-    described,
-    model_config,
-    read_weights,
-)
+from mtx.formats.marian import ACTIVATIONS, checked_state, described, model_config, read_weights
+from mtx.formats.weights import load_into, marian_state_dict
+from mtx.model.transformer import Transformer
+
+EXPORT_ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu"}  # ours -> transformers'
+
 
 SPM = "sentencepiece.bpe.model"
+
+
 # kept in the checkpoint as they are, for the export back to M2M100
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 FAIRSEQ = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # fairseq's fixed ids
+
+
 UNUSED = "<unused_"  # the piece of a row of the weights the tokenizer has no token for
 
 
@@ -160,3 +183,35 @@ def convert(
     ckpt = Checkpoint(config=cfg, spm_model=vocabulary.blob, vocab_size=size, model=state)
     about = described("NLLB (M2M100)", cfg, size)
     return ckpt, f"{about}, {len(codes)} languages ({src_lang} -> {tgt_lang})"
+
+
+def m2m100_config(cfg: Config, vocab_size: int):
+    from transformers import M2M100Config
+
+    m = cfg.model
+    return M2M100Config(
+        vocab_size=vocab_size, d_model=m.d_model, encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers, encoder_attention_heads=m.n_heads,
+        decoder_attention_heads=m.n_heads, encoder_ffn_dim=m.d_ff,
+        decoder_ffn_dim=m.decoder_d_ff or m.d_ff, activation_function=EXPORT_ACTIVATIONS[m.activation],
+        max_position_embeddings=m.max_positions, pad_token_id=1, eos_token_id=2,
+        bos_token_id=0, decoder_start_token_id=2, scale_embedding=True,
+        dropout=m.dropout, attention_dropout=m.attention_dropout, num_beams=cfg.decode.beam,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+
+
+def export_m2m100(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) -> None:
+    """Write a directory that `M2M100ForConditionalGeneration.from_pretrained` and
+    `NllbTokenizer.from_pretrained` load offline."""
+    from transformers import M2M100ForConditionalGeneration
+
+    v = vocab.load(spm_proto)
+    if v.family != "nllb":
+        raise MtxError("--format hf writes an M2M100 model only of an imported NLLB model")
+    hf = M2M100ForConditionalGeneration(m2m100_config(cfg, model.vocab_size)).eval()
+    load_into(hf, marian_state_dict(model, v.origin, permute=False), "M2M100")
+    hf.save_pretrained(out)
+    (out / SPM).write_bytes(v.models[0])
+    for name, data in v.files.items():
+        (out / name).write_bytes(data)

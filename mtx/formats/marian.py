@@ -1,6 +1,11 @@
-"""A Hugging Face MarianMT model (OPUS-MT's format) as an mtx checkpoint.
+"""MarianMT (OPUS-MT), both directions: `mtx import` of a Hugging Face MarianMT model and `mtx
+export --format hf` of a checkpoint.
 
-What maps, and how (the export's name map, mtx/export/marian.py, read backwards):
+## Import
+
+A Hugging Face MarianMT model (OPUS-MT's format) as an mtx checkpoint.
+
+What maps, and how (weights.py's name map, read backwards):
 
 - The network is ours: post-norm, shared sqrt(d)-scaled embeddings tied to the output, static
   sinusoidal positions (sines first: the import permutes the model dimension back into our
@@ -15,6 +20,30 @@ What maps, and how (the export's name map, mtx/export/marian.py, read backwards)
   xxx` puts the tag first in the source.
 
 Whatever mtx cannot express is refused in one line naming it, before anything is written.
+
+## Export
+
+`mtx export --format hf`: a checkpoint as a Hugging Face `MarianMTModel` + `MarianTokenizer`.
+
+MarianMT is the same post-norm encoder-decoder as ours (shared, sqrt(d)-scaled embeddings tied
+to the output projection, ReLU feed-forward, sinusoidal positions, no final stack norms), with
+two differences that the export maps exactly:
+
+- Positional table layout. The paper (and mtx) interleave sines and cosines:
+  PE(pos, 2i) = sin, PE(pos, 2i+1) = cos. Marian puts the d/2 sines first and the d/2 cosines
+  after them, with the same frequencies, and always builds its own table (it is not read from
+  the weights). Marian's table is ours with its dimensions permuted, so the export permutes
+  the model dimension of every weight the same way: embeddings and matrices reading the
+  residual stream by column, matrices writing it by row, LayerNorm gains and biases. LayerNorm
+  and dot products do not change under a permutation, so the permuted model computes the same
+  logits.
+- Attention weights: our one (3d, d) `in_proj` becomes Marian's q_proj, k_proj, v_proj.
+
+Marian's `final_logits_bias` is the model's output bias (`model.output_bias`), or zeros; the
+decoder starts from the model's start token (decoder_start_token_id: our BOS, or an imported
+model's PAD). An imported model (the import above, which uses weights.py's name map
+backwards) goes back out with its own ids, SentencePiece models and vocab.json.
+What Marian cannot express (another LayerNorm epsilon than its fixed 1e-5) is refused.
 """
 
 from __future__ import annotations
@@ -26,13 +55,23 @@ from torch import Tensor
 
 from mtx.checkpoint import Checkpoint, read_tensors
 from mtx.config import Config
+from mtx.data import vocab
 from mtx.data.vocab import Paired
+from mtx.decode import rules
 from mtx.errors import MtxError
-from mtx.export.marian import MARIAN_LAYER_NORM_EPS, from_marian_state_dict
+from mtx.formats.weights import (
+    MARIAN_LAYER_NORM_EPS,
+    from_marian_state_dict,
+    load_into,
+    marian_state_dict,
+)
 from mtx.model.build import make_model
-from mtx.tokens import EOS_ID, PAD_ID, UNK_ID
+from mtx.model.transformer import Transformer
+from mtx.tokens import EOS_ID, PAD_ID, UNK_ID, Specials
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
+
+
 TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 
 
@@ -181,3 +220,102 @@ def described(family: str, cfg: Config, size: int) -> str:
         f"{family}: {m.encoder_layers}+{m.decoder_layers} layers, d_model {m.d_model}, "
         f"{m.activation}, vocabulary {size}"
     )
+
+
+def check_exportable(cfg: Config) -> None:
+    m = cfg.model
+    if m.layer_norm_eps != MARIAN_LAYER_NORM_EPS:
+        raise MtxError(
+            f"model.layer_norm_eps is {m.layer_norm_eps}, but MarianMT's LayerNorm epsilon is "
+            f"fixed at {MARIAN_LAYER_NORM_EPS}: this model cannot be exported to --format hf"
+        )
+    if m.d_model % 2:
+        raise MtxError(f"model.d_model ({m.d_model}) must be even for Marian's position table")
+
+
+def marian_ids(specials: Specials, origin: list[int]) -> dict[str, int]:
+    """MarianMT's special ids of a model whose id i is MarianMT's origin[i] (an imported
+    model's vocabulary keeps its own ids; mtx's own maps onto itself)."""
+    start = origin[specials.start]
+    return {
+        "pad_token_id": origin[PAD_ID],
+        "eos_token_id": origin[EOS_ID],
+        "decoder_start_token_id": start,
+        # a vocabulary without BOS (an imported MarianMT one) names EOS, as OPUS-MT's do
+        "bos_token_id": origin[EOS_ID] if specials.start == PAD_ID else start,
+        "forced_eos_token_id": origin[EOS_ID],
+    }
+
+
+def marian_config(cfg: Config, vocab_size: int, ids: dict[str, int]):
+    from transformers import MarianConfig
+
+    m = cfg.model
+    return MarianConfig(
+        vocab_size=vocab_size,
+        decoder_vocab_size=vocab_size,
+        d_model=m.d_model,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        encoder_attention_heads=m.n_heads,
+        decoder_attention_heads=m.n_heads,
+        encoder_ffn_dim=m.d_ff,
+        decoder_ffn_dim=m.decoder_d_ff or m.d_ff,
+        max_position_embeddings=m.max_positions,
+        activation_function=m.activation,  # relu, swish and gelu: transformers' names too
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        activation_dropout=0.0,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        **ids,
+    )
+
+
+def to_marian(model: Transformer, cfg: Config, origin: list[int] | None = None):
+    """A `transformers.MarianMTModel` (eval mode) computing the same logits as `model`, its
+    ids MarianMT's `origin` of ours (None: ours)."""
+    from transformers import MarianMTModel
+
+    check_exportable(cfg)
+    origin = list(range(model.vocab_size)) if origin is None else origin
+    ids = marian_ids(model.specials, origin)
+    hf = MarianMTModel(marian_config(cfg, model.vocab_size, ids)).eval()
+    return load_into(hf, marian_state_dict(model, origin), "MarianMT")
+
+
+def export_hf(model: Transformer, cfg: Config, spm_proto: bytes, out: Path) -> None:
+    """Write a directory that `MarianMTModel.from_pretrained` and
+    `MarianTokenizer.from_pretrained` load offline (an imported model's with its own ids,
+    SentencePiece models and vocab.json)."""
+    from transformers import GenerationConfig, MarianTokenizer
+
+    v = vocab.load(spm_proto)
+    hf = to_marian(model, cfg, v.origin)
+    ids = marian_ids(model.specials, v.origin)
+    d = cfg.decode
+    # early_stopping as mtx: stop once `num_beams` hypotheses have ended; Marian's score is
+    # log P / length ** length_penalty where mtx divides by ((5 + length) / 6) ** alpha: the
+    # same ranking only at alpha 0. Only with a beam: transformers refuses them for greedy.
+    beam = {"early_stopping": True, "length_penalty": d.alpha} if d.beam > 1 else {}
+    never = rules.never_produced(model.specials)
+    hf.generation_config = GenerationConfig(
+        **ids,
+        num_beams=d.beam,
+        max_length=cfg.model.max_positions,
+        bad_words_ids=[[v.origin[i]] for i in never],  # mtx never outputs these
+        **beam,
+    )
+    hf.save_pretrained(out)
+    for name, proto in zip(("source.spm", "target.spm"), v.models):
+        (out / name).write_bytes(proto)
+    pieces = {v.id_to_piece(i): v.origin[i] for i in range(v.get_piece_size())}
+    (out / "vocab.json").write_text(json.dumps(pieces, ensure_ascii=False, indent=0) + "\n")
+    tokenizer = MarianTokenizer(
+        str(out / "source.spm"),
+        str(out / "target.spm"),
+        str(out / "vocab.json"),
+        model_max_length=cfg.model.max_positions,
+    )
+    tokenizer.save_pretrained(out)
