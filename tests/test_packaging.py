@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from mtx import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,3 +35,26 @@ def test_the_wheel_holds_mtx_alone_with_the_benchmarks_mtx_bench_runs(tmp_path):
         assert f"mtx/bench/{module}.py" in names
     assert {"mtx/cli/bench.py", "mtx/serve/page.html"} <= names
     assert not any(n.startswith("benchmarks/") for n in names)
+
+
+@pytest.mark.slow
+def test_make_install_is_quiet(tmp_path):
+    """`make install` in a copy of the checkout (a new .venv, torch from this environment's
+    wheel cache or index): no warning box from the build (setuptools' deprecations, its
+    editable-install notice), only pip's own lines about its indexes."""
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    done = subprocess.run(
+        ["make", "install"], cwd=tmp_path, capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [
+        x
+        for x in (done.stdout + done.stderr).splitlines()
+        if "Location 'file:" not in x and "PYTHONWARNINGS=" not in x  # make's echo of it
+    ]
+    assert not any("deprecated" in x or "Editable installation" in x for x in said), said
