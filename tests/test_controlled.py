@@ -13,6 +13,7 @@ from mtx.decode import rules, search
 from mtx.decode.controlled import ConstrainedBeam, matched
 from mtx.decode.controls import Segmented
 from mtx.decode.request import Request, SearchBatch
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.searches import Searches
 from mtx.tokens import EOS_ID
@@ -28,7 +29,15 @@ def contains(tokens, phrase):
 def controlled(model, src, requests, beam=4, b=12, nbest=1, alpha=0.6):
     batch = SearchBatch(src, requests)
     steer = ConstrainedBeam(requests, beam, src.device)
-    return beam_search(model, batch, beam, alpha, 1.0, b, 1024, nbest, "k_finished", steer)
+    return beam_search(
+        model,
+        batch,
+        SearchSettings(
+            beam=beam, alpha=alpha, max_len_a=1.0, max_len_b=b, limit=1024, stopping="k_finished"
+        ),
+        nbest=nbest,
+        strategy=steer,
+    )
 
 
 def random_requests(src, seed, prefix=True, avoid=True):
@@ -115,7 +124,7 @@ def test_the_score_is_the_log_probability_of_the_whole_output():
     """A forced prefix keeps its log-probability: the greedy continuation of a prefix scores
     as the teacher-forced output does."""
     model, src = random_model(vocab=V), random_src(batch=4, vocab=V)
-    plain = greedy_search(model, src, 1.0, 10)
+    plain = greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=10))
     requests = [
         Request(r.source, r.line, controls=Segmented(prefix=tuple(h.tokens[:2])))
         for r, h in zip(SearchBatch.of(src).requests, plain)
@@ -131,7 +140,12 @@ def test_without_controls_the_controlled_search_is_the_beam_search():
     requests = SearchBatch.of(src).requests
     for beam, alpha in ((4, 0.6), (1, 0.0)):
         a = controlled(model, src, requests, beam=beam, nbest=beam, alpha=alpha)
-        b = beam_search(model, src, beam, alpha, 1.0, 12, 1024, beam)
+        b = beam_search(
+            model,
+            src,
+            SearchSettings(beam=beam, alpha=alpha, max_len_a=1.0, max_len_b=12, limit=1024),
+            nbest=beam,
+        )
         assert [[(h.tokens, h.score) for h in x] for x in a] == [
             [(h.tokens, h.score) for h in x] for x in b
         ]
@@ -171,7 +185,7 @@ def test_constraints_that_cannot_fit_are_counted_unmet_and_rank_last():
 def test_an_avoided_phrase_never_appears():
     """Avoiding the first bigram of each plain output: the output lacks it."""
     model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
-    plain = beam_search(model, src, 4, 0.6, 1.0, 12)
+    plain = beam_search(model, src, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12))
     requests = [
         Request(r.source, r.line, controls=Segmented(avoid=(tuple(h[0].tokens[:2]),)))
         for r, h in zip(SearchBatch.of(src).requests, plain)

@@ -12,6 +12,7 @@ from test_search import random_src
 from torch import Tensor, nn
 
 from mtx.config import ModelConfig
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch
 from mtx.formats import refusal
@@ -95,11 +96,11 @@ def test_a_registered_kind_decodes_alike_in_both_searches_and_incrementally(deca
     steps = [model.decode(tokens[:, t : t + 1], memory if t == 0 else None, mask, cache)
              for t in range(tokens.size(1))]  # fmt: skip
     assert torch.allclose(torch.cat(steps, 1), whole, atol=1e-5)
-    shrinking = beam_search(model, src, beam=3, max_len_b=8)
-    static = StaticSearch(model, 3, max_len_b=8, full=False)(src)
+    shrinking = beam_search(model, src, SearchSettings(beam=3, max_len_b=8))
+    static = StaticSearch(model, SearchSettings(beam=3, max_len_b=8), full=False)(src)
     assert [h[0].tokens for h in shrinking] == [h[0].tokens for h in static]
-    greedy = greedy_search(model, src, max_len_b=8)
-    static_greedy = StaticSearch(model, 1, max_len_b=8, full=False)(src)
+    greedy = greedy_search(model, src, SearchSettings(max_len_b=8))
+    static_greedy = StaticSearch(model, SearchSettings(beam=1, max_len_b=8), full=False)(src)
     assert [h.tokens for h in greedy] == [h[0].tokens for h in static_greedy]
     assert any(h.tokens and h.tokens[-1] != EOS_ID for h in greedy)
 

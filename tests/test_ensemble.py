@@ -12,6 +12,7 @@ from mtx.checkpoint import Checkpoint
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode.ensemble import Ensemble
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
@@ -45,16 +46,51 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model():
     for model in models():
         self_ensemble = Ensemble([model, copy.deepcopy(model)])
         for stopping in ("k_finished", "exact"):
-            one = beam_search(model, src, 4, 0.6, 1.0, 12, 100, nbest=3, stopping=stopping)
-            two = beam_search(self_ensemble, src, 4, 0.6, 1.0, 12, 100, 3, stopping)
+            one = beam_search(
+                model,
+                src,
+                SearchSettings(
+                    beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100, stopping=stopping
+                ),
+                nbest=3,
+            )
+            two = beam_search(
+                self_ensemble,
+                src,
+                SearchSettings(
+                    beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100, stopping=stopping
+                ),
+                nbest=3,
+            )
             assert as_tuples(two) == as_tuples(one)
-        assert as_tuples([greedy_search(self_ensemble, src, 1.0, 12, 100)]) == as_tuples(
-            [greedy_search(model, src, 1.0, 12, 100)]
+        assert as_tuples(
+            [
+                greedy_search(
+                    self_ensemble, src, SearchSettings(max_len_a=1.0, max_len_b=12, limit=100)
+                )
+            ]
+        ) == as_tuples(
+            [greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=12, limit=100))]
         )
         seeds = [[5, i] for i in range(src.size(0))]
         sampling = Sampling(temperature=1.3, top_k=10, top_p=0.9)
-        sampled = greedy_search(model, src, 1.0, 12, 100, sampling, seeds)
-        assert greedy_search(self_ensemble, src, 1.0, 12, 100, sampling, seeds) == sampled
+        sampled = greedy_search(
+            model,
+            src,
+            SearchSettings(max_len_a=1.0, max_len_b=12, limit=100),
+            sampling=sampling,
+            seeds=seeds,
+        )
+        assert (
+            greedy_search(
+                self_ensemble,
+                src,
+                SearchSettings(max_len_a=1.0, max_len_b=12, limit=100),
+                sampling=sampling,
+                seeds=seeds,
+            )
+            == sampled
+        )
         assert len({tuple(h.tokens) for h in sampled}) > 1
 
 
@@ -81,15 +117,34 @@ def test_step_log_probabilities_are_the_log_of_the_mean_of_the_probabilities():
 def test_an_ensemble_does_not_depend_on_the_batch():
     ensemble = Ensemble(list(models()))
     src = sources()
-    together = beam_search(ensemble, src, 4, 0.6, 1.0, 12, 100, nbest=2)
+    together = beam_search(
+        ensemble,
+        src,
+        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100),
+        nbest=2,
+    )
     alone = [
-        beam_search(ensemble, src[i : i + 1], 4, 0.6, 1.0, 12, 100, nbest=2)[0] for i in range(6)
+        beam_search(
+            ensemble,
+            src[i : i + 1],
+            SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100),
+            nbest=2,
+        )[0]
+        for i in range(6)
     ]
     assert as_tuples(alone) == as_tuples(together)
-    reverse = beam_search(ensemble, src.flip(0), 4, 0.6, 1.0, 12, 100, nbest=2)
+    reverse = beam_search(
+        ensemble,
+        src.flip(0),
+        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100),
+        nbest=2,
+    )
     assert as_tuples(reverse[::-1]) == as_tuples(together)
-    greedy = greedy_search(ensemble, src, 1.0, 12, 100)
-    assert greedy_search(ensemble, src[2:4], 1.0, 12, 100) == greedy[2:4]
+    greedy = greedy_search(ensemble, src, SearchSettings(max_len_a=1.0, max_len_b=12, limit=100))
+    assert (
+        greedy_search(ensemble, src[2:4], SearchSettings(max_len_a=1.0, max_len_b=12, limit=100))
+        == greedy[2:4]
+    )
 
 
 def test_translator_ensemble_through_the_api():

@@ -7,6 +7,7 @@ from conftest import tiny_model_config
 from test_search import random_model
 
 from mtx.decode.ensemble import Ensemble
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
@@ -76,22 +77,39 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
     srcs = sources(LENGTHS)
     batch = mixed(srcs)
     assert len(batch.parts) == 4
-    beams = beam_search(model, batch, beam=4, max_len_b=8, nbest=2)
-    greedy = greedy_search(model, batch, max_len_b=8)
+    beams = beam_search(model, batch, SearchSettings(beam=4, max_len_b=8), nbest=2)
+    greedy = greedy_search(model, batch, SearchSettings(max_len_b=8))
     seeds = [[7, i, j] for i in range(len(srcs)) for j in range(2)]  # 2 samples a sentence
     sampling = Sampling(top_k=5)
-    samples = greedy_search(model, batch.repeat_interleave(2), 1.0, 8, 1024, sampling, seeds)
-    copied = greedy_search(model, batch, 1.0, 8, 1024, sampling, seeds, copies=2)
+    samples = greedy_search(
+        model,
+        batch.repeat_interleave(2),
+        SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+        sampling=sampling,
+        seeds=seeds,
+    )
+    copied = greedy_search(
+        model,
+        batch,
+        SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+        sampling=sampling,
+        seeds=seeds,
+        copies=2,
+    )
     assert [(h.tokens, h.score) for h in copied] == [(h.tokens, h.score) for h in samples]
     for i, src in enumerate(srcs):
-        alone = beam_search(model, src, beam=4, max_len_b=8, nbest=2)[0]
+        alone = beam_search(model, src, SearchSettings(beam=4, max_len_b=8), nbest=2)[0]
         assert [(h.tokens, h.score, h.log_prob) for h in alone] == [
             (h.tokens, h.score, h.log_prob) for h in beams[i]
         ]
-        one = greedy_search(model, src, max_len_b=8)[0]
+        one = greedy_search(model, src, SearchSettings(max_len_b=8))[0]
         assert (one.tokens, one.score) == (greedy[i].tokens, greedy[i].score)
         drawn = greedy_search(
-            model, src.repeat_interleave(2, 0), 1.0, 8, 1024, sampling, seeds[2 * i : 2 * i + 2]
+            model,
+            src.repeat_interleave(2, 0),
+            SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+            sampling=sampling,
+            seeds=seeds[2 * i : 2 * i + 2],
         )
         assert [(h.tokens, h.score) for h in drawn] == [
             (h.tokens, h.score) for h in samples[2 * i : 2 * i + 2]
@@ -106,9 +124,9 @@ def test_an_ensemble_of_transformers_mixes_lengths_and_one_with_an_rnn_does_not(
     with_rnn = Ensemble([random_model(seed=1), random_model(arch="rnn-gru-location")])
     assert not with_rnn.capabilities.mixed_lengths
     srcs = sources(LENGTHS[:6])
-    together = beam_search(transformers, mixed(srcs), beam=3, max_len_b=6)
+    together = beam_search(transformers, mixed(srcs), SearchSettings(beam=3, max_len_b=6))
     for i, src in enumerate(srcs):
-        alone = beam_search(transformers, src, beam=3, max_len_b=6)[0]
+        alone = beam_search(transformers, src, SearchSettings(beam=3, max_len_b=6))[0]
         assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in together[i]]
 
 

@@ -13,6 +13,7 @@ from test_search import random_model, random_src
 
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.request import Request, SearchBatch
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.decode.static import StaticSearch
@@ -110,8 +111,8 @@ class LogProbs:
 
 def test_the_search_reads_log_probs_from_the_capability():
     model, src = random_model(), random_src(batch=3)
-    plain = greedy_search(model, src, max_len_b=6)
-    shifted = greedy_search(LogProbs(model), src, max_len_b=6)
+    plain = greedy_search(model, src, SearchSettings(max_len_b=6))
+    shifted = greedy_search(LogProbs(model), src, SearchSettings(max_len_b=6))
     assert [h.tokens for h in plain] == [h.tokens for h in shifted]
     for a, b in zip(plain, shifted):  # the shift is kept: one -1 per token, EOS included
         assert b.log_prob == pytest.approx(a.log_prob - (len(a.tokens) + 1), abs=1e-4)
@@ -125,9 +126,15 @@ def test_a_request_s_own_length_limit_reaches_every_search():
     batch = SearchBatch(src, [free.requests[0], asked, free.requests[2]])
     a, b = 1.0, 20
     searches = {
-        "greedy": lambda x: [[h] for h in greedy_search(model, x, a, b)],
-        "beam": lambda x: beam_search(model, x, 3, 0.6, a, b),
-        "static": lambda x: StaticSearch(model, 3, 0.6, a, b, full=False)(x),
+        "greedy": lambda x: [
+            [h] for h in greedy_search(model, x, SearchSettings(max_len_a=a, max_len_b=b))
+        ],
+        "beam": lambda x: beam_search(
+            model, x, SearchSettings(beam=3, alpha=0.6, max_len_a=a, max_len_b=b)
+        ),
+        "static": lambda x: StaticSearch(
+            model, SearchSettings(beam=3, alpha=0.6, max_len_a=a, max_len_b=b), full=False
+        )(x),
     }
     for name, search in searches.items():
         before, after = search(free), search(batch)

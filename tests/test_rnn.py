@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.data import toy
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search
 from mtx.decode.translator import Translator
 from mtx.model.rnn import RNN, BidirectionalLayer, Cell
@@ -239,9 +240,9 @@ def test_a_sentence_gets_bit_identical_hypotheses_in_any_batch(cell, score):
     with torch.no_grad():
         model.embed.weight.mul_(3.0)  # sharper outputs: hypotheses of various lengths
     src = padded_src([7, 3, 5, 1, 6, 2, 7, 4, 4, 6, 2, 3])
-    together = beam_search(model, src, beam=4, max_len_b=6, nbest=2)
+    together = beam_search(model, src, SearchSettings(beam=4, max_len_b=6), nbest=2)
     for i in range(src.size(0)):
-        alone = beam_search(model, src[i : i + 1], beam=4, max_len_b=6, nbest=2)[0]
+        alone = beam_search(model, src[i : i + 1], SearchSettings(beam=4, max_len_b=6), nbest=2)[0]
         assert [(h.tokens, h.score, h.log_prob) for h in alone] == [
             (h.tokens, h.score, h.log_prob) for h in together[i]
         ]

@@ -20,6 +20,7 @@ from mtx.decode import rules
 from mtx.decode.controlled import Alternatives, ConstrainedBeam
 from mtx.decode.controls import Segmented
 from mtx.decode.request import SearchBatch
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
@@ -54,11 +55,25 @@ def both(model, src, beam: int = K, nbest: int = 1) -> tuple[list, list]:
     """The n-best lists of the shrinking and the static search (attending over the written
     positions only, so that the two compute the same numbers: tests/test_static.py), once
     the constrained beam search has been checked to give the shrinking search's."""
-    static = StaticSearch(model, beam, ALPHA, 1.0, B_LEN, LIMIT, full=False)(src, nbest=nbest)
+    static = StaticSearch(
+        model,
+        SearchSettings(beam=beam, alpha=ALPHA, max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT),
+        full=False,
+    )(src, nbest=nbest)
     if beam == 1:
-        shrinking = [[h] for h in greedy_search(model, src, 1.0, B_LEN, LIMIT)]
+        shrinking = [
+            [h]
+            for h in greedy_search(
+                model, src, SearchSettings(max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT)
+            )
+        ]
     else:
-        shrinking = beam_search(model, src, beam, ALPHA, 1.0, B_LEN, LIMIT, nbest)
+        shrinking = beam_search(
+            model,
+            src,
+            SearchSettings(beam=beam, alpha=ALPHA, max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT),
+            nbest=nbest,
+        )
     assert tokens(constrained(model, src, beam, nbest)) == tokens(shrinking)
     return shrinking, static
 
@@ -76,14 +91,33 @@ def constrained(model, src, beam: int, nbest: int) -> list:
     batch = steered(src, avoid=((PAD_ID,),))
     steer = ConstrainedBeam(batch.requests, beam, src.device)
     alpha = ALPHA if beam > 1 else 0.0
-    return beam_search(model, batch, beam, alpha, 1.0, B_LEN, LIMIT, nbest, "k_finished", steer)
+    return beam_search(
+        model,
+        batch,
+        SearchSettings(
+            beam=beam,
+            alpha=alpha,
+            max_len_a=1.0,
+            max_len_b=B_LEN,
+            limit=LIMIT,
+            stopping="k_finished",
+        ),
+        nbest=nbest,
+        strategy=steer,
+    )
 
 
 def alternatives(model, src, n: int = 3) -> list:
     """`n` alternatives of each sentence after its first token (decode/controlled.py)."""
     batch = steered(src, prefix=(5,), alternatives=n)
     pick = Alternatives(batch.requests, n, src.device)
-    return greedy_search(model, batch, 1.0, B_LEN, LIMIT, pick=pick, copies=n)
+    return greedy_search(
+        model,
+        batch,
+        SearchSettings(max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT),
+        pick=pick,
+        copies=n,
+    )
 
 
 def tokens(hyps) -> list:
@@ -214,11 +248,14 @@ def test_both_searches_start_from_the_models_start_token_and_rule_out_its_specia
         return real(tgt_in, *args, **kwargs)
 
     m.decode = decode
-    static = StaticSearch(m, beam, ALPHA, 1.0, B_LEN, LIMIT, full=False)
-    if beam == 1:
-        shrinking = lambda: [[h] for h in greedy_search(m, src, 1.0, B_LEN, LIMIT)]  # noqa: E731
-    else:
-        shrinking = lambda: beam_search(m, src, beam, ALPHA, 1.0, B_LEN, LIMIT)  # noqa: E731
+    settings = SearchSettings(beam=beam, alpha=ALPHA, max_len_b=B_LEN, limit=LIMIT)
+    static = StaticSearch(m, settings, full=False)
+
+    def shrinking():
+        if beam == 1:
+            return [[h] for h in greedy_search(m, src, settings)]
+        return beam_search(m, src, settings)
+
     for search in (lambda: static(src), shrinking):
         first_inputs.clear()
         outputs = {t for n in search() for h in n for t in h.tokens}

@@ -5,7 +5,7 @@ import torch
 from conftest import tiny_model_config
 
 from mtx.decode import search
-from mtx.decode.rules import length_penalty, max_lengths, source_lengths
+from mtx.decode.rules import SearchSettings, length_penalty, max_lengths, source_lengths
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.model.build import make_model
 from mtx.model.interface import Capabilities
@@ -44,8 +44,8 @@ def test_length_penalty_formula():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_beam_one_equals_greedy(arch):
     model, src = random_model(arch=arch), random_src()
-    greedy = greedy_search(model, src, 1.0, 6)
-    beam = beam_search(model, src, beam=1, alpha=0.6, max_len_a=1.0, max_len_b=6)
+    greedy = greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=6))
+    beam = beam_search(model, src, SearchSettings(beam=1, alpha=0.6, max_len_a=1.0, max_len_b=6))
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
     for g, b in zip(greedy, beam):
         n = len(g.tokens) + 1
@@ -104,7 +104,7 @@ class MyopicModel:
 def test_beam_search_finds_what_greedy_misses():
     model, src = MyopicModel(), torch.tensor([[7, EOS_ID]])
     greedy = greedy_search(model, src)[0]
-    best = beam_search(model, src, beam=2, alpha=0.0)[0][0]
+    best = beam_search(model, src, SearchSettings(beam=2, alpha=0.0))[0][0]
     assert greedy.tokens == [MyopicModel.A]
     assert best.tokens == [MyopicModel.B]
     assert best.score > greedy.score
@@ -121,7 +121,7 @@ def teacher_forced_logprob(model, src, tokens):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nbest_is_sorted_distinct_and_scores_are_the_models(arch):
     model, src = random_model(arch=arch), random_src(batch=3)
-    nbest = beam_search(model, src, beam=5, alpha=0.6, max_len_b=8, nbest=5)
+    nbest = beam_search(model, src, SearchSettings(beam=5, alpha=0.6, max_len_b=8), nbest=5)
     for i, hyps in enumerate(nbest):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
@@ -138,10 +138,10 @@ def test_nbest_is_sorted_distinct_and_scores_are_the_models(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_output_does_not_depend_on_batching(arch):
     model, src = random_model(arch=arch), random_src(batch=6)
-    together = beam_search(model, src, beam=4, max_len_b=8)
+    together = beam_search(model, src, SearchSettings(beam=4, max_len_b=8))
     for i in range(src.size(0)):
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
-        alone = beam_search(model, one, beam=4, max_len_b=8)[0][0]
+        alone = beam_search(model, one, SearchSettings(beam=4, max_len_b=8))[0][0]
         assert alone.tokens == together[i][0].tokens
         assert math.isclose(alone.score, together[i][0].score, rel_tol=1e-4)
 
@@ -150,10 +150,14 @@ def test_output_does_not_depend_on_batching(arch):
 def test_every_hypothesis_ends_within_the_max_length(arch):
     model, src = random_model(arch=arch), random_src()
     limits = max_lengths(source_lengths(src), 1.0, 2, 1000).tolist()
-    for hyps, limit in zip(beam_search(model, src, beam=3, max_len_b=2, nbest=3), limits):
+    for hyps, limit in zip(
+        beam_search(model, src, SearchSettings(beam=3, max_len_b=2), nbest=3), limits
+    ):
         assert len(hyps) == 3
         assert all(len(h.tokens) + 1 <= limit for h in hyps)
-    for h, limit in zip(greedy_search(model, src, 1.0, 2), limits):
+    for h, limit in zip(
+        greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=2)), limits
+    ):
         assert len(h.tokens) + 1 <= limit
 
 
@@ -193,15 +197,26 @@ def test_cached_decoding_equals_recomputing_the_prefix(arch):
     model, src = random_model(arch=arch), random_src(batch=6)
     slow = Uncached(model)
     for stopping in ("k_finished", "exact"):
-        cached = beam_search(model, src, beam=3, max_len_b=8, nbest=3, stopping=stopping)
-        uncached = beam_search(slow, src, beam=3, max_len_b=8, nbest=3, stopping=stopping)
+        cached = beam_search(
+            model, src, SearchSettings(beam=3, max_len_b=8, stopping=stopping), nbest=3
+        )
+        uncached = beam_search(
+            slow, src, SearchSettings(beam=3, max_len_b=8, stopping=stopping), nbest=3
+        )
         for a, b in zip(cached, uncached):
             same_hypotheses(a, b)
-    same_hypotheses(greedy_search(model, src, 1.0, 8), greedy_search(slow, src, 1.0, 8))
+    same_hypotheses(
+        greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=8)),
+        greedy_search(slow, src, SearchSettings(max_len_a=1.0, max_len_b=8)),
+    )
     sampling, seeds = Sampling(temperature=1.5, top_k=10), [[0, i] for i in range(6)]
     same_hypotheses(
-        greedy_search(model, src, 1.0, 8, sampling=sampling, seeds=seeds),
-        greedy_search(slow, src, 1.0, 8, sampling=sampling, seeds=seeds),
+        greedy_search(
+            model, src, SearchSettings(max_len_a=1.0, max_len_b=8), sampling=sampling, seeds=seeds
+        ),
+        greedy_search(
+            slow, src, SearchSettings(max_len_a=1.0, max_len_b=8), sampling=sampling, seeds=seeds
+        ),
     )
 
 
@@ -229,9 +244,21 @@ def test_exact_stopping_finds_what_running_to_the_maximum_length_finds():
     for seed in range(3):
         model, src = random_model(seed=3 + seed), random_src(batch=8, seed=4 + seed)
         for alpha in (0.0, 0.6, 1.5):
-            first_k = beam_search(model, src, beam=3, alpha=alpha, max_len_b=10, nbest=2)
-            exact = beam_search(model, src, 3, alpha, max_len_b=10, nbest=2, stopping="exact")
-            never = beam_search(model, src, 3, alpha, max_len_b=10, nbest=2, stopping="never")
+            first_k = beam_search(
+                model, src, SearchSettings(beam=3, alpha=alpha, max_len_b=10), nbest=2
+            )
+            exact = beam_search(
+                model,
+                src,
+                SearchSettings(beam=3, alpha=alpha, max_len_b=10, stopping="exact"),
+                nbest=2,
+            )
+            never = beam_search(
+                model,
+                src,
+                SearchSettings(beam=3, alpha=alpha, max_len_b=10, stopping="never"),
+                nbest=2,
+            )
             for f, e, n in zip(first_k, exact, never):
                 same_hypotheses(e, n)
                 assert e[0].score >= f[0].score - 1e-4 and e[1].score >= f[1].score - 1e-4
@@ -243,12 +270,26 @@ def test_bpe_dropout_is_seeded_per_sentence_and_keeps_to_top_k():
     model, src = random_model(), random_src(batch=6)
     sampling = Sampling(temperature=2.0, top_k=3)
     seeds = [[7, i] for i in range(6)]
-    together = greedy_search(model, src, 1.0, 8, sampling=sampling, seeds=seeds)
+    together = greedy_search(
+        model, src, SearchSettings(max_len_a=1.0, max_len_b=8), sampling=sampling, seeds=seeds
+    )
     for i in range(6):
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
-        alone = greedy_search(model, one, 1.0, 8, sampling=sampling, seeds=[seeds[i]])
+        alone = greedy_search(
+            model,
+            one,
+            SearchSettings(max_len_a=1.0, max_len_b=8),
+            sampling=sampling,
+            seeds=[seeds[i]],
+        )
         same_hypotheses(alone, together[i : i + 1])
-    other = greedy_search(model, src, 1.0, 8, sampling=sampling, seeds=[[8, i] for i in range(6)])
+    other = greedy_search(
+        model,
+        src,
+        SearchSettings(max_len_a=1.0, max_len_b=8),
+        sampling=sampling,
+        seeds=[[8, i] for i in range(6)],
+    )
     assert [h.tokens for h in other] != [h.tokens for h in together]
     # log_prob is the model's own (untempered) log-probability of the sample
     for i, h in enumerate(together):
@@ -265,17 +306,35 @@ def test_copies_branch_from_one_row_and_ended_rows_leave_without_changing_a_toke
     changes no output of greedy search or sampling."""
     model, src = random_model(arch=arch), random_src(batch=6)
     sampling, seeds = Sampling(temperature=1.5), [[3, i, j] for i in range(6) for j in range(3)]
-    repeated = greedy_search(model, src.repeat_interleave(3, 0), 1.0, 8, 1024, sampling, seeds)
+    repeated = greedy_search(
+        model,
+        src.repeat_interleave(3, 0),
+        SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+        sampling=sampling,
+        seeds=seeds,
+    )
     runs = []
     for compact in (1, 2, 10**6):  # never before the end, at half, at once
         monkeypatch.setattr(search, "COMPACT", compact)
-        copied = greedy_search(model, src, 1.0, 8, 1024, sampling, seeds, copies=3)
+        copied = greedy_search(
+            model,
+            src,
+            SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+            sampling=sampling,
+            seeds=seeds,
+            copies=3,
+        )
         assert [(h.tokens, h.score) for h in copied] == [(h.tokens, h.score) for h in repeated]
-        runs.append([(h.tokens, h.score) for h in greedy_search(model, src, 1.0, 8)])
+        runs.append(
+            [
+                (h.tokens, h.score)
+                for h in greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=8))
+            ]
+        )
     assert runs[0] == runs[1] == runs[2]
     assert len({len(h[0]) for h in runs[0]}) > 2  # rows ended at different steps
     with pytest.raises(ValueError, match="need a pick"):
-        greedy_search(model, src, 1.0, 8, copies=2)
+        greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=8), copies=2)
 
 
 def test_top_k_and_top_p_keep_only_the_most_probable_tokens():

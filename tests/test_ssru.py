@@ -10,6 +10,7 @@ from conftest import tiny_model_config
 
 from mtx.checkpoint import Checkpoint
 from mtx.config import Config, load_config
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search
 from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
@@ -125,7 +126,9 @@ def test_both_searches_find_the_same_hypotheses_with_an_ssru_decoder(student, fu
         static, shrinking = both_searches(student, src, K, full)
         assert static == shrinking
         assert len({len(h.tokens) for hyps in static for h in hyps}) > 3
-    search = StaticSearch(student, 4, 0.6, 1.0, 30, 100)
+    search = StaticSearch(
+        student, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
+    )
     first = search(src[:4])
     search(src[4:8])  # leaves no cell behind that the next search reads
     assert search(src[:4]) == first
@@ -133,10 +136,20 @@ def test_both_searches_find_the_same_hypotheses_with_an_ssru_decoder(student, fu
 
 def test_an_ssru_sentence_gets_the_same_translation_alone_and_in_any_batch(student):
     src = sources(9, 8, 40, seed=5)
-    together = beam_search(student, src, 4, 0.6, 1.0, 30, 100, nbest=2)
-    assert together == [beam_search(student, src[i : i + 1], 4, 0.6, 1.0, 30, 100, nbest=2)[0]
+    together = beam_search(
+        student,
+        src,
+        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+        nbest=2,
+    )
+    assert together == [beam_search(student, src[i : i + 1], SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100), nbest=2)[0]
                         for i in range(9)]  # fmt: skip
-    assert together[::-1] == beam_search(student, src.flip(0), 4, 0.6, 1.0, 30, 100, nbest=2)
+    assert together[::-1] == beam_search(
+        student,
+        src.flip(0),
+        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+        nbest=2,
+    )
 
 
 def test_a_students_decoder_is_narrower_and_its_encoder_unchanged():

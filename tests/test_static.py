@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import MULTI30K, tiny_model_config
 
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch, rows_bucket
 from mtx.decode.translator import Translator
@@ -53,10 +54,20 @@ def same(a, b, tolerance: float) -> bool:
 def both_searches(model, src, K: int, full: bool) -> tuple[list, list]:
     """The n-best lists (K of them) of the static and the shrinking search, beam K (1: greedy),
     alpha 0.6, output limits 1.0 x source + 30, at most 100."""
-    static = StaticSearch(model, K, 0.6, 1.0, 30, 100, full=full)(src, nbest=K)
+    static = StaticSearch(
+        model, SearchSettings(beam=K, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100), full=full
+    )(src, nbest=K)
     if K > 1:
-        return static, beam_search(model, src, K, 0.6, 1.0, 30, 100, nbest=K)
-    return static, [[h] for h in greedy_search(model, src, 1.0, 30, 100)]
+        return static, beam_search(
+            model,
+            src,
+            SearchSettings(beam=K, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+            nbest=K,
+        )
+    return static, [
+        [h]
+        for h in greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=30, limit=100))
+    ]
 
 
 @pytest.mark.parametrize("full", [False, True])
@@ -74,7 +85,9 @@ def test_static_beam_and_greedy_find_what_the_shrinking_search_finds(model, full
 
 def test_a_sentence_gets_the_same_hypotheses_alone_and_in_any_bucket(model):
     src = sources(13, 10, 40, seed=1)
-    search = StaticSearch(model, 4, 0.6, 1.0, 30, 100)
+    search = StaticSearch(
+        model, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
+    )
     together = search(src, nbest=4)  # 13 sentences: rows bucket 16
     assert together == [search(src[i : i + 1], nbest=4)[0] for i in range(13)]  # bucket 1
     assert together[::-1] == search(src.flip(0), nbest=4)
@@ -84,7 +97,9 @@ def test_a_sentence_gets_the_same_hypotheses_alone_and_in_any_bucket(model):
 def test_the_static_state_is_reused_clean_from_one_search_to_the_next(model):
     """A search leaves nothing behind that the next one of the same shape reads."""
     a, b = sources(4, 8, 40, seed=2), sources(4, 8, 40, seed=3)
-    search = StaticSearch(model, 4, 0.6, 1.0, 30, 100)
+    search = StaticSearch(
+        model, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
+    )
     first = search(a)
     search(b)
     assert search(a) == first
@@ -97,8 +112,19 @@ def test_relative_and_learned_positions_decode_over_the_static_cache():
         m = Transformer(tiny_model_config(positions=positions), 40).eval()
         with torch.no_grad():
             m.embed.weight[EOS_ID] *= 2
-        static = StaticSearch(m, 4, 0.6, 1.0, 30, 100)(src, nbest=2)
-        assert same(static, beam_search(m, src, 4, 0.6, 1.0, 30, 100, nbest=2), 1e-4)
+        static = StaticSearch(
+            m, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
+        )(src, nbest=2)
+        assert same(
+            static,
+            beam_search(
+                m,
+                src,
+                SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+                nbest=2,
+            ),
+            1e-4,
+        )
         assert max(len(h.tokens) for hyps in static for h in hyps) > StaticCache.WINDOW
 
 
@@ -131,7 +157,15 @@ def translate_test2016(
         d = tr.cfg.decode
         limit = tr.model.cfg.max_positions - 1
         prefix = StaticSearch(
-            tr.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, limit, full=False
+            tr.model,
+            SearchSettings(
+                beam=d.beam,
+                alpha=d.alpha,
+                max_len_a=d.max_len_a,
+                max_len_b=d.max_len_b,
+                limit=limit,
+            ),
+            full=False,
         )
         tr.searches.static = lambda d: prefix
     return [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]

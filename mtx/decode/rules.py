@@ -48,6 +48,27 @@ from mtx.tokens import EOS_ID, PAD_ID, Specials, longest_output
 STOPPING = ("k_finished", "exact", "never")
 
 
+@dataclass(frozen=True)
+class SearchSettings:
+    """What a search is told, one typed object for every search (search.py's greedy and
+    beam search, static.py's): the beam, the length penalty's alpha, the longest output
+    (a * source tokens + b, EOS included, never over `limit`: `max_lengths`) and when a
+    sentence is done (`stopping`). Greedy search reads the lengths alone."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    limit: int = 1024
+    stopping: str = "k_finished"
+
+    @classmethod
+    def of(cls, d, limit: int, **changes) -> SearchSettings:
+        """The settings of decode.* `d` (config's DecodeConfig) and the model's `limit`."""
+        values = dict(beam=d.beam, alpha=d.alpha, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+        return cls(**(values | {"limit": limit, "stopping": d.stopping} | changes))
+
+
 def never_produced(specials: Specials) -> list[int]:
     """The ids no output contains: PAD, UNK and (where the vocabulary has one) BOS."""
     return list(range(specials.never_below))

@@ -55,7 +55,7 @@ from torch import Tensor
 
 from mtx.decode import rules
 from mtx.decode.request import SearchBatch
-from mtx.decode.rules import Hypothesis
+from mtx.decode.rules import Hypothesis, SearchSettings
 from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
 from mtx.tokens import EOS_ID
@@ -208,9 +208,7 @@ def _extend(
 def greedy_search(
     model: Decodable,
     batch: SearchBatch | Tensor | Groups,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-    limit: int = 1024,
+    settings: SearchSettings = SearchSettings(),
     sampling: Sampling | None = None,
     seeds: list[list[int]] | None = None,
     pick: Pick | None = None,
@@ -225,7 +223,8 @@ def greedy_search(
     memory, src_mask = model.encode(batch.src)
     requests = [r for r in batch.requests for _ in range(copies)]
     B0, device = len(requests), batch.src.device
-    max_len = [r.longest(max_len_a, max_len_b, limit) for r in requests]
+    s = settings
+    max_len = [r.longest(s.max_len_a, s.max_len_b, s.limit) for r in requests]
     if sampling is not None:
         pick = Sampled.seeded(sampling, seeds, B0, max(max_len), device)
     if copies > 1 and pick is None:
@@ -359,24 +358,19 @@ def _to_host(top: Tensor, tok: Tensor, K: int) -> list[list[float]]:
 def beam_search(
     model: Decodable,
     batch: SearchBatch | Tensor | Groups,
-    beam: int = 4,
-    alpha: float = 0.6,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-    limit: int = 1024,
+    settings: SearchSettings = SearchSettings(),
     nbest: int = 1,
-    stopping: str = "k_finished",
     strategy: BeamStrategy | None = None,
 ) -> list[list[Hypothesis]]:
-    """The `nbest` (at most `beam`) best hypotheses of each sentence of `batch` (B rows), best
-    first; `strategy` the candidates and their selection (None: `PlainBeam`; under the
+    """The `nbest` (at most the beam) best hypotheses of each sentence of `batch` (B rows),
+    best first, under `settings` (rules.py); `strategy` the candidates and their selection (None: `PlainBeam`; under the
     requests' controls, controlled.py's `ConstrainedBeam`)."""
-    rules.check_stopping(stopping)
+    rules.check_stopping(settings.stopping)
     batch = SearchBatch.of(batch)
-    src, K = batch.src, beam
+    src, K, alpha, stopping = batch.src, settings.beam, settings.alpha, settings.stopping
     B0, device, start = src.size(0), src.device, model.specials.start
     memory, src_mask = model.encode(src)  # one row per sentence, not per beam
-    max_len = batch.max_lengths(max_len_a, max_len_b, limit)
+    max_len = batch.max_lengths(settings.max_len_a, settings.max_len_b, settings.limit)
     alive, cache = list(range(B0)), model.new_cache()  # alive: each live sentence's index
     tokens = batch.starts(start).repeat_interleave(K, 0)  # (B*K, 1 + n + t)
     scores = rules.start_beams(torch.empty(B0, K, device=device))

@@ -26,7 +26,7 @@ from mtx.decode import dispatch, rules
 from mtx.decode.controlled import Alternatives, ConstrainedBeam, word_ends
 from mtx.decode.languages import Languages
 from mtx.decode.request import SearchBatch
-from mtx.decode.rules import Hypothesis
+from mtx.decode.rules import Hypothesis, SearchSettings
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.decode.static import StaticSearch
@@ -99,15 +99,14 @@ class Searches:
             raise MtxError("a target prefix or constraints run without a lexical shortlist")
         if self._ends is None and self.vocab is not None:
             self._ends = word_ends(self.vocab, self.device)
-        a, b, limit = d.max_len_a, d.max_len_b, self.limit
         if n == 0:
             steer = ConstrainedBeam(batch.requests, d.beam, self.device, self._ends)
             alpha = d.alpha if d.beam > 1 else 0.0
-            return beam_search(
-                self.model, batch, d.beam, alpha, a, b, limit, nbest, d.stopping, steer
-            )
+            settings = SearchSettings.of(d, self.limit, alpha=alpha)
+            return beam_search(self.model, batch, settings, nbest, steer)
         pick = Alternatives(batch.requests, n, self.device, self._ends)
-        hyps = greedy_search(self.model, batch, a, b, limit, pick=pick, copies=n)
+        settings = SearchSettings.of(d, self.limit)
+        hyps = greedy_search(self.model, batch, settings, pick=pick, copies=n)
         return [hyps[i : i + n] for i in range(0, len(hyps), n)]
 
     def plain(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
@@ -117,10 +116,10 @@ class Searches:
         static = self.static(d)
         if static is not None:
             return static(batch, nbest)
-        a, b, limit, model = d.max_len_a, d.max_len_b, self.limit, self.decoded(d)
+        settings, model = SearchSettings.of(d, self.limit), self.decoded(d)
         if d.beam == 1:
-            return [[h] for h in greedy_search(model, batch, a, b, limit)]
-        return beam_search(model, batch, d.beam, d.alpha, a, b, limit, nbest, d.stopping)
+            return [[h] for h in greedy_search(model, batch, settings)]
+        return beam_search(model, batch, settings, nbest)
 
     def decoded(self, d: DecodeConfig) -> Decodable:
         """What the shrinking search decodes: the model, or the model through the shortlist
@@ -140,8 +139,8 @@ class Searches:
         drawn from the seed (decode.seed, i, j)."""
         seeds = [[d.seed, r.line, j] for r in batch.requests for j in range(nbest)]
         sampling = Sampling(d.temperature, d.top_k, d.top_p)
-        a, b, limit = d.max_len_a, d.max_len_b, self.limit
-        hyps = greedy_search(self.decoded(d), batch, a, b, limit, sampling, seeds, copies=nbest)
+        settings = SearchSettings.of(d, self.limit)
+        hyps = greedy_search(self.decoded(d), batch, settings, sampling, seeds, copies=nbest)
         return [rules.best(hyps[i : i + nbest], nbest) for i in range(0, len(hyps), nbest)]
 
     def static(self, d: DecodeConfig) -> StaticSearch | None:
@@ -157,11 +156,10 @@ class Searches:
             if d.search == "auto":
                 return None
             raise MtxError(f"decode.search {mode}: {why}")
-        key = (mode, d.beam, d.alpha, d.max_len_a, d.max_len_b, self.limit)
+        settings = SearchSettings.of(d, self.limit, stopping="k_finished")
+        key = (mode, settings)
         if key not in self.kept:
-            self.kept[key] = StaticSearch(
-                self.model, d.beam, d.alpha, d.max_len_a, d.max_len_b, self.limit, mode == "graphs"
-            )
+            self.kept[key] = StaticSearch(self.model, settings, mode == "graphs")
         return self.kept[key]
 
 

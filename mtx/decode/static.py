@@ -49,7 +49,7 @@ from torch import Tensor
 
 from mtx.decode import rules
 from mtx.decode.request import SearchBatch
-from mtx.decode.rules import Hypothesis
+from mtx.decode.rules import Hypothesis, SearchSettings
 from mtx.model.cache import StaticCache
 from mtx.model.interface import Decodable
 from mtx.tokens import EOS_ID, PAD_ID
@@ -82,11 +82,7 @@ class StaticSearch:
     def __init__(
         self,
         model: Decodable,
-        beam: int = 4,
-        alpha: float = 0.6,
-        max_len_a: float = 1.0,
-        max_len_b: int = 50,
-        limit: int = 1024,
+        settings: SearchSettings = SearchSettings(),
         graphs: bool = False,
         full: bool = True,
         check_every: int = 4,
@@ -95,8 +91,8 @@ class StaticSearch:
             raise ValueError(f"{type(model).__name__} has no static cache")
         if graphs and not full:
             raise ValueError("a CUDA graph needs the full cache (full=True)")
-        self.model, self.K, self.alpha = model, beam, alpha
-        self.a, self.b, self.limit = max_len_a, max_len_b, limit
+        self.model, self.K, self.alpha = model, settings.beam, settings.alpha
+        self.a, self.b, self.limit = settings.max_len_a, settings.max_len_b, settings.limit
         self.full, self.check_every = full, check_every
         self.graphs = Graphs() if graphs else None
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from mtx.config import ATTENTION_SCORES, ModelConfig
+from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.model import packed
@@ -159,8 +160,11 @@ def batchings(model, name: str, pack) -> tuple[list[str], int]:
 
             def run(s, search=search) -> list:
                 if search == "greedy":
-                    return [(h.tokens, h.score) for h in greedy_search(model, s, max_len_b=6)]
-                hyps = beam_search(model, s, beam=4, max_len_b=6, nbest=2)
+                    return [
+                        (h.tokens, h.score)
+                        for h in greedy_search(model, s, SearchSettings(max_len_b=6))
+                    ]
+                hyps = beam_search(model, s, SearchSettings(beam=4, max_len_b=6), nbest=2)
                 return [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
 
             together = run(src)
