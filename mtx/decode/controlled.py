@@ -314,7 +314,10 @@ class Alternatives:
     sentence's prefix, row r then takes the (r % K + 1)-th most probable token after it (never
     EOS; with `ends`, a token that begins a word, as `ConstrainedBeam` rules after a prefix), and from
     then on its own most probable one; the phrases to avoid are banned throughout. Each row
-    ends on its own, so an alternative costs the steps of its own output."""
+    ends on its own, so an alternative costs the steps of its own output. `branch` only
+    answers (it changes nothing), so the two methods hold no contract of call order: each
+    row's window of last tokens (for the phrases to avoid) is kept by `__call__` alone, a copy
+    taking its sentence's where the prefix ends."""
 
     def __init__(
         self, requests: list[Request], K: int, device: torch.device, ends: Tensor | None = None
@@ -333,22 +336,21 @@ class Alternatives:
 
     def branch(self, rows: Tensor, t: int) -> Tensor:
         """The rows whose prefix ends at step t: there they become the K alternatives."""
-        split = self.prefix_len[rows] == t
-        if self.window is not None:
-            parents = rows[split]
-            for j in range(1, self.K):
-                self.window[parents + j] = self.window[parents]
-        return split
+        return self.prefix_len[rows] == t
 
     def __call__(self, lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
         """The rows' tokens at step t, by the rules of rules.py: avoided phrases banned
         (`rules.ban`), the prefix forced (`rules.take_forced`), and where it ends the
         (r % K + 1)-th best token that does not end the output (`rules.block_eos`) and, with
         `ends`, begins a word (`rules.only_tokens`); else the most probable one."""
+        P = self.prefix.size(1)
         if self.window is not None:
+            if t <= P:  # a copy begins with its sentence's window where the prefix ends
+                rank = self.rank[rows].squeeze(1)
+                copies = rows[(self.prefix_len[rows] == t) & (rank > 0)]
+                self.window[copies] = self.window[copies - self.rank[copies].squeeze(1)]
             window = self.window[rows]
             lprobs = banned(lprobs, window, self.avoid[rows], self.avoid_len[rows])
-        P = self.prefix.size(1)
         if t > P:  # every row is past its prefix: its own best token
             tok = lprobs.argmax(1)
         else:
