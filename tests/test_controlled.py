@@ -32,9 +32,7 @@ def controlled(model, src, requests, beam=4, b=12, nbest=1, alpha=0.6):
     return beam_search(
         model,
         batch,
-        SearchSettings(
-            beam=beam, alpha=alpha, max_len_a=1.0, max_len_b=b, limit=1024, stopping="k_finished"
-        ),
+        SearchSettings(beam=beam, alpha=alpha, max_len_b=b, limit=1024),
         nbest=nbest,
         strategy=steer,
     )
@@ -124,7 +122,7 @@ def test_the_score_is_the_log_probability_of_the_whole_output():
     """A forced prefix keeps its log-probability: the greedy continuation of a prefix scores
     as the teacher-forced output does."""
     model, src = random_model(vocab=V), random_src(batch=4, vocab=V)
-    plain = greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=10))
+    plain = greedy_search(model, src, SearchSettings(max_len_b=10))
     requests = [
         Request(r.source, r.line, controls=Segmented(prefix=tuple(h.tokens[:2])))
         for r, h in zip(SearchBatch.of(src).requests, plain)
@@ -143,7 +141,7 @@ def test_without_controls_the_controlled_search_is_the_beam_search():
         b = beam_search(
             model,
             src,
-            SearchSettings(beam=beam, alpha=alpha, max_len_a=1.0, max_len_b=12, limit=1024),
+            SearchSettings(beam=beam, alpha=alpha, max_len_b=12, limit=1024),
             nbest=beam,
         )
         assert [[(h.tokens, h.score) for h in x] for x in a] == [
@@ -185,7 +183,7 @@ def test_constraints_that_cannot_fit_are_counted_unmet_and_rank_last():
 def test_an_avoided_phrase_never_appears():
     """Avoiding the first bigram of each plain output: the output lacks it."""
     model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
-    plain = beam_search(model, src, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12))
+    plain = beam_search(model, src, SearchSettings(max_len_b=12))
     requests = [
         Request(r.source, r.line, controls=Segmented(avoid=(tuple(h[0].tokens[:2]),)))
         for r, h in zip(SearchBatch.of(src).requests, plain)

@@ -21,6 +21,9 @@ from mtx.model.build import make_model
 SENTENCES = ["the dog sleeps.", "a cat sees the bird.", "the man gives a book to the child."] * 20
 
 
+SHORT = SearchSettings(max_len_b=12, limit=100)  # beam 4, alpha 0.6; greedy reads the lengths
+
+
 def models(vocab_size=40, seed=0):
     """A Transformer and an RNN with the same vocabulary, random weights."""
     torch.manual_seed(seed)
@@ -49,35 +52,25 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model():
             one = beam_search(
                 model,
                 src,
-                SearchSettings(
-                    beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100, stopping=stopping
-                ),
+                SearchSettings(max_len_b=12, limit=100, stopping=stopping),
                 nbest=3,
             )
             two = beam_search(
                 self_ensemble,
                 src,
-                SearchSettings(
-                    beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100, stopping=stopping
-                ),
+                SearchSettings(max_len_b=12, limit=100, stopping=stopping),
                 nbest=3,
             )
             assert as_tuples(two) == as_tuples(one)
-        assert as_tuples(
-            [
-                greedy_search(
-                    self_ensemble, src, SearchSettings(max_len_a=1.0, max_len_b=12, limit=100)
-                )
-            ]
-        ) == as_tuples(
-            [greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=12, limit=100))]
+        assert as_tuples([greedy_search(self_ensemble, src, SHORT)]) == as_tuples(
+            [greedy_search(model, src, SHORT)]
         )
         seeds = [[5, i] for i in range(src.size(0))]
         sampling = Sampling(temperature=1.3, top_k=10, top_p=0.9)
         sampled = greedy_search(
             model,
             src,
-            SearchSettings(max_len_a=1.0, max_len_b=12, limit=100),
+            SHORT,
             sampling=sampling,
             seeds=seeds,
         )
@@ -85,7 +78,7 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model():
             greedy_search(
                 self_ensemble,
                 src,
-                SearchSettings(max_len_a=1.0, max_len_b=12, limit=100),
+                SHORT,
                 sampling=sampling,
                 seeds=seeds,
             )
@@ -120,14 +113,14 @@ def test_an_ensemble_does_not_depend_on_the_batch():
     together = beam_search(
         ensemble,
         src,
-        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100),
+        SHORT,
         nbest=2,
     )
     alone = [
         beam_search(
             ensemble,
             src[i : i + 1],
-            SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100),
+            SHORT,
             nbest=2,
         )[0]
         for i in range(6)
@@ -136,15 +129,12 @@ def test_an_ensemble_does_not_depend_on_the_batch():
     reverse = beam_search(
         ensemble,
         src.flip(0),
-        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=12, limit=100),
+        SHORT,
         nbest=2,
     )
     assert as_tuples(reverse[::-1]) == as_tuples(together)
-    greedy = greedy_search(ensemble, src, SearchSettings(max_len_a=1.0, max_len_b=12, limit=100))
-    assert (
-        greedy_search(ensemble, src[2:4], SearchSettings(max_len_a=1.0, max_len_b=12, limit=100))
-        == greedy[2:4]
-    )
+    greedy = greedy_search(ensemble, src, SHORT)
+    assert greedy_search(ensemble, src[2:4], SHORT) == greedy[2:4]
 
 
 def test_translator_ensemble_through_the_api():

@@ -77,28 +77,28 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
     srcs = sources(LENGTHS)
     batch = mixed(srcs)
     assert len(batch.parts) == 4
-    beams = beam_search(model, batch, SearchSettings(beam=4, max_len_b=8), nbest=2)
+    beams = beam_search(model, batch, SearchSettings(max_len_b=8), nbest=2)
     greedy = greedy_search(model, batch, SearchSettings(max_len_b=8))
     seeds = [[7, i, j] for i in range(len(srcs)) for j in range(2)]  # 2 samples a sentence
     sampling = Sampling(top_k=5)
     samples = greedy_search(
         model,
         batch.repeat_interleave(2),
-        SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+        SearchSettings(max_len_b=8, limit=1024),
         sampling=sampling,
         seeds=seeds,
     )
     copied = greedy_search(
         model,
         batch,
-        SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+        SearchSettings(max_len_b=8, limit=1024),
         sampling=sampling,
         seeds=seeds,
         copies=2,
     )
     assert [(h.tokens, h.score) for h in copied] == [(h.tokens, h.score) for h in samples]
     for i, src in enumerate(srcs):
-        alone = beam_search(model, src, SearchSettings(beam=4, max_len_b=8), nbest=2)[0]
+        alone = beam_search(model, src, SearchSettings(max_len_b=8), nbest=2)[0]
         assert [(h.tokens, h.score, h.log_prob) for h in alone] == [
             (h.tokens, h.score, h.log_prob) for h in beams[i]
         ]
@@ -107,7 +107,7 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone(norm, positions, p
         drawn = greedy_search(
             model,
             src.repeat_interleave(2, 0),
-            SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+            SearchSettings(max_len_b=8, limit=1024),
             sampling=sampling,
             seeds=seeds[2 * i : 2 * i + 2],
         )

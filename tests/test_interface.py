@@ -129,11 +129,9 @@ def test_a_request_s_own_length_limit_reaches_every_search():
         "greedy": lambda x: [
             [h] for h in greedy_search(model, x, SearchSettings(max_len_a=a, max_len_b=b))
         ],
-        "beam": lambda x: beam_search(
-            model, x, SearchSettings(beam=3, alpha=0.6, max_len_a=a, max_len_b=b)
-        ),
+        "beam": lambda x: beam_search(model, x, SearchSettings(beam=3, max_len_a=a, max_len_b=b)),
         "static": lambda x: StaticSearch(
-            model, SearchSettings(beam=3, alpha=0.6, max_len_a=a, max_len_b=b), full=False
+            model, SearchSettings(beam=3, max_len_a=a, max_len_b=b), full=False
         )(x),
     }
     for name, search in searches.items():

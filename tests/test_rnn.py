@@ -240,9 +240,9 @@ def test_a_sentence_gets_bit_identical_hypotheses_in_any_batch(cell, score):
     with torch.no_grad():
         model.embed.weight.mul_(3.0)  # sharper outputs: hypotheses of various lengths
     src = padded_src([7, 3, 5, 1, 6, 2, 7, 4, 4, 6, 2, 3])
-    together = beam_search(model, src, SearchSettings(beam=4, max_len_b=6), nbest=2)
+    together = beam_search(model, src, SearchSettings(max_len_b=6), nbest=2)
     for i in range(src.size(0)):
-        alone = beam_search(model, src[i : i + 1], SearchSettings(beam=4, max_len_b=6), nbest=2)[0]
+        alone = beam_search(model, src[i : i + 1], SearchSettings(max_len_b=6), nbest=2)[0]
         assert [(h.tokens, h.score, h.log_prob) for h in alone] == [
             (h.tokens, h.score, h.log_prob) for h in together[i]
         ]

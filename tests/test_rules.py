@@ -57,21 +57,18 @@ def both(model, src, beam: int = K, nbest: int = 1) -> tuple[list, list]:
     the constrained beam search has been checked to give the shrinking search's."""
     static = StaticSearch(
         model,
-        SearchSettings(beam=beam, alpha=ALPHA, max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT),
+        SearchSettings(beam=beam, alpha=ALPHA, max_len_b=B_LEN, limit=LIMIT),
         full=False,
     )(src, nbest=nbest)
     if beam == 1:
         shrinking = [
-            [h]
-            for h in greedy_search(
-                model, src, SearchSettings(max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT)
-            )
+            [h] for h in greedy_search(model, src, SearchSettings(max_len_b=B_LEN, limit=LIMIT))
         ]
     else:
         shrinking = beam_search(
             model,
             src,
-            SearchSettings(beam=beam, alpha=ALPHA, max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT),
+            SearchSettings(beam=beam, alpha=ALPHA, max_len_b=B_LEN, limit=LIMIT),
             nbest=nbest,
         )
     assert tokens(constrained(model, src, beam, nbest)) == tokens(shrinking)
@@ -94,14 +91,7 @@ def constrained(model, src, beam: int, nbest: int) -> list:
     return beam_search(
         model,
         batch,
-        SearchSettings(
-            beam=beam,
-            alpha=alpha,
-            max_len_a=1.0,
-            max_len_b=B_LEN,
-            limit=LIMIT,
-            stopping="k_finished",
-        ),
+        SearchSettings(beam=beam, alpha=alpha, max_len_b=B_LEN, limit=LIMIT),
         nbest=nbest,
         strategy=steer,
     )
@@ -114,7 +104,7 @@ def alternatives(model, src, n: int = 3) -> list:
     return greedy_search(
         model,
         batch,
-        SearchSettings(max_len_a=1.0, max_len_b=B_LEN, limit=LIMIT),
+        SearchSettings(max_len_b=B_LEN, limit=LIMIT),
         pick=pick,
         copies=n,
     )

@@ -44,8 +44,8 @@ def test_length_penalty_formula():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_beam_one_equals_greedy(arch):
     model, src = random_model(arch=arch), random_src()
-    greedy = greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=6))
-    beam = beam_search(model, src, SearchSettings(beam=1, alpha=0.6, max_len_a=1.0, max_len_b=6))
+    greedy = greedy_search(model, src, SearchSettings(max_len_b=6))
+    beam = beam_search(model, src, SearchSettings(beam=1, max_len_b=6))
     assert [h.tokens for h in greedy] == [b[0].tokens for b in beam]
     for g, b in zip(greedy, beam):
         n = len(g.tokens) + 1
@@ -121,7 +121,7 @@ def teacher_forced_logprob(model, src, tokens):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_nbest_is_sorted_distinct_and_scores_are_the_models(arch):
     model, src = random_model(arch=arch), random_src(batch=3)
-    nbest = beam_search(model, src, SearchSettings(beam=5, alpha=0.6, max_len_b=8), nbest=5)
+    nbest = beam_search(model, src, SearchSettings(beam=5, max_len_b=8), nbest=5)
     for i, hyps in enumerate(nbest):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
@@ -138,10 +138,10 @@ def test_nbest_is_sorted_distinct_and_scores_are_the_models(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_output_does_not_depend_on_batching(arch):
     model, src = random_model(arch=arch), random_src(batch=6)
-    together = beam_search(model, src, SearchSettings(beam=4, max_len_b=8))
+    together = beam_search(model, src, SearchSettings(max_len_b=8))
     for i in range(src.size(0)):
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
-        alone = beam_search(model, one, SearchSettings(beam=4, max_len_b=8))[0][0]
+        alone = beam_search(model, one, SearchSettings(max_len_b=8))[0][0]
         assert alone.tokens == together[i][0].tokens
         assert math.isclose(alone.score, together[i][0].score, rel_tol=1e-4)
 
@@ -155,9 +155,7 @@ def test_every_hypothesis_ends_within_the_max_length(arch):
     ):
         assert len(hyps) == 3
         assert all(len(h.tokens) + 1 <= limit for h in hyps)
-    for h, limit in zip(
-        greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=2)), limits
-    ):
+    for h, limit in zip(greedy_search(model, src, SearchSettings(max_len_b=2)), limits):
         assert len(h.tokens) + 1 <= limit
 
 
@@ -206,17 +204,13 @@ def test_cached_decoding_equals_recomputing_the_prefix(arch):
         for a, b in zip(cached, uncached):
             same_hypotheses(a, b)
     same_hypotheses(
-        greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=8)),
-        greedy_search(slow, src, SearchSettings(max_len_a=1.0, max_len_b=8)),
+        greedy_search(model, src, SearchSettings(max_len_b=8)),
+        greedy_search(slow, src, SearchSettings(max_len_b=8)),
     )
     sampling, seeds = Sampling(temperature=1.5, top_k=10), [[0, i] for i in range(6)]
     same_hypotheses(
-        greedy_search(
-            model, src, SearchSettings(max_len_a=1.0, max_len_b=8), sampling=sampling, seeds=seeds
-        ),
-        greedy_search(
-            slow, src, SearchSettings(max_len_a=1.0, max_len_b=8), sampling=sampling, seeds=seeds
-        ),
+        greedy_search(model, src, SearchSettings(max_len_b=8), sampling=sampling, seeds=seeds),
+        greedy_search(slow, src, SearchSettings(max_len_b=8), sampling=sampling, seeds=seeds),
     )
 
 
@@ -271,14 +265,14 @@ def test_bpe_dropout_is_seeded_per_sentence_and_keeps_to_top_k():
     sampling = Sampling(temperature=2.0, top_k=3)
     seeds = [[7, i] for i in range(6)]
     together = greedy_search(
-        model, src, SearchSettings(max_len_a=1.0, max_len_b=8), sampling=sampling, seeds=seeds
+        model, src, SearchSettings(max_len_b=8), sampling=sampling, seeds=seeds
     )
     for i in range(6):
         one = src[i : i + 1, : int((src[i] != PAD_ID).sum())]
         alone = greedy_search(
             model,
             one,
-            SearchSettings(max_len_a=1.0, max_len_b=8),
+            SearchSettings(max_len_b=8),
             sampling=sampling,
             seeds=[seeds[i]],
         )
@@ -286,7 +280,7 @@ def test_bpe_dropout_is_seeded_per_sentence_and_keeps_to_top_k():
     other = greedy_search(
         model,
         src,
-        SearchSettings(max_len_a=1.0, max_len_b=8),
+        SearchSettings(max_len_b=8),
         sampling=sampling,
         seeds=[[8, i] for i in range(6)],
     )
@@ -309,7 +303,7 @@ def test_copies_branch_from_one_row_and_ended_rows_leave_without_changing_a_toke
     repeated = greedy_search(
         model,
         src.repeat_interleave(3, 0),
-        SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+        SearchSettings(max_len_b=8, limit=1024),
         sampling=sampling,
         seeds=seeds,
     )
@@ -319,22 +313,19 @@ def test_copies_branch_from_one_row_and_ended_rows_leave_without_changing_a_toke
         copied = greedy_search(
             model,
             src,
-            SearchSettings(max_len_a=1.0, max_len_b=8, limit=1024),
+            SearchSettings(max_len_b=8, limit=1024),
             sampling=sampling,
             seeds=seeds,
             copies=3,
         )
         assert [(h.tokens, h.score) for h in copied] == [(h.tokens, h.score) for h in repeated]
         runs.append(
-            [
-                (h.tokens, h.score)
-                for h in greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=8))
-            ]
+            [(h.tokens, h.score) for h in greedy_search(model, src, SearchSettings(max_len_b=8))]
         )
     assert runs[0] == runs[1] == runs[2]
     assert len({len(h[0]) for h in runs[0]}) > 2  # rows ended at different steps
     with pytest.raises(ValueError, match="need a pick"):
-        greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=8), copies=2)
+        greedy_search(model, src, SearchSettings(max_len_b=8), copies=2)
 
 
 def test_top_k_and_top_p_keep_only_the_most_probable_tokens():

@@ -126,9 +126,7 @@ def test_both_searches_find_the_same_hypotheses_with_an_ssru_decoder(student, fu
         static, shrinking = both_searches(student, src, K, full)
         assert static == shrinking
         assert len({len(h.tokens) for hyps in static for h in hyps}) > 3
-    search = StaticSearch(
-        student, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
-    )
+    search = StaticSearch(student, SearchSettings(max_len_b=30, limit=100))
     first = search(src[:4])
     search(src[4:8])  # leaves no cell behind that the next search reads
     assert search(src[:4]) == first
@@ -139,15 +137,15 @@ def test_an_ssru_sentence_gets_the_same_translation_alone_and_in_any_batch(stude
     together = beam_search(
         student,
         src,
-        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+        SearchSettings(max_len_b=30, limit=100),
         nbest=2,
     )
-    assert together == [beam_search(student, src[i : i + 1], SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100), nbest=2)[0]
+    assert together == [beam_search(student, src[i : i + 1], SearchSettings(max_len_b=30, limit=100), nbest=2)[0]
                         for i in range(9)]  # fmt: skip
     assert together[::-1] == beam_search(
         student,
         src.flip(0),
-        SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+        SearchSettings(max_len_b=30, limit=100),
         nbest=2,
     )
 

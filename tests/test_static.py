@@ -54,20 +54,17 @@ def same(a, b, tolerance: float) -> bool:
 def both_searches(model, src, K: int, full: bool) -> tuple[list, list]:
     """The n-best lists (K of them) of the static and the shrinking search, beam K (1: greedy),
     alpha 0.6, output limits 1.0 x source + 30, at most 100."""
-    static = StaticSearch(
-        model, SearchSettings(beam=K, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100), full=full
-    )(src, nbest=K)
+    static = StaticSearch(model, SearchSettings(beam=K, max_len_b=30, limit=100), full=full)(
+        src, nbest=K
+    )
     if K > 1:
         return static, beam_search(
             model,
             src,
-            SearchSettings(beam=K, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+            SearchSettings(beam=K, max_len_b=30, limit=100),
             nbest=K,
         )
-    return static, [
-        [h]
-        for h in greedy_search(model, src, SearchSettings(max_len_a=1.0, max_len_b=30, limit=100))
-    ]
+    return static, [[h] for h in greedy_search(model, src, SearchSettings(max_len_b=30, limit=100))]
 
 
 @pytest.mark.parametrize("full", [False, True])
@@ -85,9 +82,7 @@ def test_static_beam_and_greedy_find_what_the_shrinking_search_finds(model, full
 
 def test_a_sentence_gets_the_same_hypotheses_alone_and_in_any_bucket(model):
     src = sources(13, 10, 40, seed=1)
-    search = StaticSearch(
-        model, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
-    )
+    search = StaticSearch(model, SearchSettings(max_len_b=30, limit=100))
     together = search(src, nbest=4)  # 13 sentences: rows bucket 16
     assert together == [search(src[i : i + 1], nbest=4)[0] for i in range(13)]  # bucket 1
     assert together[::-1] == search(src.flip(0), nbest=4)
@@ -97,9 +92,7 @@ def test_a_sentence_gets_the_same_hypotheses_alone_and_in_any_bucket(model):
 def test_the_static_state_is_reused_clean_from_one_search_to_the_next(model):
     """A search leaves nothing behind that the next one of the same shape reads."""
     a, b = sources(4, 8, 40, seed=2), sources(4, 8, 40, seed=3)
-    search = StaticSearch(
-        model, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
-    )
+    search = StaticSearch(model, SearchSettings(max_len_b=30, limit=100))
     first = search(a)
     search(b)
     assert search(a) == first
@@ -112,15 +105,13 @@ def test_relative_and_learned_positions_decode_over_the_static_cache():
         m = Transformer(tiny_model_config(positions=positions), 40).eval()
         with torch.no_grad():
             m.embed.weight[EOS_ID] *= 2
-        static = StaticSearch(
-            m, SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100)
-        )(src, nbest=2)
+        static = StaticSearch(m, SearchSettings(max_len_b=30, limit=100))(src, nbest=2)
         assert same(
             static,
             beam_search(
                 m,
                 src,
-                SearchSettings(beam=4, alpha=0.6, max_len_a=1.0, max_len_b=30, limit=100),
+                SearchSettings(max_len_b=30, limit=100),
                 nbest=2,
             ),
             1e-4,

@@ -164,7 +164,7 @@ def batchings(model, name: str, pack) -> tuple[list[str], int]:
                         (h.tokens, h.score)
                         for h in greedy_search(model, s, SearchSettings(max_len_b=6))
                     ]
-                hyps = beam_search(model, s, SearchSettings(beam=4, max_len_b=6), nbest=2)
+                hyps = beam_search(model, s, SearchSettings(max_len_b=6), nbest=2)
                 return [[(h.tokens, h.score, h.log_prob) for h in hs] for hs in hyps]
 
             together = run(src)
