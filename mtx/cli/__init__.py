@@ -1,12 +1,12 @@
 """The `mtx` command line. Each command parses its options, loads the config and calls one
-function: data.py (`fetch`, `prepare`, `toy`), training.py (`train`, `average`, `info`, `plot`,
+function: data.py (`fetch`, `prepare`, `toy`), aligning.py (`mtx align ...`), training.py (`train`, `average`, `info`, `plot`,
 `export`, `import`), decoding.py (`translate`, `evaluate`, `serve`), scoring.py (`score`, `distill`,
 `shortlist`), bench.py
 (`mtx bench ...`). The app and what they share are in app.py; the commands are registered
 here, in the order `mtx --help` lists them.
 """
 
-from mtx.cli import bench, data, decoding, scoring, training
+from mtx.cli import aligning, bench, data, decoding, scoring, training
 from mtx.cli.app import app
 from mtx.cli.decoding import read_lines
 
@@ -29,6 +29,7 @@ for command in (
 ):
     app.command()(command)
 app.command("import")(training.import_)
+app.add_typer(aligning.align_app, name="align")
 app.add_typer(bench.bench_app, name="bench")
 app.command()(data.toy)
 
