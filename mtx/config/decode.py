@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mtx.config.fields import AT_LEAST_1, NOT_NEGATIVE, POSITIVE, Range, setting
+from mtx.config.fields import AT_LEAST_1, LAYER, NOT_NEGATIVE, POSITIVE, Range, setting
 from mtx.errors import MtxError
 
 
@@ -44,12 +44,32 @@ class DecodeConfig:
         "auto (bf16 on a GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU only: "
         "int8 weights, inputs quantized row by row)",
     )
+    alignments: bool = setting(
+        False,
+        "give each output's word alignment, Pharaoh i-j word indices (decode/align.py: a "
+        "forced pass over the output, read at the guided heads or at align_layer)",
+    )
+    align_layer: int = setting(
+        -2,
+        "alignments of a model trained without guidance: the decoder layer read (negative: "
+        "from the last), every head averaged",
+        LAYER,
+    )
+    align_heads: list[int] = setting(
+        [],
+        "alignments: these heads of align_layer, averaged (empty: the guided heads of a model "
+        "trained with train.align_weight, else every head)",
+    )
     shortlist: str = setting(
         "",
         "a lexical shortlist (`mtx shortlist`): each sentence's next token is chosen among the "
         "target pieces likely for its source only (decode/shortlist.py; the shrinking search; "
         "empty: the whole vocabulary)",
     )
+
+    def check(self) -> None:
+        if any(h < 0 for h in self.align_heads):
+            raise MtxError(f"decode.align_heads: heads are counted from 0, got {self.align_heads}")
 
 
 @dataclass

@@ -49,6 +49,7 @@ POSITIVE = Range(0, low_open=True)
 NOT_NEGATIVE = Range(0)
 AT_LEAST_1 = Range(1)
 FRACTION = Range(0, 1, high_open=True)  # dropout, label smoothing, Adam's betas
+LAYER = Range(-256, 255)  # a layer of a stack, from 0 (negative: from the last)
 
 
 def setting(default: Any, doc: str, range: Range | None = None) -> Any:

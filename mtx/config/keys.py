@@ -41,7 +41,13 @@ def coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
     if typing.get_origin(tp) is list:  # a YAML list, or "a,b" on the command line
         if isinstance(value, str):
             value = [x.strip() for x in value.split(",") if x.strip()]
-        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        if typing.get_args(tp) == (int,) and _integer(value) is not None:
+            return [value]  # `--set key=3`: YAML reads a number
+        if typing.get_args(tp) == (int,) and isinstance(value, list):
+            numbers = [_integer(x) for x in value]
+            if None not in numbers:
+                return numbers
+        elif isinstance(value, list) and all(isinstance(x, str) for x in value):
             return value
     elif tp is str:
         if isinstance(value, str):
@@ -67,6 +73,15 @@ def coerce(key: str, value: Any, tp: Any, raw: str | None) -> Any:
             except ValueError:
                 pass
     raise MtxError(f"config key {key} expects {type_name(tp)}, got {value!r}")
+
+
+def _integer(value) -> int | None:
+    """An int, or a string that spells one ("3", "-2"); None otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
 
 
 # --- keys, YAML and --set -----------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mtx.config.fields import AT_LEAST_1, FRACTION, NOT_NEGATIVE, POSITIVE, setting
+from mtx.config.fields import AT_LEAST_1, FRACTION, LAYER, NOT_NEGATIVE, POSITIVE, setting
 from mtx.config.model import PARTS, Part
 from mtx.errors import MtxError
 
@@ -131,6 +131,22 @@ class TrainConfig:
         "off); validation, best.pt and every checkpoint's weights are the average "
         "(train/ema.py)",
         FRACTION,
+    )
+    align_weight: float = setting(
+        0.0,
+        "guided alignment (Garg et al. 2019): weight of the cross-entropy between the guided "
+        "heads' encoder-decoder attention and the statistical alignments `mtx align` kept with "
+        "the prepared data (0: off; Garg et al.'s 0.05; train/loss.py's alignment_loss)",
+        NOT_NEGATIVE,
+    )
+    align_layer: int = setting(
+        -2,
+        "guided alignment: the decoder layer trained to align, from 0 (negative: from the "
+        "last; -2, the penultimate, as Garg et al.)",
+        LAYER,
+    )
+    align_heads: int = setting(
+        1, "guided alignment: how many of that layer's heads (the first) are trained", POSITIVE
     )
     threads: int = setting(0, "CPU threads for torch (0: torch's default)", NOT_NEGATIVE)
     dist_timeout: float = setting(

@@ -52,6 +52,8 @@ class Config:
                 "data.bpe_dropout makes lengths change every epoch; train.static_shapes needs "
                 "the prepared lengths: use one or the other"
             )
+        if t.align_weight:
+            self.check_guidance()
         # given, and not at its default (a config that mtx wrote out holds every key)
         single = ("src_lang", "tgt_lang", "train", "valid", "test")
         mixed = [
@@ -76,6 +78,29 @@ class Config:
                 f"train.pad_to ({t.pad_to}), must fit model.max_positions ({m.max_positions})"
             )
         return self
+
+    def check_guidance(self) -> None:
+        """train.align_* against the model and the data: guided alignment (train/step.py)."""
+        m, t, d = self.model, self.train, self.data
+        if d.bpe_dropout:
+            raise MtxError(
+                "train.align_weight aligns the prepared segmentation; data.bpe_dropout samples "
+                "others: use one or the other"
+            )
+        if m.arch != "transformer" or t.compile == "true":
+            raise MtxError(
+                "train.align_weight guides a Transformer's attention, trained eager: it takes "
+                "model.arch transformer and no train.compile true"
+            )
+        if t.align_heads > m.n_heads:
+            raise MtxError(
+                f"train.align_heads ({t.align_heads}) is more than model.n_heads ({m.n_heads})"
+            )
+        if not -m.decoder_layers <= t.align_layer < m.decoder_layers:
+            raise MtxError(
+                f"train.align_layer ({t.align_layer}) is not a decoder layer: the model has "
+                f"{m.decoder_layers} (0 to {m.decoder_layers - 1}, or -1 to -{m.decoder_layers})"
+            )
 
     def with_decode(self, **changes: Any) -> Config:
         """This config with typed decode.* settings (a command's options), checked as a file's

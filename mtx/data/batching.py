@@ -123,6 +123,10 @@ class Batch:
     src_tokens: int  # real source tokens (padding not counted)
     tgt_tokens: int  # real target tokens
     src_padded: bool  # whether any source holds padding
+    # guided alignment (train.align_weight): (K, 3) (row, target position, source position)
+    # of each piece link, and (K,) its weight, 1 / the links of its target token
+    align_index: Tensor | None = None
+    align_weight: Tensor | None = None
 
     @property
     def padded_tokens(self) -> int:
@@ -131,8 +135,11 @@ class Batch:
 
     def pin_memory(self) -> Batch:
         """The batch in page-locked host memory (a DataLoader's pin_memory calls this)."""
-        tensors = ("src", "tgt_in", "tgt_out", "tgt_index")
-        return dataclasses.replace(self, **{k: getattr(self, k).pin_memory() for k in tensors})
+        tensors = ("src", "tgt_in", "tgt_out", "tgt_index", "align_index", "align_weight")
+        return dataclasses.replace(
+            self,
+            **{k: getattr(self, k).pin_memory() for k in tensors if getattr(self, k) is not None},
+        )
 
 
 def collate(
@@ -141,6 +148,7 @@ def collate(
     pad_to: int = 1,
     fixed_tokens: int = 0,
     start: int = BOS_ID,
+    links: list[np.ndarray] | None = None,
 ) -> Batch:
     """src (B, S); tgt_in = `start` (the decoder's first input, model.decoder_start) + target
     without its EOS (B, T); tgt_out = target with EOS (B, T);
@@ -151,7 +159,8 @@ def collate(
     set of shapes: both sides padded to the longer one's length L, `fixed_rows(L)` rows (empty
     pairs added: a source of EOS alone, no target token), tgt_index every position and
     src_padded True (the loss skips padding by its target), so that nothing of the batch's
-    shape depends on its contents but L."""
+    shape depends on its contents but L. `links`: each pair's piece links (data/aligned.py),
+    for guided alignment (`alignment_targets`)."""
     S = bucket_length(max(len(s) for s in src_ids), pad_to)
     T = bucket_length(max(len(t) for t in tgt_ids), pad_to)
     src_tokens, tgt_tokens = sum(len(s) for s in src_ids), sum(len(t) for t in tgt_ids)
@@ -166,6 +175,7 @@ def collate(
         tgt_index = torch.arange(tgt_out.numel())
     else:
         tgt_index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
+    align_index, align_weight = alignment_targets(links) if links is not None else (None, None)
     return Batch(
         src=src,
         tgt_in=tgt_in,
@@ -174,7 +184,27 @@ def collate(
         src_tokens=src_tokens,
         tgt_tokens=tgt_tokens,
         src_padded=bool(fixed_tokens) or src_tokens < src.numel(),
+        align_index=align_index,
+        align_weight=align_weight,
     )
+
+
+def alignment_targets(links: list[np.ndarray]) -> tuple[Tensor, Tensor]:
+    """Each row's piece links (k, 2) (source position, target position) as one (K, 3) long
+    tensor of (row, target position, source position), and (K,) float weights: 1 / the number
+    of links of the link's target token, so that each aligned target token's weights sum to 1
+    (Garg et al.'s normalised alignment distribution)."""
+    parts = []
+    for r, pairs in enumerate(links):
+        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        if len(pairs):
+            parts.append(np.column_stack([np.full(len(pairs), r), pairs[:, 1], pairs[:, 0]]))
+    if not parts:
+        return torch.zeros(0, 3, dtype=torch.long), torch.zeros(0)
+    index = np.concatenate(parts)
+    _, inverse, counts = np.unique(index[:, :2], axis=0, return_inverse=True, return_counts=True)
+    weight = 1.0 / counts[inverse.reshape(-1)]
+    return torch.from_numpy(index), torch.from_numpy(weight.astype(np.float32))
 
 
 class BatchDataset(torch.utils.data.Dataset):
@@ -189,14 +219,17 @@ class BatchDataset(torch.utils.data.Dataset):
         fixed_tokens: int = 0,
         resegment=None,
         start: int = BOS_ID,
+        links=None,
     ) -> None:
         """`resegment`: a data/bpe_dropout.py `Resegment` for the epoch, to train on sampled
-        segmentations instead of the prepared ones; `start`: the decoder's first input."""
+        segmentations instead of the prepared ones; `start`: the decoder's first input;
+        `links`: the split's piece links (data/aligned.py's PieceLinks), for guided
+        alignment."""
         self.ds = ds.select_columns(["src_ids", "tgt_ids"])
         self.batches = batches
         self.pad_to = pad_to
         self.fixed_tokens = fixed_tokens  # see collate
-        self.resegment, self.start = resegment, start
+        self.resegment, self.start, self.links = resegment, start, links
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -207,4 +240,5 @@ class BatchDataset(torch.utils.data.Dataset):
         src_ids, tgt_ids = batch["src_ids"], batch["tgt_ids"]
         if self.resegment is not None:
             src_ids, tgt_ids = self.resegment(rows, batch)
-        return collate(src_ids, tgt_ids, self.pad_to, self.fixed_tokens, self.start)
+        links = None if self.links is None else [self.links[r] for r in rows]
+        return collate(src_ids, tgt_ids, self.pad_to, self.fixed_tokens, self.start, links)

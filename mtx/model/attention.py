@@ -197,7 +197,8 @@ class MultiHeadAttention(Packable, nn.Module):
             if self.keep_weights:  # (B, H, T, S), a sentence's beams back as separate rows
                 S = weights.size(-1)
                 weights = weights.view(-1, H, G, T, S).transpose(1, 2).reshape(B, H, T, S)
-                self.weights = weights.detach()
+                # in training with their graph: guided alignment's loss (train/loss.py)
+                self.weights = weights if self.training else weights.detach()
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
         return out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
 

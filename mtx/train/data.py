@@ -126,9 +126,9 @@ class Stream(torch.utils.data.IterableDataset):
 
     def __init__(
         self, ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, mix=None,
-        resegment=None, decoder_start: int = BOS_ID,
+        resegment=None, decoder_start: int = BOS_ID, links=None,
     ) -> None:  # fmt: skip
-        self.ds, self.t, self.start, self.mix = ds, t, (epoch, batch), mix
+        self.ds, self.t, self.start, self.mix, self.links = ds, t, (epoch, batch), mix, links
         self.rank, self.world, self.resegment = rank, world, resegment
         self.decoder_start = decoder_start  # the decoder's first input (model.decoder_start)
 
@@ -148,7 +148,7 @@ class Stream(torch.utils.data.IterableDataset):
             mine, tokens = update_batches(self.ds, t, epoch, first, self.rank, self.world, self.mix)
             sampled = self.resegment.for_epoch(epoch) if self.resegment else None
             items = BatchDataset(
-                self.ds, mine, t.pad_to, fixed_tokens(t), sampled, self.decoder_start
+                self.ds, mine, t.pad_to, fixed_tokens(t), sampled, self.decoder_start, self.links
             )
             for k in range(len(mine)):
                 if i % W == w:
@@ -161,13 +161,14 @@ class Stream(torch.utils.data.IterableDataset):
 
 def stream(
     ds, t: TrainConfig, epoch: int, batch: int, rank: int, world: int, device, mix=None,
-    resegment=None, decoder_start: int = BOS_ID,
+    resegment=None, decoder_start: int = BOS_ID, links=None,
 ):  # fmt: skip
-    """`Stream`'s batches, built by train.workers background processes for the whole run.
-    Data too small for one update is refused here, in one line, before any worker starts."""
+    """`Stream`'s batches, built by train.workers background processes for the whole run
+    (`links`: the piece links of guided alignment). Data too small for one update is refused
+    here, in one line, before any worker starts."""
     update_batches(ds, t, epoch, 0, rank, world, mix)
     return torch.utils.data.DataLoader(
-        Stream(ds, t, epoch, batch, rank, world, mix, resegment, decoder_start),
+        Stream(ds, t, epoch, batch, rank, world, mix, resegment, decoder_start, links),
         batch_size=None,
         num_workers=t.workers,
         prefetch_factor=4 if t.workers else None,

@@ -237,12 +237,16 @@ def attempt_store(name: str, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"mtx/{name}/attempt-{attempt}", store)
 
 
-def fingerprint(manifest: Manifest, spm_proto: bytes) -> dict[str, str]:
+def fingerprint(manifest: Manifest, spm_proto: bytes, links=None) -> dict[str, str]:
     """What must be the same on every process: the training and validation pairs' hashes from
-    the manifest, and the hash of spm.model as read."""
+    the manifest, the hash of spm.model as read, and with guided alignment the hash of the
+    piece links (data/aligned.py's PieceLinks)."""
     pairs = {name: split.pairs_sha256 for name, split in manifest.splits.items()}
-    return {
+    out = {
         "spm.model sha256": hashlib.sha256(spm_proto).hexdigest(),
         "train pairs sha256": str(pairs.get("train")),
         "valid pairs sha256": str(pairs.get("valid")),
     }
+    if links is not None:
+        out["alignments sha256"] = links.sha256()
+    return out

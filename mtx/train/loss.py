@@ -15,6 +15,16 @@ log-probabilities exist for the whole batch: for 12,500 target tokens and 37k su
 fp32 log-probabilities alone are 1.85 GB, and autograd keeps them, and the logits, for the
 backward pass. Its gradient is the same function's: with p = softmax(logits) and the
 smoothed target q, d loss / d logits = p - q on real tokens (0 on padding).
+
+`alignment_loss` is guided alignment's term (Garg et al. 2019, train.align_weight): the
+cross-entropy between a statistical alignment, normalised over each target token's linked
+source tokens, and the guided heads' encoder-decoder attention when predicting that token,
+summed over aligned target tokens:
+
+    loss_a = - sum_t sum_s G_ts log A_ts,   G_ts = 1 / |links of t| where t and s are linked
+
+(A the mean of the guided heads' attention). It is weighted and added to the sum above, so it
+is divided by the update's target tokens with it.
 """
 
 from __future__ import annotations
@@ -141,3 +151,12 @@ def output_loss(
         if torch.is_grad_enabled() and trained:
             return ChunkedOutputLoss.apply(*args)
         return chunked_loss_and_grads(*args)[:2]  # validation: no gradients to compute
+
+
+def alignment_loss(weights: Tensor, index: Tensor, link_weight: Tensor) -> Tensor:
+    """weights (B, H, T, S) the guided heads' attention; index (K, 3) (row, target position,
+    source position) of each piece link and link_weight (K,) its share of its target token
+    (batching.py's `alignment_targets`) -> loss_a, summed (fp32)."""
+    attention = weights.float().mean(1)  # (B, T, S)
+    picked = attention[index[:, 0], index[:, 1], index[:, 2]]  # (K,)
+    return -(link_weight * picked.clamp_min(1e-9).log()).sum()

@@ -38,11 +38,14 @@ class TrainRecord:
     padding: float
     skipped: int
     compiled: Compilations | None = None
+    align_loss: float | None = None  # guided alignment's loss per target token (else absent)
 
     def record(self) -> dict:
         """Its metrics.jsonl record (without kind)."""
         out = dataclasses.asdict(self)
         del out["compiled"]
+        if self.align_loss is None:
+            del out["align_loss"]
         return out | (self.compiled.record() if self.compiled else {})
 
 
@@ -155,6 +158,7 @@ class Window:
     def reset(self) -> None:
         zero = torch.zeros((), device=self.device)
         self.loss = self.nll = self.good_tgt_tokens = self.grad_norm = zero
+        self.align = None  # guided alignment's loss sum
         self.skipped = torch.zeros((), dtype=torch.long, device=self.device)
         self.worst = self.streak.clone()
         self.tgt_tokens = self.src_tokens = self.padded_tokens = self.updates = 0
@@ -163,6 +167,8 @@ class Window:
     def add(self, stats: UpdateStats) -> None:
         skipped = stats.skipped.long()
         self.loss, self.nll = self.loss + stats.loss, self.nll + stats.nll
+        if stats.align is not None:
+            self.align = stats.align if self.align is None else self.align + stats.align
         self.good_tgt_tokens = self.good_tgt_tokens + (1 - skipped) * stats.tgt_tokens
         self.skipped = self.skipped + skipped
         self.grad_norm = self.grad_norm + stats.grad_norm
@@ -184,13 +190,15 @@ class Window:
     def flush(self, step: int, lr: float, dist: Dist) -> TrainRecord:
         """The window's record, summed over all processes, and a fresh window."""
         elapsed = max(time.monotonic() - self.t, 1e-9)
-        loss, nll, good, skipped, grad_norm = torch.stack(
-            [self.loss, self.nll, self.good_tgt_tokens, self.skipped.float(), self.grad_norm]
+        guided = self.align is not None
+        align = self.align if guided else torch.zeros((), device=self.device)
+        loss, nll, good, skipped, grad_norm, align = torch.stack(
+            [self.loss, self.nll, self.good_tgt_tokens, self.skipped.float(), self.grad_norm, align]
         ).tolist()  # the only host-device synchronisation
         skipped = int(skipped)
         applied = self.updates - skipped  # the gradient norm is the same on every process
-        loss, nll, good, tgt, src, padded = dist.sum(
-            [loss, nll, good, self.tgt_tokens, self.src_tokens, self.padded_tokens]
+        loss, nll, good, tgt, src, padded, align = dist.sum(
+            [loss, nll, good, self.tgt_tokens, self.src_tokens, self.padded_tokens, align]
         )
         nll = nll / good if good else None  # None (JSON null): every update was skipped
         record = TrainRecord(
@@ -204,6 +212,7 @@ class Window:
             tgt_tokens_per_s=tgt / elapsed,
             padding=1 - (tgt + src) / padded if padded else 0.0,
             skipped=skipped,
+            align_loss=align / good if guided and good else None,
         )
         self.reset()
         return record

@@ -31,7 +31,7 @@ from mtx.device import auto_dtype
 from mtx.model.base import EncoderDecoder
 from mtx.tokens import PAD_ID
 from mtx.train import compiled
-from mtx.train.loss import label_smoothed_nll, output_loss
+from mtx.train.loss import alignment_loss, label_smoothed_nll, output_loss
 from mtx.train.master import MasterWeights
 from mtx.train.schedule import rate
 
@@ -90,17 +90,36 @@ class LossModel(torch.nn.Module):
     """(smoothed loss sum, NLL sum) of a batch: the model's decoder states at the target
     tokens, projected by the shared embedding matrix and scored against the targets."""
 
-    def __init__(self, model: torch.nn.Module, label_smoothing: float) -> None:
+    def __init__(
+        self, model: torch.nn.Module, label_smoothing: float, guide: Guide | None = None
+    ) -> None:
         super().__init__()
         self.model = model
         self.eps = label_smoothing
+        self.guide = guide  # guided alignment: which heads, and the weight of their loss
         self.chunked = True  # output_loss; False: whole logits, for a compiler to fuse
         # True: every source masked, so that a compiler traces one graph, not one for padded
         # batches and one for unpadded ones (src_padded is then never read, so not guarded)
         self.mask_always = False
 
-    def forward(self, src, tgt_in, tgt_out, tgt_index, src_padded: bool):
+    def forward(self, src, tgt_in, tgt_out, tgt_index, src_padded: bool, align=None):
+        """(smoothed loss sum, NLL sum); with `align` (a batch's align_index and align_weight,
+        guided alignment), (smoothed loss sum + weight x alignment loss, NLL sum, alignment
+        loss sum)."""
         padded = True if self.mask_always else src_padded
+        if align is None:
+            return self.token_loss(src, tgt_in, tgt_out, tgt_index, padded)
+        attn = self.model.cross_attention_modules()[self.guide.layer]
+        attn.keep_weights = True  # written-out attention, its weights kept with their graph
+        try:
+            loss, nll = self.token_loss(src, tgt_in, tgt_out, tgt_index, padded)
+            weights = attn.weights[:, : self.guide.heads]
+        finally:
+            attn.keep_weights, attn.weights = False, None
+        aligned = alignment_loss(weights, *align)
+        return loss + self.guide.weight * aligned, nll, aligned.detach()
+
+    def token_loss(self, src, tgt_in, tgt_out, tgt_index, padded: bool):
         hidden = self.model(src, tgt_in, tgt_index, padded, project=False)  # (N, d)
         target = tgt_out.flatten()[tgt_index]  # (N,)
         if self.chunked:
@@ -110,6 +129,21 @@ class LossModel(torch.nn.Module):
         return label_smoothed_nll(logits, target, self.eps, PAD_ID)
 
 
+@dataclass(frozen=True)
+class Guide:
+    """Guided alignment (train.align_*): the decoder layer and first heads trained to align,
+    and the weight of their loss."""
+
+    layer: int
+    heads: int
+    weight: float
+
+    @classmethod
+    def of(cls, cfg: Config) -> Guide | None:
+        t = cfg.train
+        return cls(t.align_layer, t.align_heads, t.align_weight) if t.align_weight else None
+
+
 def forward_loss(loss_model, batch: Batch, precision: Precision) -> tuple:
     """Summed label-smoothed loss and NLL of a batch (still on the host when passed in); the
     output projection runs only at target tokens, and a source without padding goes unmasked."""
@@ -117,8 +151,16 @@ def forward_loss(loss_model, batch: Batch, precision: Precision) -> tuple:
         x.to(precision.device, non_blocking=True)
         for x in (batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index)
     )
+    align = None
+    if batch.align_index is not None:
+        align = tuple(
+            x.to(precision.device, non_blocking=True)
+            for x in (batch.align_index, batch.align_weight)
+        )
     with precision.autocast():
-        return loss_model(src, tgt_in, tgt_out, tgt_index, batch.src_padded)
+        if align is None:
+            return loss_model(src, tgt_in, tgt_out, tgt_index, batch.src_padded)
+        return loss_model(src, tgt_in, tgt_out, tgt_index, batch.src_padded, align)
 
 
 @dataclass
@@ -129,6 +171,7 @@ class UpdateStats:
     loss: torch.Tensor  # () summed label-smoothed loss (0 if the update was skipped)
     nll: torch.Tensor  # () summed negative log-likelihood (0 if skipped)
     skipped: torch.Tensor  # () bool: a non-finite loss or gradient skipped the update
+    align: torch.Tensor | None  # () summed alignment loss, guided alignment only (0 if skipped)
     grad_norm: torch.Tensor  # () the gradient norm before clipping (0 if skipped)
     tgt_tokens: int  # this process's real target tokens
     src_tokens: int  # this process's real source tokens
@@ -155,18 +198,19 @@ def train_step(
     update's per-token loss, as one process with all the batches would compute it.
     """
     if isinstance(loss_model, EncoderDecoder):  # a bare model
-        loss_model = LossModel(loss_model, cfg.train.label_smoothing)
+        loss_model = LossModel(loss_model, cfg.train.label_smoothing, Guide.of(cfg))
     lr = rate(step, cfg.model.d_model, cfg.train.warmup_steps, cfg.train.lr_scale)
     for group in optimizer.param_groups:
         group["lr"] = lr
     local_tokens = sum(b.tgt_tokens for b in batches)  # counted on the host
     factor = world / (ntokens or local_tokens)
-    loss_sum, nll_sum = backward(loss_model, batches, precision, factor)
+    loss_sum, nll_sum, align_sum = backward(loss_model, batches, precision, factor)
     norm, skipped = apply_update(optimizer, precision, cfg.train.clip_norm, loss_sum, world)
     return UpdateStats(
         loss=torch.where(skipped, 0.0, loss_sum),
         nll=torch.where(skipped, 0.0, nll_sum),
         skipped=skipped,
+        align=None if align_sum is None else torch.where(skipped, 0.0, align_sum),
         grad_norm=torch.where(skipped, 0.0, norm.float()),
         tgt_tokens=local_tokens,
         src_tokens=sum(b.src_tokens for b in batches),
@@ -177,20 +221,24 @@ def train_step(
 
 def backward(loss_model, batches: list[Batch], precision: Precision, factor: float) -> tuple:
     """The forward and backward passes of every batch, each loss scaled by `factor` (and by
-    the fp16 loss scale); the summed losses and NLL, on the device."""
+    the fp16 loss scale); the summed losses, NLL and alignment loss (None: not guided), on the
+    device."""
     scaler = precision.scaler
     if precision.master is not None:
         precision.master.clear_grads()  # of an update that ran out of memory
     loss_sum = nll_sum = torch.zeros((), device=precision.device)
+    align_sum = None
     for i, b in enumerate(batches):
         # Gradients are averaged across processes once, on the update's last batch.
         last = i == len(batches) - 1
         no_sync = getattr(loss_model, "no_sync", None)
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-            loss, nll = forward_loss(loss_model, b, precision)
+            loss, nll, *aligned = forward_loss(loss_model, b, precision)
             (scaler.scale(loss * factor) if scaler else loss * factor).backward()
         loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
-    return loss_sum, nll_sum
+        if aligned:
+            align_sum = aligned[0] if align_sum is None else align_sum + aligned[0]
+    return loss_sum, nll_sum, align_sum
 
 
 def apply_update(optimizer, precision: Precision, clip_norm: float, loss_sum, world: int):
@@ -270,7 +318,7 @@ def build_step(
     t = cfg.train
     precision = Precision.choose(device, t.precision, model)
     work = model if precision.master is None else precision.master.work
-    module: torch.nn.Module = LossModel(work, t.label_smoothing)
+    module: torch.nn.Module = LossModel(work, t.label_smoothing, Guide.of(cfg))
     if ddp:
         module = torch.nn.parallel.DistributedDataParallel(
             module,
@@ -278,8 +326,9 @@ def build_step(
             broadcast_buffers=False,
             gradient_as_bucket_view=True,
         )
+    compile_it = compiled.wanted(t.compile, device) and not t.align_weight  # eager: guided
     step_module = compiled.StepModule(
-        module, compiled.wanted(t.compile, device), warn, t.compile_backend, t.compile_mode,
+        module, compile_it, warn, t.compile_backend, t.compile_mode,
         t.static_shapes,
     )  # fmt: skip
     return Step(cfg, model, precision, make_optimizer(model, cfg), step_module, world)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from mtx.checkpoint import Checkpoint, RunDir
 from mtx.config import PARTS, Config
-from mtx.data import vocab
+from mtx.data import aligned, vocab
 from mtx.data.batching import Batch
 from mtx.data.prepared import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
@@ -73,7 +73,10 @@ class Trainer:
         if cfg.data.bpe_dropout:  # BPE-dropout on the fly (data/bpe_dropout.py)
             tagged = bool(manifest.tags)
             self.resegment, self.batching = data.sampled(cfg, spm_proto, tagged, self.train_ds)
-        dist.check_same_data(fingerprint(manifest, spm_proto))
+        self.links = None
+        if cfg.train.align_weight:  # guided alignment: `mtx align`'s links (data/aligned.py)
+            self.links = aligned.load(cfg, len(self.train_ds))
+        dist.check_same_data(fingerprint(manifest, spm_proto, self.links))
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         vocab.check_decoder_start(vocab.load(spm_proto), cfg.model.decoder_start)
         self.model = make_model(cfg.model, manifest.vocab_size).to(self.device)
@@ -193,6 +196,7 @@ class Trainer:
             batches = data.stream(
                 self.train_ds, self.batching, state.epoch, state.batch, rank, world,
                 self.device, self.mix, self.resegment, SPECIALS[self.cfg.model.decoder_start].start,
+                self.links,
             )  # fmt: skip
             pending: list = []
             for streamed in batches:
@@ -280,6 +284,8 @@ class Trainer:
             )
         self.check_nonfinite()
         compilations = {"compiles": record.compiled.compilations} if record.compiled else {}
+        if record.align_loss is not None:
+            compilations["align"] = f"{record.align_loss:.3f}"
         self.progress.set_postfix(
             loss="skipped" if record.loss is None else f"{record.loss:.3f}",
             lr=f"{record.lr:.2e}",
