@@ -60,6 +60,14 @@ TemperatureOpt = Annotated[float | None, typer.Option(help=setting_help("decode.
 TopKOpt = Annotated[int | None, typer.Option(help=setting_help("decode.top_k"))]
 TopPOpt = Annotated[float | None, typer.Option(help=setting_help("decode.top_p"))]
 SeedOpt = Annotated[int | None, typer.Option(help=setting_help("decode.seed"))]
+AlignmentsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--alignments",
+        help="Also each output's word alignment: 'TEXT ||| 0-0 1-2' (Pharaoh: source-output "
+        "word indices from 0), an `alignments` field with --json (decode.alignments).",
+    ),
+]
 ChunkOpt = Annotated[int, typer.Option(help="Most lines translated together from the stream.")]
 AttentionDirOpt = Annotated[
     Path | None,
@@ -180,33 +188,39 @@ def translate(
     resume: ResumeOpt = False,
     json_lines: JsonLinesOpt = False,
     glossary: GlossaryOpt = None,
+    alignments: AlignmentsOpt = False,
 ) -> None:
     """Translate stdin to stdout, one line per line, in order, as the input arrives; or a
     corpus, --input into --output, resumable (--resume) after a kill."""
     steered = json_lines or glossary is not None
     _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered)
-    options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed)
-    options |= dict(sampling=True if sample else None, temperature=temperature, top_k=top_k)
+    options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed,
+                   sampling=sample or None, temperature=temperature, top_k=top_k,
+                   alignments=alignments or None)  # fmt: skip
     terms = run(load_glossary, glossary)
-    translator = _translator(
-        checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, **options
-    )
+    translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang,
+                             **options)  # fmt: skip
     out = Output(translator, nbest, json_lines)
     if output is not None:
-        said = dict(beam=beam, alpha=alpha, tgt_lang=tgt_lang, **options)
-        said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
-        said += [f"json={json_lines}", f"glossary={sha256_of(glossary)}"] if steered else []
+        given = dict(beam=beam, alpha=alpha, tgt_lang=tgt_lang, **options)
+        said = _said(set, given, (json_lines, glossary) if steered else None)
         paths = checkpoint_paths(checkpoint, config, set)
         corpus = (input, output, resume, nbest, chunk_lines)
         return _translate_corpus(out, *corpus, paths, said, Reader(json_lines, terms))
+    reader = Reader(json_lines, terms) if steered else None
+    _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head)
+
+
+def _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head) -> None:
+    """stdin (or --input) to stdout as the lines arrive; `reader` reads lines with controls."""
     lines = read_lines(sys.stdin.buffer) if input is None else run(_file_lines, input)
     sources: deque = deque()  # lines read but not yet written (bounded by the stream)
-    if steered:
-        lines = _recorded(Reader(json_lines, terms).items(lines), sources)
+    if reader is not None:
+        lines = _recorded(reader.items(lines), sources)
     elif attention_dir is not None:
         lines = _recorded(lines, sources)
     # the settings are checked here, before any input is read or any file written
-    stream = run(translator.hypotheses_stream, lines, chunk_lines, STREAM_IDLE_S, nbest)
+    stream = run(out.translator.hypotheses_stream, lines, chunk_lines, STREAM_IDLE_S, nbest)
     if attention_dir is not None:
         from mtx.plot import _pyplot
 
@@ -214,6 +228,15 @@ def translate(
         run(attention_dir.mkdir, parents=True, exist_ok=True)
     run(write_translations, out, stream, attention_dir, every_head, sources)
     out.say_report()
+
+
+def _said(overrides, given: dict, steered: tuple | None) -> list[str]:
+    """The settings a corpus translation records (jobs/translate.py's Record): overrides and
+    options given, and with controls whether the input is JSON and the glossary's hash."""
+    said = [*(overrides or []), *(f"{k}={v}" for k, v in given.items() if v is not None)]
+    if steered:
+        said += [f"json={steered[0]}", f"glossary={sha256_of(steered[1])}"]
+    return said
 
 
 def _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered):

@@ -43,7 +43,8 @@ class Reader:
 
 class Output:
     """How a line's hypotheses are written: text (with --nbest, 'LINE ||| TEXT ||| SCORE |||
-    LOG-PROBABILITY' lines) or, with --json, one JSON object; a line with controls is counted
+    LOG-PROBABILITY' lines; with --alignments, ' ||| 0-0 1-2' after each) or, with --json, one
+    JSON object; a line with controls is counted
     in `report` and warned of (on stderr) when its constraints cannot fit its longest output."""
 
     def __init__(self, translator, nbest: int, json_lines: bool) -> None:
@@ -59,10 +60,13 @@ class Output:
             self.count(number, item, result.best.text, result.best.unmet)
         if self.json_lines:
             return json.dumps(result.to_json(self.nbest), ensure_ascii=False) + "\n"
+        aligned = self.translator.cfg.decode.alignments
         if self.nbest == 1:
-            return result.best.text + "\n"
+            return result.best.text + (f" ||| {result.best.pharaoh()}" if aligned else "") + "\n"
         return "".join(
-            f"{number} ||| {o.text} ||| {o.score:.6f} ||| {o.log_prob:.6f}\n"
+            f"{number} ||| {o.text} ||| {o.score:.6f} ||| {o.log_prob:.6f}"
+            + (f" ||| {o.pharaoh()}" if aligned else "")
+            + "\n"
             for o in result.outputs
         )
 

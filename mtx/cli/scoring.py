@@ -72,10 +72,19 @@ def score(
     per_token: Annotated[
         bool, typer.Option("--per-token", help="Also each target token's log-probability.")
     ] = False,
+    alignments: Annotated[
+        bool,
+        typer.Option(
+            "--alignments",
+            help="Also each pair's word alignment by the model (Pharaoh 'i-j', source-target "
+            "word indices from 0; decode/align.py): mtx as a corpus aligner.",
+        ),
+    ] = False,
 ) -> None:
     """Score (source, target) pairs by forced decoding: for each, the log-probability the model
     (or the ensemble of several --checkpoint) gives the target, as 'TOTAL<TAB>MEAN<TAB>TOKENS'
-    (natural log; MEAN per target token, EOS included), or with --json one object per line.
+    (natural log; MEAN per target token, EOS included; with --alignments a fourth column of
+    word links), or with --json one object per line.
     Pairs come from --src and --tgt, or as 'SOURCE<TAB>TARGET' lines on stdin."""
     from mtx.decode.score import Scorer
 
@@ -83,21 +92,37 @@ def score(
     translator = _translator(checkpoint, config, set, None, None, batch_tokens, device, tgt_lang,
                              dtype=dtype)  # fmt: skip
     scores = run(Scorer(translator).score, sources, targets)
+    links = run(_alignments, translator, sources, targets) if alignments else None
     try:
-        for s in scores:
+        for n, s in enumerate(scores):
             if json_out:
                 record = {"total": s.total, "mean": s.mean, "tokens": s.tokens}
                 if per_token:
                     record["per_token"] = s.per_token
+                if links is not None:
+                    record["alignments"] = [list(link) for link in sorted(links[n])]
                 line = json.dumps(record)
             else:
                 line = f"{s.total:.6f}\t{s.mean:.6f}\t{s.tokens}"
                 if per_token:
                     line += "\t" + " ".join(f"{x:.6f}" for x in s.per_token)
+                if links is not None:
+                    line += "\t" + " ".join(f"{i}-{j}" for i, j in sorted(links[n]))
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `mtx score ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _alignments(translator, sources: list[str], targets: list[str]) -> list[set]:
+    """The model's word alignment of each given pair (decode/align.py)."""
+    from mtx.decode.align import Aligner
+    from mtx.decode.score import Scorer
+
+    scorer = Scorer(translator)
+    src = [translator.encode(line) for line in sources]
+    tgt = [scorer.target_ids(line, n)[:-1] for n, line in enumerate(targets)]
+    return Aligner(translator).word_links(src, tgt)
 
 
 RefOpt = Annotated[

@@ -3,6 +3,7 @@ the sentence's result (`Translation`), with the one JSON form that `mtx translat
 corpus translation and `mtx serve` ("results") answer:
 
     {"translation": "Der Hund läuft.", "score": -0.41, "log_prob": -0.87, "unmet": 0,
+     "alignments": [[0, 0], [1, 1], [2, 2]],
      "nbest": [{"translation": ..., "score": ..., "log_prob": ..., "unmet": ...}, ...],
      "alternatives": [{...}, ...]}
 
@@ -10,7 +11,9 @@ corpus translation and `mtx serve` ("results") answer:
 search ranked it by (its log-probability over a length penalty), its log-probability, and how
 many of the sentence's constraints it lacks (0 without constraints); `nbest` comes with n-best
 output (n > 1), the n best hypotheses in that form, best first; `alternatives` where the
-sentence asked for alternatives, each in that form, best first. A score or log-probability
+sentence asked for alternatives, each in that form, best first; `alignments`, where asked
+(decode.alignments), the [source word, output word] links of each hypothesis, both counted
+from 0 on whitespace tokens (decode/align.py). A score or log-probability
 that an engine does not give (a text with no words in `mtx serve`, CTranslate2's
 log-probability) is null. A field a later feature adds to each sentence's result is added here.
 This module imports no torch.
@@ -29,14 +32,22 @@ class Output:
     score: float | None = None
     log_prob: float | None = None
     unmet: int = 0
+    links: tuple[tuple[int, int], ...] | None = None  # word alignment, where asked
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "translation": self.text,
             "score": self.score,
             "log_prob": self.log_prob,
             "unmet": self.unmet,
         }
+        if self.links is not None:
+            out["alignments"] = [list(link) for link in self.links]
+        return out
+
+    def pharaoh(self) -> str:
+        """Its word alignment as Pharaoh text: `0-0 1-2` (source-output word indices)."""
+        return " ".join(f"{i}-{j}" for i, j in self.links or ())
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class Hypothesis:
     score: float  # what the search ranks by: log_prob / length penalty for beam search
     log_prob: float  # sum of the model's log-probabilities of tokens and EOS
     unmet: int = 0  # hard constraints it lacks (it reached its longest output first)
+    links: tuple[tuple[int, int], ...] | None = None  # word alignment (decode.alignments)
 
 
 def source_lengths(src: Tensor | Groups) -> Tensor:

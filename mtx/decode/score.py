@@ -116,19 +116,27 @@ class Scorer:
             out += [rows[k : k + per] for k in range(0, len(rows), per)]
         return out
 
+    def inputs(self, src: list[list[int]], tgt: list[list[int]], rows: list[int]):
+        """The forced pass's padded sources (B, S) and decoder inputs (B, n + T) of the pairs
+        `rows` (of one padded shape), on the device, and n: the ids the decoder reads after its
+        start token before the target (an NLLB model's language code), not scored."""
+        S = padded_length(len(src[rows[0]]), self.limit)
+        T = padded_length(len(tgt[rows[0]]), self.limit)
+        source = pad([src[i] for i in rows], length=S).to(self.tr.device)
+        given = list(self.tr.start())
+        start = self.tr.model.specials.start
+        tgt_in = pad([given + tgt[i][:-1] for i in rows], prefix=start, length=T + len(given))
+        return source, tgt_in.to(self.tr.device), len(given)
+
     @torch.no_grad()
     def forced(self, src: list[list[int]], tgt: list[list[int]], rows: list[int]) -> list[Score]:
         """One forward pass over the pairs `rows` (of one padded shape): their scores."""
         model, device = self.tr.model, self.tr.device
-        S = padded_length(len(src[rows[0]]), self.limit)
+        source, tgt_in, n = self.inputs(src, tgt, rows)
         T = padded_length(len(tgt[rows[0]]), self.limit)
-        source = pad([src[i] for i in rows], length=S).to(device)
-        given = list(self.tr.start())  # read after the start token, not scored (NLLB's code)
-        n = len(given)
-        tgt_in = pad([given + tgt[i][:-1] for i in rows], prefix=model.specials.start, length=T + n)
         tgt_out = pad([tgt[i] for i in rows], length=T).to(device)
         memory, mask = model.encode(source)
-        out = model.decode(tgt_in.to(device), memory, mask)[:, n:]  # (B, T, V) logits or lprobs
+        out = model.decode(tgt_in, memory, mask)[:, n:]  # (B, T, V) logits or lprobs
         lprobs = out.float()
         if not model.capabilities.log_probs:
             lprobs = torch.log_softmax(lprobs, dim=-1)

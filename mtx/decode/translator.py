@@ -122,6 +122,7 @@ class Translator:
         sha = vocabulary_sha256(spm_proto)
         self.searches = Searches(self.model, self.device, sha, self.vocab, self.langs)
         self.searches.decoded(cfg.decode)
+        self.check_alignments(cfg.decode)
         self.tgt_lang: str | None = None  # into; None: the model's one target language
 
     @property
@@ -187,7 +188,17 @@ class Translator:
         other = copy.copy(self)
         decode = dataclasses.replace(self.cfg.decode, **changes)
         other.cfg = dataclasses.replace(self.cfg, decode=decode)
+        other.check_alignments(decode)
         return other
+
+    def check_alignments(self, d) -> None:
+        """decode.alignments reads one model's attention: refused, in one line, for an
+        ensemble, before any line is read."""
+        if d.alignments and not self.model.capabilities.attention:
+            raise MtxError(
+                "decode.alignments reads one model's attention: give one checkpoint, not an "
+                "ensemble"
+            )
 
     def encode(self, line: str) -> list[int]:
         """A source line's ids (its target language's tag first, for a multilingual model; an
@@ -282,7 +293,22 @@ class Translator:
         for batch, rows in request_batches(requests, d.batch_tokens, self.device, limit, mix):
             for i, hyps in zip(rows, self.searches(batch, d, nbest)):
                 out[i] = hyps
-        return out
+        return self.aligned(requests, out) if d.alignments else out
+
+    def aligned(
+        self, requests: list[Request], hyps: list[list[Hypothesis]]
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses with their word alignments (align.py), every hypothesis of every
+        request read in one forced pass."""
+        from mtx.decode.align import Aligner
+
+        src = [list(r.source) for r, found in zip(requests, hyps) for _ in found]
+        outputs = [h.tokens for found in hyps for h in found]
+        links = iter(Aligner(self).word_links(src, outputs))
+        return [
+            [dataclasses.replace(h, links=tuple(sorted(next(links)))) for h in found]
+            for found in hyps
+        ]
 
     def translate(self, lines: list[str]) -> list[str]:
         """One detokenized translation per input string, in input order."""
@@ -316,7 +342,7 @@ class Translator:
         """The result of a sentence (result.py) from its hypotheses, best first
         (`alternatives`: they are the alternatives it asked for)."""
         outputs = tuple(
-            Output(self.detokenize(h.tokens), float(h.score), float(h.log_prob), h.unmet)
+            Output(self.detokenize(h.tokens), float(h.score), float(h.log_prob), h.unmet, h.links)
             for h in hyps
         )
         return Translation(outputs, alternatives)

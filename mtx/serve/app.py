@@ -1,6 +1,7 @@
 """The HTTP side of `mtx serve`: a FastAPI app over the batcher, and the uvicorn server running it.
 
     POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false,
+                       "alignments": false (each result's word links: decode/align.py),
                        "tgt_lang": "de" (needed when the model translates into several)};
                       a text may be an object with controls: {"text": "...", "prefix": "...",
                       "constraints": ["..."], "avoid": ["..."]} (decode/controls.py)
@@ -77,6 +78,8 @@ def request_model() -> type[BaseModel]:
         attention=(bool, False),
         # the language to translate into (a multilingual model: needed)
         tgt_lang=(str | None, None),
+        # also each translation's word alignment: [source word, output word] pairs
+        alignments=(bool, False),
     )
 
 
@@ -211,12 +214,13 @@ class Service:
             raise invalid(f"beam must be in 1..{s.max_beam} (serve.max_beam)")
         if not 1 <= req.nbest <= beam:
             raise invalid(f"nbest must be in 1..{beam} (the beam)")
-        if req.attention and not self.engine.single_model:
-            raise invalid("attention needs one --checkpoint and the mtx engine")
+        for asked, what in ((req.attention, "attention"), (req.alignments, "alignments")):
+            if asked and not self.engine.single_model:
+                raise invalid(f"{what} needs one --checkpoint and the mtx engine")
         why = self.engine.check_language(req.tgt_lang)
         if why:
             raise invalid(why)
-        return Choices(beam, req.nbest, req.attention, req.tgt_lang)
+        return Choices(beam, req.nbest, req.attention, req.tgt_lang, req.alignments)
 
     def lines(self, items: list) -> list[str | Line]:
         """Each text, or a `Line` with its controls, checked as the translator checks them."""

@@ -36,7 +36,7 @@ class MtxEngine:
         self.translator = translator
         self.cfg = translator.cfg
         self.single_model = translator.model.capabilities.attention  # not an Ensemble
-        self._by_beam: dict[int, Translator] = {}
+        self._by_beam: dict[tuple[int, bool], Translator] = {}
 
     def length(self, text: str) -> int:
         """Source subwords of `text`, EOS included: what the token budget counts."""
@@ -46,11 +46,13 @@ class MtxEngine:
         torch.set_num_threads(n)
 
     def translate(
-        self, texts: list[str | Line], beam: int, nbest: int, tgt_lang: str | None = None
-    ) -> list[Result]:
-        if beam not in self._by_beam:
-            self._by_beam[beam] = self.translator.with_decode(beam=beam)
-        tr = self._by_beam[beam].into(tgt_lang)
+        self, texts: list[str | Line], beam: int, nbest: int, tgt_lang: str | None = None,
+        alignments: bool = False,
+    ) -> list[Result]:  # fmt: skip
+        key = (beam, alignments)
+        if key not in self._by_beam:
+            self._by_beam[key] = self.translator.with_decode(beam=beam, alignments=alignments)
+        tr = self._by_beam[key].into(tgt_lang)
         # each text is line 0 of its own input: with decode.sampling its samples are seeded
         # alike in any batch (a position in the batch would make them depend on it)
         requests = [tr.request(text, 0) for text in texts]
@@ -102,8 +104,9 @@ class CT2Engine:
             self.threads = n
 
     def translate(
-        self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None
-    ) -> list[Result]:
+        self, texts: list[str], beam: int, nbest: int, tgt_lang: str | None = None,
+        alignments: bool = False,  # never asked: the server refuses it for this engine
+    ) -> list[Result]:  # fmt: skip
         vocabulary = self.translator.vocab
         # a multilingual model's tag is a piece like any other (mtx/corpora.py)
         tr = self.translator.into(tgt_lang)
@@ -179,7 +182,9 @@ def decode_batch(
     engine: MtxEngine | CT2Engine, texts: list[str | Line], choices: Choices
 ) -> list[Result]:
     """One batch: the translations, and their attention if the request asks for it."""
-    results = engine.translate(texts, choices.beam, choices.nbest, choices.tgt_lang)
+    results = engine.translate(
+        texts, choices.beam, choices.nbest, choices.tgt_lang, choices.alignments
+    )
     if choices.attention:
         for item, result in zip(texts, results):
             text = item if isinstance(item, str) else item.text

@@ -35,6 +35,7 @@ class Choices:
     nbest: int
     attention: bool = False  # also the attention of each translation (for the page)
     tgt_lang: str | None = None  # the language to translate into (None: the model's one)
+    alignments: bool = False  # also each translation's word alignment (decode/align.py)
 
 
 @dataclass

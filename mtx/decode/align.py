@@ -1,0 +1,127 @@
+"""Word alignments from the model: which source word each output word came from.
+
+After the search, each output is read again by the model in one forced pass (as `mtx score`
+reads a pair: score.py's batches of one padded shape), keeping the encoder-decoder attention
+of one decoder layer (`Heads`). The attention when predicting target piece t, averaged over the
+chosen heads, names one source piece: the most attended (Garg et al. 2019's hard alignment;
+fairseq's and Marian's too). A target piece whose most attended source piece is no text
+(EOS, a language tag) is unaligned. Piece links become word links when any pieces of the two
+words are linked (mtx/align/pieces.py); words are the whitespace tokens of the source line and
+of the detokenised output, both counted from 0 (Pharaoh's `i-j`).
+
+Which heads (`Heads.of`): a model trained with guided alignment (train.align_weight above 0)
+is read at the heads it was trained on (train.align_layer, its first train.align_heads heads);
+any other at every head of decode.align_layer (-2, the penultimate layer: BENCHMARKS.md has
+the measured error of each layer); decode.align_heads names heads explicitly (with
+decode.align_layer). Negative layers count from the last; a layer past the decoder's is its
+nearest one (a recurrent model has one attention).
+
+Why a forced pass rather than the search's own attention: every search gives the same
+alignments for the same output (beam, sampling, static, shortlist, controls), the search pays
+nothing when no alignment is asked for, and a sentence's alignment is the same alone and in
+any batch, bit for bit on the CPU (its forced pass has the shapes it has alone; the heads are
+summed on the host in float64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mtx.align import pieces as P
+from mtx.align.links import Link
+from mtx.decode.score import Scorer
+from mtx.errors import MtxError
+from mtx.tokens import EOS_ID
+
+
+@dataclass(frozen=True)
+class Heads:
+    """The decoder layer and heads alignments are read from."""
+
+    layer: int  # 0-based
+    heads: tuple[int, ...]  # () every head
+    guided: bool
+
+    @classmethod
+    def of(cls, cfg, layers: int) -> Heads:
+        t, d = cfg.train, cfg.decode
+        if d.align_heads:
+            return cls(_layer(d.align_layer, layers), tuple(d.align_heads), False)
+        if t.align_weight > 0:
+            return cls(_layer(t.align_layer, layers), tuple(range(t.align_heads)), True)
+        return cls(_layer(d.align_layer, layers), (), False)
+
+    def describe(self) -> str:
+        which = "every head" if not self.heads else f"heads {','.join(map(str, self.heads))}"
+        return f"decoder layer {self.layer}, {which}" + (" (guided)" if self.guided else "")
+
+
+def _layer(layer: int, layers: int) -> int:
+    return min(max(layer + layers if layer < 0 else layer, 0), layers - 1)
+
+
+class Aligner:
+    """Word alignments of (source ids, output ids) pairs with a Translator's model."""
+
+    def __init__(self, translator) -> None:  # decode/translator.py's Translator
+        model = translator.model
+        if not model.capabilities.attention:
+            raise MtxError(
+                "alignments read one model's attention: an ensemble has none (give one checkpoint)"
+            )
+        self.tr, self.scorer = translator, Scorer(translator)
+        modules = model.cross_attention_modules()
+        self.where = Heads.of(translator.cfg, len(modules))
+        self.module = modules[self.where.layer]
+        self.n_prefix = len(translator.langs.source_prefix(translator.tgt_lang) or ())
+
+    def word_links(self, src: list[list[int]], outputs: list[list[int]]) -> list[set[Link]]:
+        """The word links of each (source ids with EOS, output ids without EOS) pair."""
+        tgt = [list(t) + [EOS_ID] for t in outputs]
+        pieces = self.piece_links(src, tgt)
+        vocab = self.tr.vocab
+        out = []
+        for s, t, links in zip(src, outputs, pieces):
+            src_words = P.word_index(
+                [None if k < self.n_prefix or _special(vocab, i) else vocab.id_to_piece(i)
+                 for k, i in enumerate(s)]
+            )  # fmt: skip
+            tgt_words = P.word_index(
+                [None if _special(vocab, i) else vocab.id_to_piece(i) for i in t]
+            )
+            out.append(P.to_words(links, src_words, tgt_words))
+        return out
+
+    @torch.no_grad()
+    def piece_links(self, src: list[list[int]], tgt: list[list[int]]) -> list[list[Link]]:
+        """Each target piece's (before EOS) most attended source position, per pair."""
+        out: list[list[Link]] = [[] for _ in src]
+        model, attn = self.tr.model, self.module
+        for rows in self.scorer.batches(src, tgt):
+            source, tgt_in, n = self.scorer.inputs(src, tgt, rows)
+            attn.keep_weights = True
+            try:
+                memory, mask = model.encode(source)
+                model.decode(tgt_in, memory, mask, project=False)
+                weights = attn.weights  # (B, H, n + T, S)
+            finally:
+                attn.keep_weights, attn.weights = False, None
+            if self.where.heads:
+                if max(self.where.heads) >= weights.size(1):
+                    raise MtxError(
+                        f"decode.align_heads: the layer has {weights.size(1)} heads (0 to "
+                        f"{weights.size(1) - 1})"
+                    )
+                weights = weights[:, list(self.where.heads)]
+            summed = weights[:, :, n:].double().cpu().sum(1)  # (B, T, S), in order of heads
+            for r, i in enumerate(rows):
+                t, s = len(tgt[i]) - 1, len(src[i])
+                best = summed[r, :t, :s].argmax(-1).tolist()
+                out[i] = [(best[j], j) for j in range(t)]
+        return out
+
+
+def _special(vocab, i: int) -> bool:
+    return i < 4 or vocab.is_control(i)
