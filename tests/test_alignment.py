@@ -130,7 +130,11 @@ def test_align_corpus_writes_pharaoh_lines(tmp_path):
     (tmp_path / "short.de").write_text("eins\n")
     out = invoke("align", "corpus", "--src", tmp_path / "c.en", "--tgt", tmp_path / "short.de",
                  "--output", tmp_path / "none")  # fmt: skip
-    assert out.exit_code == 2 and "short.de: 1 lines, but" in out.output
+    assert (
+        out.exit_code == 2
+        and "short.de: 1 lines, but" in out.output
+        and "c.en has more" in out.output
+    )
     assert not (tmp_path / "none").exists()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from mtx.errors import MtxError
@@ -111,10 +112,17 @@ def corpus(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[
     return sources, targets
 
 
-def write_lines(lines: Iterator[str], out) -> int:
-    """Write each string as a line to the text file `out`; the number written."""
-    n = 0
-    for line in lines:
-        out.write(line + "\n")
-        n += 1
-    return n
+def stream_pairs(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
+    """A parallel corpus's pairs as they are read (bounded memory); refused in one line, when
+    the shorter file ends, if the line counts differ."""
+    try:
+        with open(src_path, encoding="utf-8") as a, open(tgt_path, encoding="utf-8") as b:
+            n = 0
+            for x, y in zip_longest(a, b):
+                if x is None or y is None:
+                    short, long = (src_path, tgt_path) if x is None else (tgt_path, src_path)
+                    raise MtxError(f"{short}: {n} lines, but {long} has more")
+                n += 1
+                yield x.rstrip("\r\n"), y.rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MtxError(f"cannot read the corpus ({e.__class__.__name__}: {e})") from None

@@ -64,20 +64,17 @@ def corpus(
     chunk: ChunkOpt = 250_000,
 ) -> None:
     """Align a parallel text with eflomal: one line of Pharaoh links ('0-0 1-2', source-target
-    word indices from 0) per pair, on stdout or into --output."""
-    from mtx.align.links import corpus as read_corpus
-    from mtx.align.links import format_links
+    word indices from 0) per pair, on stdout or into --output, read and aligned a chunk at a
+    time."""
+    from mtx.align.links import format_links, stream_pairs
     from mtx.align.statistical import align_pairs
-    from mtx.files import atomic_write_text
+    from mtx.files import atomic_write
 
-    sources, targets = run(read_corpus, src, tgt)
-    links = run(lambda: list(align_pairs(zip(sources, targets), chunk, samplers, log)))
-    text = "".join(format_links(pair) + "\n" for pair in links)
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        run(atomic_write_text, output, text)
-        log(f"{len(links):,} pairs aligned into {output}")
+    lines = (format_links(x) + "\n" for x in align_pairs(stream_pairs(src, tgt), chunk, samplers))
+    if output is None:  # each chunk's lines as soon as it is aligned
+        return run(lambda: sys.stdout.writelines(lines))
+    run(atomic_write, output, lambda f: f.writelines(x.encode("utf-8") for x in lines))
+    log(f"aligned into {output}")
 
 
 @align_app.command()
