@@ -249,3 +249,20 @@ def test_corpus_translation_writes_alignments_and_resumes_with_them(tmp_path, ru
     # a resumed job must ask what the first asked
     out = invoke(*args[:-1], "--input", tmp_path / "in.en", "--output", tmp_path / "out", "--resume")
     assert out.exit_code == 2 and "alignments" in out.output
+
+
+def test_the_forced_pass_stops_at_the_layer_it_reads(runs):
+    tr = Translator.from_checkpoint(runs / "plain" / "checkpoints" / "last.pt", device="cpu")
+    model, attn = tr.model, tr.model.cross_attention_modules()[0]
+    src = torch.tensor([tr.encode("the dog sleeps.")])
+    tgt_in = torch.tensor([[2, 10, 11, 12, 13]])
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        attn.keep_weights = True
+        model.decode(tgt_in, memory, mask)
+        full = attn.weights
+        first = model.decode(tgt_in, memory, mask, project=False, layers=1)
+        upto = attn.weights
+        attn.keep_weights = False
+        by_hand = model.decoder_layers[0](model.embed_tokens(tgt_in), memory, mask)
+    assert torch.equal(first, by_hand) and torch.equal(upto, full)

@@ -50,9 +50,10 @@ class DecodeConfig:
         "forced pass over the output, read at the guided heads or at align_layer)",
     )
     align_layer: int = setting(
-        -2,
+        -1,
         "alignments of a model trained without guidance: the decoder layer read (negative: "
-        "from the last), every head averaged",
+        "from the last; the last aligned best of every layer measured: BENCHMARKS.md), every "
+        "head averaged",
         LAYER,
     )
     align_heads: list[int] = setting(

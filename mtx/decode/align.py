@@ -1,8 +1,9 @@
 """Word alignments from the model: which source word each output word came from.
 
 After the search, each output is read again by the model in one forced pass (as `mtx score`
-reads a pair: score.py's batches of one padded shape), keeping the encoder-decoder attention
-of one decoder layer (`Heads`). The attention when predicting target piece t, averaged over the
+reads a pair: score.py's batches of one padded shape) up to one decoder layer (`Heads`),
+keeping its encoder-decoder attention; the layers above it and the output projection do not
+run. The attention when predicting target piece t, averaged over the
 chosen heads, names one source piece: the most attended (Garg et al. 2019's hard alignment;
 fairseq's and Marian's too). A target piece whose most attended source piece is no text
 (EOS, a language tag) is unaligned. Piece links become word links when any pieces of the two
@@ -11,8 +12,9 @@ of the detokenised output, both counted from 0 (Pharaoh's `i-j`).
 
 Which heads (`Heads.of`): a model trained with guided alignment (train.align_weight above 0)
 is read at the heads it was trained on (train.align_layer, its first train.align_heads heads);
-any other at every head of decode.align_layer (-2, the penultimate layer: BENCHMARKS.md has
-the measured error of each layer); decode.align_heads names heads explicitly (with
+any other at every head of decode.align_layer (-1, the last layer: of every layer and head
+measured, on the toy corpus and on the RWTH gold set, the last averaged aligned best:
+BENCHMARKS.md, "Word alignment"); decode.align_heads names heads explicitly (with
 decode.align_layer). Negative layers count from the last; a layer past the decoder's is its
 nearest one (a recurrent model has one attention).
 
@@ -104,7 +106,7 @@ class Aligner:
             attn.keep_weights = True
             try:
                 memory, mask = model.encode(source)
-                model.decode(tgt_in, memory, mask, project=False)
+                model.decode(tgt_in, memory, mask, project=False, layers=self.where.layer + 1)
                 weights = attn.weights  # (B, H, n + T, S)
             finally:
                 attn.keep_weights, attn.weights = False, None

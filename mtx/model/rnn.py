@@ -205,6 +205,7 @@ class RNN(EncoderDecoder, Lacks, nn.Module):
         cache: RecurrentState | None = None,
         keep: Tensor | None = None,
         project: bool = True,
+        layers: int | None = None,  # a Transformer's; this model's one attention reads all
     ) -> Tensor:
         """(N, T) decoder inputs -> logits (N, T, V), or (n, V) at the n flat positions `keep`
         of (N * T); with `project` False, the output states (d wide) that the projection would

@@ -155,10 +155,13 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         cache: GrowingCache | StaticCache | None = None,
         keep: Tensor | None = None,
         project: bool = True,
+        layers: int | None = None,
     ) -> Tensor:
         """(B, T) decoder inputs -> logits (B, T, V), or (N, V) at the N flat positions `keep`
         of (B * T) (the target tokens: padding then costs no output projection); with
-        `project` False, the output states (d wide) that the projection would take.
+        `project` False, the output states (d wide) that the projection would take. With
+        `layers`, only the first `layers` decoder layers run and their output is returned
+        (what reading one layer's attention needs: decode/align.py).
 
         With `cache` (`new_cache()` or `new_static_cache()`, model/cache.py), `tgt_in` holds
         only the positions not yet decoded, and the cache is extended in place: incremental
@@ -168,6 +171,8 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
         x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, memory, src_mask, None if cache is None else cache.layers[i])
+            if layers is not None and i + 1 == layers:
+                return x
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         if keep is not None:
