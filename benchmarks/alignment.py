@@ -141,9 +141,43 @@ def measure(work: Path) -> dict:
             for h in range(heads):
                 rows[f"layer {layer}, head {h}"] = aer_of(work, model_links(work, name, layer, [h]))
         figures[name] = rows
+    figures["agreement with eflomal on val"] = agreement(work, train_de, train_en)
     figures["bleu"] = {name: bleu(work, name) for name in MODELS}
     figures["cost"] = cost(work)
     return figures
+
+
+def agreement(work: Path, train_de: list[str], train_en: list[str]) -> dict:
+    """In domain, where no gold exists: each model's links of Multi30k's first 300 validation
+    pairs scored against eflomal's (aligned with the training pairs), as if they were gold."""
+    from mtx.align import aer
+    from mtx.align.links import Alignments
+    from mtx.align.statistical import align_pairs
+
+    val = [(work / "data" / f"val.{lang}").read_text(encoding="utf-8").splitlines()[:300]
+           for lang in ("de", "en")]  # fmt: skip
+    reference = list(align_pairs(zip(train_de + val[0], train_en + val[1])))[-300:]
+    truth = Alignments(reference, reference)
+    (work / "val300.de").write_text("".join(x + "\n" for x in val[0]), encoding="utf-8")
+    (work / "val300.en").write_text("".join(x + "\n" for x in val[1]), encoding="utf-8")
+    out = {}
+    for name, layer in (("guided", -2), ("unguided", 0), ("unguided", 1), ("unguided", 2)):
+        ckpt = work / name / "checkpoints" / "last.pt"
+        args = ["--src", str(work / "val300.de"), "--tgt", str(work / "val300.en")]
+        got = mtx("score", "--checkpoint", str(ckpt), *args, "--alignments", "--device", "cpu",
+                  "--set", f"decode.align_layer={layer}", threads=2).stdout.splitlines()  # fmt: skip
+        links = [_links(line) for line in got]
+        label = "guided head" if name == "guided" else f"unguided layer {layer}, every head"
+        out[label] = aer.score(links, truth).to_json()
+    out["eflomal links"] = sum(len(x) for x in reference)
+    return out
+
+
+def _links(score_line: str) -> set:
+    from mtx.align.links import parse_links
+
+    fields = score_line.split("\t")
+    return parse_links(fields[3] if len(fields) > 3 else "", "pair")[0]
 
 
 def bleu(work: Path, name: str) -> float:

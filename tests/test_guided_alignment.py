@@ -247,7 +247,9 @@ def test_corpus_translation_writes_alignments_and_resumes_with_them(tmp_path, ru
     mtx(*args, "--input", tmp_path / "in.en", "--output", tmp_path / "out", "--chunk-lines", "8")
     assert (tmp_path / "out").read_text() == streamed
     # a resumed job must ask what the first asked
-    out = invoke(*args[:-1], "--input", tmp_path / "in.en", "--output", tmp_path / "out", "--resume")
+    out = invoke(
+        *args[:-1], "--input", tmp_path / "in.en", "--output", tmp_path / "out", "--resume"
+    )
     assert out.exit_code == 2 and "alignments" in out.output
 
 
