@@ -35,6 +35,9 @@ from mtx.bench.harness import ROOT, result, timed
 M30K_TOK = Path(os.environ.get("M30K_TOK", ROOT.parent / "shared" / "data" / "multi30k-tok"))
 RWTH = Path(os.environ.get("RWTH", ROOT.parent / "shared" / "data" / "rwth-align-dev"))
 MODELS = ("unguided", "guided")
+# the toy model's readings: (layer, heads); None: as trained (the guided model's heads)
+TOY_READINGS = [(-2, None), *((layer, []) for layer in (0, 1))]
+TOY_READINGS += [(layer, [h]) for layer in (0, 1) for h in range(4)]
 
 
 def mtx(*args: str, threads: int = 1, **kw) -> subprocess.CompletedProcess:
@@ -215,12 +218,31 @@ def cost(work: Path) -> dict:
     }
 
 
+def train_toys(work: Path, config: str, runs: dict[str, list[str]]) -> None:
+    """configs/toy.yaml prepared once, aligned, and trained as each of `runs` says, side by
+    side, one thread each."""
+    first = work / "toy-unguided"
+    mtx("prepare", "-c", config, "--set", f"run_dir={first}", threads=2)
+    shutil.copytree(first / "prepared", work / "toy-guided" / "prepared", dirs_exist_ok=True)
+    mtx("align", "prepared", "-c", config, "--set", f"run_dir={work / 'toy-guided'}", threads=2)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    jobs = []
+    for name, extra in runs.items():
+        cmd = [sys.executable, "-m", "mtx", "train", "-c", config]
+        cmd += ["--set", f"run_dir={work / f'toy-{name}'}", "--set", "train.threads=1", *extra]
+        jobs.append(
+            subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        )
+    if any(job.wait() for job in jobs):
+        raise SystemExit("a toy training run failed")
+
+
 def toy_gold(work: Path) -> dict:
     """The same three aligners on the toy corpus, whose generator says its gold links: eflomal
     on the training and test pairs, configs/toy.yaml trained without and with guidance side by
     side (one thread each), each scored on the 500 test pairs."""
     from mtx.align import aer
-    from mtx.align.links import Alignments, parse_links
+    from mtx.align.links import Alignments
     from mtx.align.statistical import align_pairs
     from mtx.data import toy
 
@@ -231,40 +253,13 @@ def toy_gold(work: Path) -> dict:
     took, links = timed(lambda: list(align_pairs(pairs)), repeats=1, warmup=0)
     figures = {"eflomal": aer.score(links[-500:], truth).to_json() | {"seconds": round(took.best)}}
     runs = {"unguided": [], "guided": ["--set", "train.align_weight=0.05"]}
-    first = work / "toy-unguided"
-    mtx("prepare", "-c", config, "--set", f"run_dir={first}", threads=2)
-    shutil.copytree(first / "prepared", work / "toy-guided" / "prepared", dirs_exist_ok=True)
-    mtx("align", "prepared", "-c", config, "--set", f"run_dir={work / 'toy-guided'}", threads=2)
-    jobs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mtx",
-                "train",
-                "-c",
-                config,
-                "--set",
-                f"run_dir={work / f'toy-{name}'}",
-                "--set",
-                "train.threads=1",
-                *extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )  # fmt: skip
-        for name, extra in runs.items()
-    ]
-    if any(job.wait() for job in jobs):
-        raise SystemExit("a toy training run failed")
+    train_toys(work, config, runs)
     (work / "toy.en").write_text("".join(en + "\n" for en, _ in test), encoding="utf-8")
     (work / "toy.de").write_text("".join(de + "\n" for _, de in test), encoding="utf-8")
     for name in runs:
         ckpt = work / f"toy-{name}" / "checkpoints" / "best.pt"
         rows = {}
-        for layer, heads in ((-2, None), (0, []), (1, []), (0, [0]), (0, [1]), (0, [2]), (0, [3]),
-                             (1, [0]), (1, [1]), (1, [2]), (1, [3])):  # fmt: skip
+        for layer, heads in TOY_READINGS:
             if name == "unguided" and heads is None:
                 continue
             extra = ["--set", f"decode.align_layer={layer}"]
@@ -272,10 +267,7 @@ def toy_gold(work: Path) -> dict:
                 extra += ["--set", f"decode.align_heads=[{','.join(map(str, heads))}]"]
             out = mtx("score", "--checkpoint", str(ckpt), "--src", str(work / "toy.en"), "--tgt",
                       str(work / "toy.de"), "--alignments", "--device", "cpu", *extra, threads=2)  # fmt: skip
-            got = [
-                parse_links(line.split("\t")[3] if line.count("\t") >= 3 else "", "pair")[0]
-                for line in out.stdout.splitlines()
-            ]
+            got = [_links(line) for line in out.stdout.splitlines()]
             label = "as trained" if heads is None else f"layer {layer}, heads {heads or 'all'}"
             rows[label] = aer.score(got, truth).to_json()
         figures[name] = rows
