@@ -268,3 +268,14 @@ def test_the_forced_pass_stops_at_the_layer_it_reads(runs):
         attn.keep_weights = False
         by_hand = model.decoder_layers[0](model.embed_tokens(tgt_in), memory, mask)
     assert torch.equal(first, by_hand) and torch.equal(upto, full)
+
+
+def test_a_word_the_vocabulary_cannot_spell_is_still_a_word(runs):
+    tr = Translator.from_checkpoint(runs / "guided" / "checkpoints" / "last.pt", device="cpu")
+    line = "the dog ☃ sees a cat."  # the snowman is no piece of the toy vocabulary
+    ids = tr.encode(line)
+    assert 1 in ids  # UNK
+    words = Aligner(tr).words(ids)
+    assert max(w for w in words if w is not None) + 1 == len(line.split())
+    links = tr.with_decode(alignments=True).translate_ids([line])[0][0].links
+    assert all(i < len(line.split()) for i, _ in links)

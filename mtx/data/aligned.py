@@ -28,6 +28,7 @@ from mtx.align.statistical import CHUNK, align_chunk, default_samplers
 from mtx.checkpoint import RunDir
 from mtx.config import Config
 from mtx.errors import MtxError
+from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 FOLDER = "align"
 
@@ -84,10 +85,11 @@ def _pieces(vocab, ids: list[int], special: set[int]) -> list[str | None]:
 
 
 def specials(vocab, tags: dict[str, int]) -> set[int]:
-    """Ids that are no text: control ids (PAD, BOS, EOS) and target-language tags."""
+    """Ids that are no text: control ids (PAD, BOS, EOS) and target-language tags. UNK is
+    text (a word the vocabulary cannot spell is still a word)."""
     n = vocab.get_piece_size()
     out = {i for i in range(min(n, 8)) if vocab.is_control(i)} | set(tags.values())
-    return out | {i for i in range(4)}
+    return (out | {PAD_ID, BOS_ID, EOS_ID}) - {UNK_ID}
 
 
 def align_prepared(cfg: Config, chunk: int = CHUNK, samplers: int = 0, log=print) -> Path:

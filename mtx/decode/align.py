@@ -35,7 +35,7 @@ from mtx.align import pieces as P
 from mtx.align.links import Link
 from mtx.decode.score import Scorer
 from mtx.errors import MtxError
-from mtx.tokens import EOS_ID
+from mtx.tokens import EOS_ID, UNK_ID
 
 
 @dataclass(frozen=True)
@@ -83,18 +83,20 @@ class Aligner:
         """The word links of each (source ids with EOS, output ids without EOS) pair."""
         tgt = [list(t) + [EOS_ID] for t in outputs]
         pieces = self.piece_links(src, tgt)
+        return [
+            P.to_words(links, self.words(s, self.n_prefix), self.words(t))
+            for s, t, links in zip(src, outputs, pieces)
+        ]
+
+    def words(self, ids: list[int], skip: int = 0) -> list[int | None]:
+        """The word of each piece of `ids` (pieces.py), the first `skip` (a source's language
+        tag or code) and special ids (PAD, BOS, EOS) in none. UNK is text: a word the
+        vocabulary cannot spell is still a word."""
         vocab = self.tr.vocab
-        out = []
-        for s, t, links in zip(src, outputs, pieces):
-            src_words = P.word_index(
-                [None if k < self.n_prefix or _special(vocab, i) else vocab.id_to_piece(i)
-                 for k, i in enumerate(s)]
-            )  # fmt: skip
-            tgt_words = P.word_index(
-                [None if _special(vocab, i) else vocab.id_to_piece(i) for i in t]
-            )
-            out.append(P.to_words(links, src_words, tgt_words))
-        return out
+        return P.word_index(
+            [None if k < skip or _special(vocab, i) else vocab.id_to_piece(i)
+             for k, i in enumerate(ids)]
+        )  # fmt: skip
 
     @torch.no_grad()
     def piece_links(self, src: list[list[int]], tgt: list[list[int]]) -> list[list[Link]]:
@@ -126,4 +128,4 @@ class Aligner:
 
 
 def _special(vocab, i: int) -> bool:
-    return i < 4 or vocab.is_control(i)
+    return i != UNK_ID and (i < 4 or vocab.is_control(i))
