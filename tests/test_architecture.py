@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # (never another group of its floor): the model knows no corpus, the data no model.
 FLOORS = [
     {"base": ["mtx", "mtx.errors", "mtx.files", "mtx.tokens", "mtx.device", "mtx.progress"]},
-    {"config": ["mtx.config", "mtx.corpora"], "align": ["mtx.align"]},
+    {
+        "config": ["mtx.config", "mtx.corpora"],
+        "align": ["mtx.align"],
+        "documents": ["mtx.documents"],
+    },
     {"checkpoint": ["mtx.checkpoint"]},
     {"model": ["mtx.model"], "data": ["mtx.data"], "evaluate": ["mtx.evaluate"]},
     {"decode": ["mtx.decode"]},

@@ -110,6 +110,15 @@ GlossaryOpt = Annotated[
         "contains (words, any case) becomes its constraint."
     ),
 ]
+FormatOpt = Annotated[str | None, typer.Option("--format", help=setting_help("decode.format"))]
+DocumentOpt = Annotated[
+    bool,
+    typer.Option(
+        "--document",
+        help="Read the whole input as one text (an HTML page, an XML file) instead of one a "
+        "line; with a --format other than plain.",
+    ),
+]
 STREAM_IDLE_S = 0.05  # a pause this long in the input sends the lines read so far
 
 
@@ -189,30 +198,61 @@ def translate(
     json_lines: JsonLinesOpt = False,
     glossary: GlossaryOpt = None,
     alignments: AlignmentsOpt = False,
+    format: FormatOpt = None,
+    document: DocumentOpt = False,
 ) -> None:
     """Translate stdin to stdout, one line per line, in order, as the input arrives; or a
-    corpus, --input into --output, resumable (--resume) after a kill."""
+    corpus, --input into --output, resumable (--resume) after a kill; --format: docs/documents.md."""
     steered = json_lines or glossary is not None
-    _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered)
+    _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered, document)
     options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed,
                    sampling=sample or None, temperature=temperature, top_k=top_k,
-                   alignments=alignments or None)  # fmt: skip
+                   alignments=alignments or None, format=format)  # fmt: skip
     terms = run(load_glossary, glossary)
     translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang,
                              **options)  # fmt: skip
-    out = Output(translator, nbest, json_lines)
+    out = Output(translator, nbest, json_lines, terms)
     if output is not None:
         given = dict(beam=beam, alpha=alpha, tgt_lang=tgt_lang, **options)
         said = _said(set, given, (json_lines, glossary) if steered else None)
         paths = checkpoint_paths(checkpoint, config, set)
         corpus = (input, output, resume, nbest, chunk_lines)
-        return _translate_corpus(out, *corpus, paths, said, Reader(json_lines, terms))
-    reader = Reader(json_lines, terms) if steered else None
-    _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head)
+        return _translate_corpus(out, *corpus, paths, said, (json_lines, terms))
+    reader = Reader(json_lines, terms, out.documents) if steered else None
+    _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head, document)
 
 
-def _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head) -> None:
-    """stdin (or --input) to stdout as the lines arrive; `reader` reads lines with controls."""
+def _check_documents(documents: bool, attention_dir, document: bool) -> None:
+    if documents and attention_dir is not None:
+        fail("--attention-dir shows one sentence's attention: not with a --format")
+    if document and not documents:
+        fail("--document reads the whole input as one text: give a --format other than plain")
+
+
+def _translate_document(out, input, reader) -> None:
+    """The whole of stdin (or --input) as one text, its translation to stdout."""
+    raw = sys.stdin.buffer.read() if input is None else run(_read_bytes, input)
+    text = raw.decode("utf-8", errors="replace").removesuffix("\n")
+    item = next(reader.items([text])) if reader is not None else text
+    stream = run(out.stream, [item], 1, None)
+    run(write_translations, out, stream, None, False, deque([item]))
+    out.say_report()
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.is_file():
+        raise MtxError(f"file not found: {path}")
+    return path.read_bytes()
+
+
+def _translate_lines(
+    out, input, reader, chunk_lines, nbest, attention_dir, every_head, document=False
+) -> None:
+    """stdin (or --input) to stdout as the lines arrive; `reader` reads lines with controls;
+    `document`: the whole input is one text."""
+    _check_documents(out.documents, attention_dir, document)
+    if document:
+        return _translate_document(out, input, reader)
     lines = read_lines(sys.stdin.buffer) if input is None else run(_file_lines, input)
     sources: deque = deque()  # lines read but not yet written (bounded by the stream)
     if reader is not None:
@@ -220,7 +260,7 @@ def _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, ever
     elif attention_dir is not None:
         lines = _recorded(lines, sources)
     # the settings are checked here, before any input is read or any file written
-    stream = run(out.translator.hypotheses_stream, lines, chunk_lines, STREAM_IDLE_S, nbest)
+    stream = run(out.stream, lines, chunk_lines, STREAM_IDLE_S)
     if attention_dir is not None:
         from mtx.plot import _pyplot
 
@@ -239,8 +279,10 @@ def _said(overrides, given: dict, steered: tuple | None) -> list[str]:
     return said
 
 
-def _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered):
+def _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered, document):
     """Refuse, in one line, `mtx translate` options that do not go together."""
+    if document and output is not None:
+        fail("--document translates one text to stdout: no --output")
     if attention_dir is not None and steered:
         fail("--attention-dir takes plain lines: no --json or --glossary")
     if attention_dir is not None and checkpoint and len(checkpoint) > 1:
@@ -259,10 +301,13 @@ def _file_lines(path: Path) -> Iterator[str]:
     return read_file_lines(path)
 
 
-def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, said, reader):
+def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, said, steering):
     """--input into --output (jobs/translate.py), resuming it with --resume; a summary on stderr.
-    With controls, every line is read and checked before anything is written."""
+    With controls (`steering`: JSON lines?, the glossary), every line is read and checked
+    before anything is written."""
     from mtx.jobs.translate import Record, translate_corpus
+
+    reader = Reader(*steering, out.documents)
 
     run(_file_lines, input)  # a missing input: one line, before anything is written
     settings = [x for x in said if not x.startswith("decode.batch_tokens=")]

@@ -25,12 +25,14 @@ class Reader:
     """Input lines as the Translator takes them: plain strings, or `Line`s with their controls
     (read from JSON with `json_lines`; a glossary's terms added)."""
 
-    def __init__(self, json_lines: bool, glossary) -> None:
-        self.json_lines, self.glossary = json_lines, glossary
+    def __init__(self, json_lines: bool, glossary, documents: bool = False) -> None:
+        """`documents`: lines in a format other than plain, whose glossary terms are found in
+        each sentence (decode/documents.py), not here."""
+        self.json_lines, self.glossary, self.documents = json_lines, glossary, documents
 
     @property
     def plain(self) -> bool:
-        return not self.json_lines and self.glossary is None
+        return not self.json_lines and (self.glossary is None or self.documents)
 
     def items(self, lines, first: int = 0):
         from mtx.decode.controls import Line, parse_line
@@ -38,7 +40,10 @@ class Reader:
         for number, raw in enumerate(lines, start=first + 1):
             where = f"line {number}"
             line = parse_line(raw, where) if self.json_lines else Line(raw)
-            yield line if self.glossary is None else self.glossary.apply(line, where)
+            if self.glossary is None or self.documents:
+                yield line
+            else:
+                yield self.glossary.apply(line, where)
 
 
 class Output:
@@ -47,15 +52,39 @@ class Output:
     JSON object; a line with controls is counted
     in `report` and warned of (on stderr) when its constraints cannot fit its longest output."""
 
-    def __init__(self, translator, nbest: int, json_lines: bool) -> None:
+    def __init__(self, translator, nbest: int, json_lines: bool, glossary=None) -> None:
         from mtx.decode.glossary import Report
 
         self.translator, self.nbest, self.json_lines = translator, nbest, json_lines
+        self.glossary = glossary if self.documents else None  # documents: in each sentence
         self.report = Report()
 
+    @property
+    def documents(self) -> bool:
+        """Lines in a format other than plain (decode.format: decode/documents.py)."""
+        return self.translator.cfg.decode.format != "plain"
+
+    def stream(self, lines, chunk_lines: int, idle: float | None, first: int = 0):
+        """Each line's hypotheses (a plain line's) or translation (a document's), in order;
+        the settings checked before any line is read."""
+        if not self.documents:
+            return self.translator.hypotheses_stream(lines, chunk_lines, idle, self.nbest, first)
+        from mtx.decode import documents
+
+        t = self.translator
+        documents.check(t.cfg.decode, self.nbest, t.model.capabilities.attention)
+        return documents.stream(
+            self.translator, lines, chunk_lines, idle, first, self.glossary, say=log
+        )
+
     def __call__(self, number: int, hyps, item=None) -> str:
+        from mtx.decode.result import Translation
+
         controls = None if item is None or isinstance(item, str) else item.controls
-        result = self.translator.translation(hyps, bool(controls and controls.alternatives))
+        if isinstance(hyps, Translation):  # a document's
+            result, controls = hyps, None
+        else:
+            result = self.translator.translation(hyps, bool(controls and controls.alternatives))
         if controls is not None:
             self.count(number, item, result.best.text, result.best.unmet)
         if self.json_lines:

@@ -25,7 +25,7 @@ from mtx.cli.decoding import (
     _translator,
     read_lines,
 )
-from mtx.cli.lines import Output, Reader
+from mtx.cli.lines import Output
 from mtx.errors import MtxError
 
 
@@ -186,7 +186,7 @@ def distill(
 
     def translate(output: Path, n: int) -> None:  # a finished translation: nothing more to do
         corpus = (src, output, resume or output.exists(), n, chunk_lines)
-        _translate_corpus(Output(translator, n, False), *corpus, paths, said, Reader(False, None))
+        _translate_corpus(Output(translator, n, False), *corpus, paths, said, (False, None))
 
     teacher = [str(Path(p).resolve()) for p in paths]
     job = (translator, src, output_dir, langs, drop_worst, translate, teacher, selection)

@@ -8,6 +8,17 @@ from typing import Literal
 from mtx.config.fields import AT_LEAST_1, LAYER, NOT_NEGATIVE, POSITIVE, Range, setting
 from mtx.errors import MtxError
 
+# decode.placeholders, inline_tags and keep_tags by default (mtx/documents/ reads them)
+PLACEHOLDERS = ("double_braces", "braces", "printf", "dollar", "xliff")
+INLINE_TAGS = (
+    "a", "abbr", "b", "bdi", "bdo", "big", "br", "cite", "code", "data", "del", "dfn", "em",
+    "font", "i", "img", "ins", "kbd", "label", "mark", "q", "s", "samp", "small", "span",
+    "strike", "strong", "sub", "sup", "time", "tt", "u", "var", "wbr",
+    "g", "x", "ph", "bx", "ex", "it", "mrk",  # XLIFF's inline codes
+)  # fmt: skip
+KEEP_TAGS = ("script", "style", "pre", "code", "kbd", "samp", "var", "noscript", "template",
+             "textarea", "svg", "math")  # fmt: skip
+
 
 @dataclass
 class DecodeConfig:
@@ -66,6 +77,29 @@ class DecodeConfig:
         "a lexical shortlist (`mtx shortlist`): each sentence's next token is chosen among the "
         "target pieces likely for its source only (decode/shortlist.py; the shrinking search; "
         "empty: the whole vocabulary)",
+    )
+
+    format: Literal["plain", "paragraphs", "html", "xml"] = setting(
+        "plain",
+        "what a line is (mtx/documents/): plain, one sentence; paragraphs, sentences split and "
+        "translated one by one; html or xml, markup whose block elements are paragraphs, "
+        "inline elements and placeholders put back through the word alignment",
+    )
+    placeholders: list[str] = setting(
+        list(PLACEHOLDERS),
+        "with a format other than plain, pieces kept verbatim (documents/placeholders.py): "
+        "double_braces {{x}}, braces {x}, printf %s %1$s, dollar $X ${X}, xliff <x/>, or "
+        "re:REGEX",
+    )
+    inline_tags: list[str] = setting(
+        list(INLINE_TAGS),
+        "html and xml: elements of running text, put back around the translated words "
+        "(any element with text around it is one too)",
+    )
+    keep_tags: list[str] = setting(
+        list(KEEP_TAGS),
+        'html and xml: elements written back untranslated (also any with translate="no" '
+        "or the class notranslate)",
     )
 
     def check(self) -> None:

@@ -116,7 +116,7 @@ def translate_corpus(
     if items is not None:
         lines = items(lines, done)
     read: deque = deque()  # the items read and not yet written
-    stream = translator.hypotheses_stream(_kept(lines, read), chunk_lines, None, nbest, done)
+    stream = out.stream(_kept(lines, read), chunk_lines, None, done)
     written = 0
     with open(output, "ab") as f, Progress(total, "translated", "lines", initial=done) as bar:
         pending: list[str] = []

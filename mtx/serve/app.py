@@ -2,7 +2,9 @@
 
     POST /translate   {"text": "..." | ["...", ...], "beam": 4, "nbest": 1, "attention": false,
                        "alignments": false (each result's word links: decode/align.py),
-                       "tgt_lang": "de" (needed when the model translates into several)};
+                       "tgt_lang": "de" (needed when the model translates into several),
+                       "format": "plain" | "paragraphs" | "html" | "xml" (decode/documents.py;
+                       default decode.format)};
                       a text may be an object with controls: {"text": "...", "prefix": "...",
                       "constraints": ["..."], "avoid": ["..."]} (decode/controls.py)
     GET  /health      the process is alive
@@ -24,6 +26,7 @@ being decoded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import socket
@@ -40,8 +43,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from starlette.exceptions import HTTPException
 
+from mtx.decode import documents
 from mtx.decode.controls import CONTROLS, Controls, Line
 from mtx.decode.result import EMPTY
+from mtx.documents import FORMATS
+from mtx.documents.document import Settings
 from mtx.errors import MtxError
 from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
@@ -80,6 +86,8 @@ def request_model() -> type[BaseModel]:
         tgt_lang=(str | None, None),
         # also each translation's word alignment: [source word, output word] pairs
         alignments=(bool, False),
+        # what a text is: plain, paragraphs, html or xml (default: decode.format)
+        format=(str | None, None),
     )
 
 
@@ -92,6 +100,8 @@ class TranslateResponse(BaseModel):
     unmet: list[int] | None = None  # with constraints: how many each translation lacks
     alternatives: list[list[dict[str, Any]] | None] | None = None  # [{"text", "score"}, ...]
     attention: list[dict[str, Any] | None] | None = None  # with attention: see MtxEngine
+    # with a format: what the parser repaired in each text ("text[i]: ..."), if anything
+    repairs: list[str] | None = None
 
 
 class ApiError(Exception):
@@ -245,6 +255,9 @@ class Service:
         items = req.text if isinstance(req.text, list) else [req.text]
         choices = self.check(req, items)
         texts = self.lines(items)
+        decode = self.documents(req)
+        if decode.format != "plain":
+            return await self.translate_documents(texts, choices, decode)
         todo = [i for i, x in enumerate(items) if (x if isinstance(x, str) else x.text).split()]
         results: list[Result | None] = [None] * len(texts)
         if todo:
@@ -252,6 +265,45 @@ class Service:
             for i, result in zip(todo, done):
                 results[i] = result
         return self.answer(results, texts, choices)
+
+    def documents(self, req: BaseModel):
+        """The decode.* settings of a request's format (decode.format if it names none),
+        checked (decode/documents.py)."""
+        d = self.cfg.decode
+        if req.format is not None and req.format not in FORMATS:
+            raise invalid(f"format: must be one of {', '.join(FORMATS)}")
+        d = dataclasses.replace(d, format=req.format or d.format)
+        try:
+            documents.check(d, req.nbest, self.engine.single_model, req.alignments)
+        except MtxError as e:
+            raise invalid(str(e).replace("decode.format", "format")) from None
+        if d.format != "plain" and req.attention:
+            raise invalid(f"format {d.format}: attention is a sentence's, not a text's")
+        return d
+
+    async def translate_documents(self, texts: list, choices: Choices, decode) -> dict:
+        """Each text read in its format, its sentences translated with everyone else's, and
+        put back together (decode/documents.py)."""
+        settings = Settings.of(decode, self.cfg.data.src_lang or "en")
+        repairs: list[str] = []
+        name = (lambda i: "text") if len(texts) == 1 else (lambda i: f"text[{i}]")
+        try:
+            sentences = documents.read(texts, settings, 0, None, repairs.append, name)
+        except MtxError as e:
+            raise invalid(str(e)) from None
+        done: list[Result] = []
+        if sentences.items:
+            asked = dataclasses.replace(choices, alignments=any(sentences.links))
+            done = await self.decode(sentences.items, asked)
+        translations = documents.results(sentences, [r.translation.best for r in done])
+        results: list[Result | None] = [Result(t) for t in translations]
+        for owner, sentence in zip(sentences.owner, done):
+            results[owner].tokens_in += sentence.tokens_in
+            results[owner].ids += sentence.ids
+        out = self.answer(results, texts, choices)
+        if repairs:
+            out["repairs"] = repairs
+        return out
 
     async def decode(self, texts: list[str | Line], choices: Choices) -> list[Result]:
         """Queue the texts and wait for their results, at most serve.timeout_s."""

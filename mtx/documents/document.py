@@ -1,0 +1,123 @@
+"""One input text in a format (`FORMATS`): the sentences to translate, and the text made of
+their translations.
+
+    doc = Document.read(text, settings)
+    translations = translate(doc.sentences)          # (text, word links) of each
+    doc.assemble(translations)                       # the translated text
+
+- plain: the text is one sentence, translated as it is (what mtx always did).
+- paragraphs: the text is a paragraph: split into sentences (sentences.py), each translated,
+  joined with the source's spacing; placeholders kept.
+- html, xml: each block element's text is a paragraph (markup.py); inline elements and
+  placeholders are put back by the word alignment (project.py).
+
+`Settings.of(decode config, source language)` reads the decode.* settings of documents once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from mtx.documents import FORMATS
+from mtx.documents.markup import Tree, parse
+from mtx.documents.placeholders import compile_patterns
+from mtx.documents.project import project
+from mtx.documents.unit import Sentence, Unit
+from mtx.errors import MtxError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How documents are read: the format, the source language (sentence splitting), the
+    placeholders' pattern, and which tags are inline and which kept untranslated."""
+
+    format: str = "plain"
+    lang: str = "en"
+    pattern: re.Pattern | None = None
+    inline_tags: frozenset[str] = frozenset()
+    keep_tags: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, d, lang: str | None) -> Settings:
+        """From a DecodeConfig (decode.format, placeholders, inline_tags, keep_tags)."""
+        if d.format not in FORMATS:
+            raise MtxError(f"decode.format must be one of {', '.join(FORMATS)}, got {d.format!r}")
+        return cls(
+            d.format,
+            lang or "en",
+            compile_patterns(d.placeholders),
+            frozenset(t.lower() for t in d.inline_tags),
+            frozenset(t.lower() for t in d.keep_tags),
+        )
+
+    @property
+    def plain(self) -> bool:
+        return self.format == "plain"
+
+    @property
+    def marked(self) -> bool:
+        """Whether a text's sentences may carry marks (then they need word links)."""
+        return not self.plain
+
+
+class Document:
+    """A text's units, their sentences (what to translate), and how to write it back."""
+
+    def __init__(self, text: str, units: list[Unit], tree: Tree | None, settings: Settings):
+        self.source, self.units, self.tree, self.settings = text, units, tree, settings
+        self.parts: list[tuple[int, Sentence]] = []  # (unit, sentence) of each to translate
+        split = settings.format != "plain"
+        for u, unit in enumerate(units):
+            if unit.has_words():
+                self.parts += [(u, s) for s in unit.sentences(settings.lang, split)]
+        self.repairs = tree.repairs if tree is not None else []
+
+    @classmethod
+    def read(cls, text: str, settings: Settings) -> Document:
+        if settings.format in ("html", "xml"):
+            tree = parse(text, settings.format, settings)
+            return cls(text, [u for u, _ in tree.units], tree, settings)
+        unit = Unit(settings.pattern if settings.format != "plain" else None)
+        unit.add_text(text)
+        return cls(text, [unit], None, settings)
+
+    @property
+    def sentences(self) -> list[str]:
+        """What the model translates, in order (a sentence with no words is not here)."""
+        return [s.text for _, s in self.parts if s.words]
+
+    def needs_links(self) -> list[bool]:
+        """Whether each of `sentences` has marks to put back (then its word links are read)."""
+        return [bool(s.marks) for _, s in self.parts if s.words]
+
+    def assemble(self, translations: list[tuple[str, object]]) -> str:
+        """The text with each sentence replaced by its translation: (text, word links or
+        None) of each of `sentences`, in order."""
+        if self.settings.format == "plain":
+            return translations[0][0] if translations else self.source
+        done = iter(translations)
+        per_unit: dict[int, list] = {}
+        for u, sentence in self.parts:
+            target, links = next(done) if sentence.words else ("", ())
+            unit = self.units[u]
+            atoms = [("word", sentence.lead)] if sentence.lead else []
+            atoms += project(sentence, unit.marks, target, links)
+            atoms += [("word", sentence.trail)] if sentence.trail else []
+            per_unit.setdefault(u, []).extend(atoms)
+        if self.tree is None:
+            return _text(per_unit.get(0, []), self.units[0]) if per_unit else self.source
+        for (unit, slot), u in zip(self.tree.units, range(len(self.units))):
+            if u in per_unit:
+                self.tree.write(slot, unit, per_unit[u])
+        return self.tree.serialise()
+
+
+def _text(atoms: list[tuple[str, object]], unit: Unit) -> str:
+    out = []
+    for kind, value in atoms:
+        if kind in ("word", "space"):
+            out.append(value)
+        elif kind == "keep":
+            out.append(unit.marks[value].payload)
+    return "".join(out)

@@ -1,0 +1,231 @@
+"""HTML and XML parsed with lxml into units (unit.py), and written back with the units'
+translations: lxml because one library parses both, repairs broken input as libxml2 does,
+and is the fastest of those measured (BENCHMARKS.md, "Documents and markup").
+
+A text is a fragment (wrapped in a root of our own while it is read) or, when it begins with a
+doctype, `<html` or `<?xml`, a whole document. Block elements (everything not inline) hold
+units: the text between their block children. Inline elements (`decode.inline_tags`, and in
+any format an element standing in running text, like XLIFF's `<g>` or a custom element) are
+spans; a void element (`<br>`, `<img>`, `<x/>`), an inline element with no words, a comment and
+an element not to translate are kept marks. Not translated, written back byte for byte by the
+parser: `decode.keep_tags` (`script`, `style`, `pre`, `code`, ...), any element with
+`translate="no"` or the class `notranslate`, and attributes.
+
+The output is lxml's serialisation of the translated tree, so it always parses; every element
+of the source is in it once, with its attributes (tested). Entities are read as the characters
+they stand for and written as the serialiser writes characters (`&amp;`, `&lt;` and `&gt;`
+escaped; HTML's no-break space as `&nbsp;`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import lxml.etree as etree
+import lxml.html
+
+from mtx.documents.unit import Unit
+
+ROOT = "mtx-root"
+VOID = {"br", "img", "wbr", "hr", "input", "x", "ph", "bx", "ex", "it"}
+BLOCK = {
+    "address", "article", "aside", "blockquote", "body", "dd", "div", "dl", "dt", "figcaption",
+    "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "head", "header", "hr",
+    "html", "li", "main", "nav", "ol", "p", "section", "table", "tbody", "td", "tfoot", "th",
+    "thead", "title", "tr", "ul", "option", "caption", "button", "legend", "summary", ROOT,
+}  # fmt: skip
+# libxml2's complaints that are no repair: HTML5 and custom elements it does not know
+NOT_REPAIRS = ("HTML_UNKNOWN_TAG",)
+
+
+@dataclass
+class Slot:
+    """Where a unit lives in the tree: in `parent`, after the block child `after` (its tail)
+    or at the start (its text), with the inline `nodes` that follow, up to the next block."""
+
+    parent: etree._Element
+    after: etree._Element | None
+    nodes: list = field(default_factory=list)
+
+
+@dataclass
+class Tree:
+    """A parsed text: its units and their slots, and what the parser repaired."""
+
+    root: etree._Element
+    kind: str  # "html" or "xml"
+    whole: bool  # a document (else a fragment under our root)
+    head: str  # what came before the document's root (an XML declaration) and after it
+    tail: str
+    units: list[tuple[Unit, Slot]]
+    repairs: list[str]
+
+    def write(self, slot: Slot, unit: Unit, atoms: list[tuple[str, object]]) -> None:
+        """Put a unit's translation (project.py's atoms, marks as keys) in its slot."""
+        holder = etree.Element("holder")
+        stack = [holder]
+        for kind, value in atoms:
+            if kind in ("word", "space"):
+                _add_text(stack[-1], value)
+            elif kind == "open":
+                old = unit.marks[value].payload
+                new = old.makeelement(old.tag, dict(old.attrib))
+                stack[-1].append(new)
+                stack.append(new)
+            elif kind == "close":
+                stack.pop()
+            else:
+                payload = unit.marks[value].payload
+                if isinstance(payload, str):
+                    _add_text(stack[-1], payload)
+                else:
+                    kept = copy.deepcopy(payload)
+                    kept.tail = None
+                    stack[-1].append(kept)
+        parent = slot.parent
+        for node in slot.nodes:
+            parent.remove(node)
+        index = 0 if slot.after is None else parent.index(slot.after) + 1
+        if slot.after is None:
+            parent.text = holder.text
+        else:
+            slot.after.tail = holder.text
+        for offset, node in enumerate(list(holder)):
+            parent.insert(index + offset, node)
+
+    def serialise(self) -> str:
+        method = "html" if self.kind == "html" else "xml"
+        if self.whole:
+            tree = self.root.getroottree()
+            text = etree.tostring(tree, encoding="unicode", method=method)
+        else:
+            text = etree.tostring(self.root, encoding="unicode", method=method)
+            text = text[len(ROOT) + 2 : -(len(ROOT) + 3)] if text.endswith(f"</{ROOT}>") else ""
+        if self.kind == "html":
+            text = text.replace("\xa0", "&nbsp;")
+        return self.head + text + self.tail
+
+
+def _add_text(element, text: str) -> None:
+    if len(element):
+        element[-1].tail = (element[-1].tail or "") + text
+    else:
+        element.text = (element.text or "") + text
+
+
+def parse(text: str, kind: str, settings) -> Tree:
+    """`text` as HTML or XML (`kind`), its units read with `settings` (document.py's)."""
+    stripped = text.lstrip()
+    lead, trail = text[: len(text) - len(stripped)], text[len(text.rstrip()) :]
+    head = stripped[:9].lower()
+    whole = head.startswith(("<!doctype", "<html")) or (kind == "xml" and head.startswith("<?xml"))
+    if kind == "html":
+        parser = lxml.html.HTMLParser(recover=True, remove_comments=False)
+        if whole:
+            root = lxml.html.document_fromstring(stripped, parser=parser)
+        else:
+            root = lxml.html.fragment_fromstring(text, create_parent=ROOT, parser=parser)
+            lead = trail = ""
+    else:
+        parser = etree.XMLParser(recover=True, resolve_entities=False, remove_comments=False)
+        source = stripped if whole else f"<{ROOT}>{text}</{ROOT}>"
+        declaration = ""
+        if whole and stripped.startswith("<?xml"):
+            end = stripped.index("?>") + 2
+            rest = stripped[end:]
+            declaration = stripped[:end] + rest[: len(rest) - len(rest.lstrip())]
+            source = rest.lstrip()
+        root = etree.fromstring(source, parser)
+        if root is None:
+            root = etree.Element(ROOT)
+        lead = lead + declaration if whole else ""
+        trail = trail if whole else ""
+    repairs = [
+        f"{kind.upper()} repaired by the parser: {e.message}"
+        for e in parser.error_log
+        if e.type_name not in NOT_REPAIRS
+    ]
+    tree = Tree(root, kind, whole, lead, trail, [], repairs)
+    _Reader(tree, settings).block(root)
+    return tree
+
+
+class _Reader:
+    def __init__(self, tree: Tree, settings) -> None:
+        self.tree, self.settings = tree, settings
+
+    def block(self, element) -> None:
+        """The units of a block element: its text and inline children up to each block child
+        (read in turn), and after it."""
+        slot, unit = Slot(element, None), Unit(self.settings.pattern)
+        self.tree.units.append((unit, slot))
+        unit.add_text(element.text or "")
+        for child in element:
+            if self.inline(child):
+                slot.nodes.append(child)
+                self.add(unit, child)
+                continue
+            if not self.kept(child):
+                self.block(child)
+            slot, unit = Slot(element, child), Unit(self.settings.pattern)
+            self.tree.units.append((unit, slot))
+            unit.add_text(child.tail or "")
+
+    def add(self, unit: Unit, element) -> None:
+        """An inline element (and its tail) into `unit`."""
+        if self.whole_mark(element):
+            unit.keep(element)
+        else:
+            unit.open(element)
+            unit.add_text(element.text or "")
+            for child in element:
+                self.add(unit, child)
+            unit.close()
+        unit.add_text(element.tail or "")
+
+    def name(self, element) -> str:
+        tag = element.tag
+        return etree.QName(tag).localname.lower() if isinstance(tag, str) else ""
+
+    def kept(self, element) -> bool:
+        """Not translated: a comment, a processing instruction, a kept tag, translate="no",
+        class notranslate."""
+        if not isinstance(element.tag, str):
+            return True
+        if self.name(element) in self.settings.keep_tags:
+            return True
+        for key, value in element.attrib.items():
+            local = etree.QName(key).localname
+            if local == "translate" and value.strip().lower() == "no":
+                return True
+            if local == "class" and "notranslate" in value.split():
+                return True
+        return False
+
+    def inline(self, element) -> bool:
+        """An element of running text: an inline tag, or any element with text around it;
+        never one holding a block."""
+        if not isinstance(element.tag, str):
+            return True  # a comment stays where it is
+        name = self.name(element)
+        if name in BLOCK and name not in self.settings.inline_tags:
+            return False
+        running = name in self.settings.inline_tags or _in_running_text(element)
+        return running and not any(
+            isinstance(d.tag, str) and self.name(d) in BLOCK for d in element.iterdescendants()
+        )
+
+    def whole_mark(self, element) -> bool:
+        """An inline element kept whole: a void one, a kept one, one without words."""
+        if self.kept(element) or self.name(element) in VOID:
+            return True
+        return not "".join(element.itertext()).split()
+
+
+def _in_running_text(element) -> bool:
+    parent = element.getparent()
+    if parent is None:
+        return False
+    texts = [parent.text or ""] + [c.tail or "" for c in parent]
+    return any(t.strip() for t in texts)

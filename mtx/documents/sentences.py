@@ -1,0 +1,31 @@
+"""Sentence splitting with sentencex (Wikimedia's rule-based splitter: about 300 languages,
+each falling back to a related one, then English). sentencex and pysbd split Multi30k's
+paragraphs alike, sentencex about 100 times faster (BENCHMARKS.md, "Documents and markup").
+
+A split keeps every character: each sentence carries the whitespace after it, so the
+sentences joined give the text back.
+"""
+
+from __future__ import annotations
+
+import sentencex
+
+
+def split(text: str, lang: str) -> list[tuple[int, int]]:
+    """The sentences of `text` as [start, end) character ranges that cover it in order, each
+    ending after its trailing whitespace; `lang` the text's language (an ISO code; an NLLB
+    code such as deu_Latn is read as its first part)."""
+    code = lang.split("_")[0] or "en"
+    out, position = [], 0
+    for sentence in sentencex.segment(code, text):
+        found = text.find(sentence, position)
+        if found < 0 or not sentence:  # never seen: a splitter that changed the text
+            continue
+        if found > position and out:  # whatever it skipped stays with the sentence before
+            out[-1] = (out[-1][0], found)
+        out.append((position if not out else found, found + len(sentence)))
+        position = found + len(sentence)
+    if not out:
+        return [(0, len(text))] if text else []
+    out[-1] = (out[-1][0], len(text))
+    return out
