@@ -277,3 +277,21 @@ def test_any_translation_of_any_markup_parses_and_keeps_every_element_and_placeh
     assert elements(out, kind) == elements(text, kind)
     for p in ("{name}", "%1$s", "$HOME", "x &lt; y", "<!-- note -->"):
         assert out.count(p) == text.count(p), p
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list("<>/&;#!?=\"' abpx-[]\x00\x0b\ud800é{}%$1"))
+        | st.characters(),
+        max_size=60,
+    ),
+    kind=st.sampled_from(["html", "xml"]),
+)
+def test_any_text_at_all_is_read_repaired_and_written_back_so_that_it_parses(text, kind):
+    doc, out = translate(text, make(kind), reversed_words)
+    if kind == "xml":
+        etree.fromstring(f"<r>{out}</r>")  # well-formed, whatever came in
+    else:
+        lxml.html.fragment_fromstring(out, create_parent="r")
+    assert all("\n" not in r for r in doc.repairs)

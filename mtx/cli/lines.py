@@ -74,7 +74,7 @@ class Output:
         t = self.translator
         documents.check(t.cfg.decode, self.nbest, t.model.capabilities.attention)
         return documents.stream(
-            self.translator, lines, chunk_lines, idle, first, self.glossary, say=log
+            t, lines, chunk_lines, idle, first, self.glossary, say=log, report=self.report
         )
 
     def __call__(self, number: int, hyps, item=None) -> str:

@@ -126,9 +126,10 @@ def results(sentences: Sentences, outputs: list[Output]) -> list[Translation]:
 
 
 def translate(
-    translator, items: list[str | Line], first: int = 0, glossary=None, say=_stderr
+    translator, items: list[str | Line], first: int = 0, glossary=None, say=_stderr, report=None
 ) -> list[Translation]:
-    """Each line's translation (a Translator's `translate_requests` over every sentence)."""
+    """Each line's translation (a Translator's `translate_requests` over every sentence);
+    `report` (glossary.py's Report) counts the sentences' constraints and terms."""
     sentences = read(items, settings_of(translator.cfg), first, glossary, say)
     requests = [translator.request(x, n) for x, n in zip(sentences.items, sentences.numbers)]
     hyps = translator.translate_requests(requests)
@@ -138,12 +139,16 @@ def translate(
         for k, found in zip(marked, aligned):
             hyps[k] = found
     outputs = [translator.translation(found).best for found in hyps]
+    if report is not None:
+        for item, output in zip(sentences.items, outputs):
+            if isinstance(item, Line):
+                report.add(item, output.text, output.unmet)
     return results(sentences, outputs)
 
 
 def stream(
     translator, lines: Iterable, chunk_lines: int, idle: float | None, first: int = 0,
-    glossary=None, say=_stderr,
+    glossary=None, say=_stderr, report=None,
 ) -> Iterator[Translation]:  # fmt: skip
     """`translate` over an endless iterable, chunk by chunk (decode/stream.py); the settings
     checked now, before any line is read."""
@@ -155,7 +160,7 @@ def stream(
     def run() -> Iterator[Translation]:
         number = first
         for chunk in chunks(lines, chunk_lines, idle):
-            yield from translate(translator, chunk, number, glossary, say)
+            yield from translate(translator, chunk, number, glossary, say, report)
             number += len(chunk)
 
     return run()

@@ -16,11 +16,12 @@ their translations.
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 
 from mtx.documents import FORMATS
-from mtx.documents.markup import Tree, parse
+from mtx.documents.markup import NOT_XML, Tree, Unreadable, parse
 from mtx.documents.placeholders import compile_patterns
 from mtx.documents.project import project
 from mtx.documents.unit import Sentence, Unit
@@ -72,11 +73,21 @@ class Document:
             if unit.has_words():
                 self.parts += [(u, s) for s in unit.sentences(settings.lang, split)]
         self.repairs = tree.repairs if tree is not None else []
+        self.escape = False  # markup read as text: written back escaped
 
     @classmethod
     def read(cls, text: str, settings: Settings) -> Document:
+        """`text` in its format; markup the parser cannot read even with its repairs is
+        translated as text (escaped when written back), which is said in `repairs`."""
         if settings.format in ("html", "xml"):
-            tree = parse(text, settings.format, settings)
+            try:
+                tree = parse(text, settings.format, settings)
+            except Unreadable as e:
+                unit = Unit(settings.pattern)
+                unit.add_text(NOT_XML.sub(" ", text))
+                doc = cls(text, [unit], None, settings)
+                doc.escape, doc.repairs = True, [f"{e}: translated as text"]
+                return doc
             return cls(text, [u for u, _ in tree.units], tree, settings)
         unit = Unit(settings.pattern if settings.format != "plain" else None)
         unit.add_text(text)
@@ -106,7 +117,8 @@ class Document:
             atoms += [("word", sentence.trail)] if sentence.trail else []
             per_unit.setdefault(u, []).extend(atoms)
         if self.tree is None:
-            return _text(per_unit.get(0, []), self.units[0]) if per_unit else self.source
+            text = _text(per_unit.get(0, []), self.units[0]) if per_unit else self.source
+            return html.escape(text, quote=False) if self.escape else text
         for (unit, slot), u in zip(self.tree.units, range(len(self.units))):
             if u in per_unit:
                 self.tree.write(slot, unit, per_unit[u])

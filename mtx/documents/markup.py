@@ -20,6 +20,7 @@ escaped; HTML's no-break space as `&nbsp;`).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 
 import lxml.etree as etree
@@ -69,8 +70,7 @@ class Tree:
             if kind in ("word", "space"):
                 _add_text(stack[-1], value)
             elif kind == "open":
-                old = unit.marks[value].payload
-                new = old.makeelement(old.tag, dict(old.attrib))
+                new = _bare(unit.marks[value].payload)
                 stack[-1].append(new)
                 stack.append(new)
             elif kind == "close":
@@ -107,6 +107,16 @@ class Tree:
         return self.head + text + self.tail
 
 
+def _bare(element):
+    """A copy of `element`: its tag and attributes, no content (even a tag name the parser
+    made up from broken input, which no element could be made with)."""
+    out = copy.copy(element)  # lxml copies the subtree
+    for child in list(out):
+        out.remove(child)
+    out.text = out.tail = None
+    return out
+
+
 def _add_text(element, text: str) -> None:
     if len(element):
         element[-1].tail = (element[-1].tail or "") + text
@@ -114,8 +124,32 @@ def _add_text(element, text: str) -> None:
         element.text = (element.text or "") + text
 
 
+class Unreadable(Exception):
+    """A text the parser cannot read even with its repairs (document.py translates it as
+    text)."""
+
+
+# what XML 1.0 cannot hold (lxml refuses to store it): control characters, surrogates
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
 def parse(text: str, kind: str, settings) -> Tree:
-    """`text` as HTML or XML (`kind`), its units read with `settings` (document.py's)."""
+    """`text` as HTML or XML (`kind`), its units read with `settings` (document.py's);
+    Unreadable if the parser cannot read it or write it back."""
+    removed = len(NOT_XML.findall(text))
+    text = NOT_XML.sub(" ", text)
+    try:
+        tree = _parse(text, kind)
+        tree.serialise()  # what cannot be written back is found now, before translating
+    except (etree.LxmlError, ValueError, UnicodeError) as e:
+        raise Unreadable(f"not {kind.upper()} the parser can read ({e})") from None
+    if removed:
+        tree.repairs.insert(0, f"{removed} character(s) {kind.upper()} cannot hold read as spaces")
+    _Reader(tree, settings).block(tree.root)
+    return tree
+
+
+def _parse(text: str, kind: str) -> Tree:
     stripped = text.lstrip()
     lead, trail = text[: len(text) - len(stripped)], text[len(text.rstrip()) :]
     head = stripped[:9].lower()
@@ -128,7 +162,10 @@ def parse(text: str, kind: str, settings) -> Tree:
             root = lxml.html.fragment_fromstring(text, create_parent=ROOT, parser=parser)
             lead = trail = ""
     else:
-        parser = etree.XMLParser(recover=True, resolve_entities=False, remove_comments=False)
+        # entities defined in the text are read, never a file or URL they name
+        parser = etree.XMLParser(
+            recover=True, resolve_entities="internal", no_network=True, remove_comments=False
+        )
         source = stripped if whole else f"<{ROOT}>{text}</{ROOT}>"
         declaration = ""
         if whole and stripped.startswith("<?xml"):
@@ -146,9 +183,7 @@ def parse(text: str, kind: str, settings) -> Tree:
         for e in parser.error_log
         if e.type_name not in NOT_REPAIRS
     ]
-    tree = Tree(root, kind, whole, lead, trail, [], repairs)
-    _Reader(tree, settings).block(root)
-    return tree
+    return Tree(root, kind, whole, lead, trail, [], repairs)
 
 
 class _Reader:
@@ -185,8 +220,8 @@ class _Reader:
         unit.add_text(element.tail or "")
 
     def name(self, element) -> str:
-        tag = element.tag
-        return etree.QName(tag).localname.lower() if isinstance(tag, str) else ""
+        tag = element.tag  # "{namespace}name" or "name" (even one broken input made up)
+        return tag.rpartition("}")[2].lower() if isinstance(tag, str) else ""
 
     def kept(self, element) -> bool:
         """Not translated: a comment, a processing instruction, a kept tag, translate="no",
@@ -196,7 +231,7 @@ class _Reader:
         if self.name(element) in self.settings.keep_tags:
             return True
         for key, value in element.attrib.items():
-            local = etree.QName(key).localname
+            local = key.rpartition("}")[2]
             if local == "translate" and value.strip().lower() == "no":
                 return True
             if local == "class" and "notranslate" in value.split():
