@@ -391,7 +391,9 @@ def plain(args) -> dict:
     outs = {}
     for _ in range(3):
         for name, path in (("old", args.old), ("new", ROOT)):
-            env = dict(os.environ, PYTHONPATH=str(path), OMP_NUM_THREADS="2")
+            # `python -m mtx` run in a checkout imports that checkout's mtx (the working
+            # directory comes first on the module path)
+            env = dict(os.environ, OMP_NUM_THREADS="2")
             cmd = [sys.executable, "-m", "mtx", "translate", "--checkpoint",
                    str(checkpoint(args.work)), "--device", "cpu", "--beam", "4"]  # fmt: skip
             took, done = timed(lambda cmd=cmd, env=env, path=path: subprocess.run(
