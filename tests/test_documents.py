@@ -145,6 +145,15 @@ def test_html_inline_tags_follow_their_words_and_blocks_are_units():
     )
 
 
+def test_a_line_break_ends_a_sentence_unless_an_element_crosses_it():
+    doc, out = translate("<p>Anna Smith<br>Main Street 5<br/>Berlin</p>", make("html"))
+    assert doc.sentences == ["Anna Smith", "Main Street 5", "Berlin"]
+    assert out == "<p>ANNA SMITH<br>MAIN STREET 5<br>BERLIN</p>"
+    doc, out = translate("<p>One <b>two<br>three</b> four</p>", make("html"))
+    assert doc.sentences == ["One two three four"]  # a break is between words
+    assert out == "<p>ONE <b>TWO <br>THREE</b> FOUR</p>"
+
+
 def test_what_is_not_to_be_translated_is_kept_byte_for_byte():
     s = make("html")
     text = (
@@ -202,7 +211,7 @@ def test_xliff_codes_and_elements_in_running_text_are_marks():
         # a kept mark inside a word goes before the same punctuation
         ("Hello {name}, welcome", "Hallo, willkommen", [(0, 0), (1, 1)],
          "Hallo {name}, willkommen"),
-        ("Hello <br/>world", "Hallo Welt", [(0, 0), (1, 1)], "Hallo <br/>Welt"),
+        ("Hello <x/>world", "Hallo Welt", [(0, 0), (1, 1)], "Hallo <x/>Welt"),
         # an unaligned word's kept mark goes by the next aligned word (before), else the last
         ("a %d b c", "x y z", [(0, 0), (2, 2)], "x y %d z"),
         ("a b %d", "x y z", [(0, 0)], "x %d y z"),

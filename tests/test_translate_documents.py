@@ -234,6 +234,13 @@ def test_the_server_translates_documents_as_mtx_translate_does(server, checkpoin
     assert status == 422 and answer["error"].startswith("text: prefix is one sentence's")
 
 
+def test_the_page_offers_the_formats_and_shows_html_in_a_sandbox(server):
+    status, _, page = server.get("/")
+    assert status == 200
+    assert '<select id="format">' in page and '<option value="html">' in page
+    assert 'sandbox=""' in page and "default-src 'none'" in page
+
+
 def test_a_server_text_in_xml_keeps_its_codes(server):
     text = f'<seg>{LINES[5][:-1]} <x id="1"/> <g id="2">today</g>.</seg>'
     status, answer = server.translate(text, format="xml")

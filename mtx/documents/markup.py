@@ -29,6 +29,7 @@ import lxml.html
 from mtx.documents.unit import Unit
 
 ROOT = "mtx-root"
+BREAKS = {"br"}  # a line break: it ends a sentence
 VOID = {"br", "img", "wbr", "hr", "input", "x", "ph", "bx", "ex", "it"}
 BLOCK = {
     "address", "article", "aside", "blockquote", "body", "dd", "div", "dl", "dt", "figcaption",
@@ -209,7 +210,9 @@ class _Reader:
 
     def add(self, unit: Unit, element) -> None:
         """An inline element (and its tail) into `unit`."""
-        if self.whole_mark(element):
+        if self.name(element) in BREAKS and isinstance(element.tag, str):
+            unit.line_break(element)
+        elif self.whole_mark(element):
             unit.keep(element)
         else:
             unit.open(element)

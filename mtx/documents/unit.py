@@ -9,7 +9,8 @@ the whitespace it leaves doubled), an element's tags are not text.
 A sentence lists its words (whitespace-separated, as the model's alignments count them) and
 where each of its marks sits among them: a span covers the words it overlaps (a tag inside a
 word takes the whole word), a kept mark is before or after a word, or inside one (`fahr<br>e`,
-`{name},`). Sentences never cut a span: sentences a span crosses are one sentence.
+`{name},`). A line break (`<br>`) ends a sentence; sentences never cut a span: sentences a span
+crosses are one sentence.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Unit:
         self.marks: list[Mark] = []
         self.stack: list[int] = []
         self.placeholders = placeholders
+        self.breaks: list[int] = []  # where a line break (<br>) ends a sentence
 
     @property
     def text(self) -> str:
@@ -133,6 +135,11 @@ class Unit:
     def close(self) -> None:
         self.marks[self.stack.pop()].end = self.length
 
+    def line_break(self, payload: Any) -> None:
+        """A kept mark that also ends the sentence before it (`<br>`)."""
+        self.breaks.append(self.length)
+        self.keep(payload)
+
     def keep(self, payload: Any, glue: tuple[bool, bool] | None = None) -> None:
         parent = self.stack[-1] if self.stack else None
         left = not (self._last_char() or " ").isspace()
@@ -149,8 +156,10 @@ class Unit:
             if m.glue is None:
                 m.glue = (m.left, end < len(text) and not text[end].isspace())
         ranges = split(text, lang) if split_sentences else [(0, len(text))]
+        if split_sentences:
+            ranges = _cut(ranges, self.breaks)
         ranges = self._joined(ranges) or [(0, len(text))]
-        out = [self._sentence(text, s, e) for s, e in ranges]
+        out = [self._sentence(text, s, e, self.breaks) for s, e in ranges]
         for key, m in enumerate(self.marks):
             i = next((k for k, (s, e) in enumerate(ranges) if s <= m.start < e), len(ranges) - 1)
             if m.parent is not None:  # a mark stays in its span's sentence
@@ -169,8 +178,9 @@ class Unit:
         return out
 
     @staticmethod
-    def _sentence(text: str, s: int, e: int) -> Sentence:
+    def _sentence(text: str, s: int, e: int, breaks: list[int]) -> Sentence:
         found = [(m.start(), m.end()) for m in WORD.finditer(text, s, e)]
+        found = [w for a, b in found for w in _cut([(a, b)], breaks)]  # a break parts words
         lead = text[s : found[0][0]] if found else text[s:e]
         trail = text[found[-1][1] : e] if found else ""
         return Sentence(found, [text[a:b] for a, b in found], lead, trail)
@@ -190,6 +200,17 @@ class Unit:
                     sentence.cuts[key] = cut
                 return
         sentence.kept[key] = anchor(words, m.start, m.glue or (False, False))
+
+
+def _cut(ranges: list[tuple[int, int]], at: list[int]) -> list[tuple[int, int]]:
+    """`ranges` cut at each of the positions `at` inside one."""
+    out = []
+    for s, e in ranges:
+        for p in sorted(set(x for x in at if s < x < e)):
+            out.append((s, p))
+            s = p
+        out.append((s, e))
+    return out
 
 
 def anchor(words: list[tuple[int, int]], p: int, glue: tuple[bool, bool]) -> tuple:
