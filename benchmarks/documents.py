@@ -8,7 +8,7 @@ paragraphs and HTML pages built from test2016.
     python -m benchmarks.documents markup --work W [--json]      # tags and placeholders
     python -m benchmarks.documents paragraphs --work W [--json]  # paragraphs vs lines
     python -m benchmarks.documents pages --work W [--json]       # 20 HTML pages
-    python -m benchmarks.documents plain --work W --old DIR [--json]  # no format: unchanged
+    python -m benchmarks.documents plain --old DIR [--checkpoint C] [--json]  # no format
 
 The model: configs/multi30k.yaml's shape, trained on Multi30k's raw text ($M30K, default
 ../shared/data/multi30k), de -> en, on the CPU, with train.align_weight 0.05 on the first head
@@ -394,8 +394,9 @@ def plain(args) -> dict:
             # `python -m mtx` run in a checkout imports that checkout's mtx (the working
             # directory comes first on the module path)
             env = dict(os.environ, OMP_NUM_THREADS="2")
-            cmd = [sys.executable, "-m", "mtx", "translate", "--checkpoint",
-                   str(checkpoint(args.work)), "--device", "cpu", "--beam", "4"]  # fmt: skip
+            model = args.checkpoint or checkpoint(args.work)
+            cmd = [sys.executable, "-m", "mtx", "translate", "--checkpoint", str(model),
+                   "--device", "cpu", "--beam", "4"]  # fmt: skip
             took, done = timed(lambda cmd=cmd, env=env, path=path: subprocess.run(
                 cmd, stdin=open(src, "rb"), capture_output=True, check=True, env=env, cwd=path
             ), repeats=1, warmup=0)  # fmt: skip
@@ -425,6 +426,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/mtx-documents"))
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--old", type=Path, help="plain: a checkout of the code before")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="plain: a model the old code reads (default W's)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)

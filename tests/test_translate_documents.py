@@ -199,6 +199,10 @@ def test_corpus_translation_with_broken_lines_resumes_to_the_same_file(checkpoin
     assert part.read_bytes() == expected
     other = invoke(*base[:4], "xml", *base[5:], "--output", part, "--resume")
     assert other.exit_code != 0 and "format=xml" in other.output
+    refused = invoke(*base, "--output", tmp_path / "nbest.html", "--nbest", "2", "--beam", "2")
+    assert refused.exit_code != 0 and "no n-best" in refused.output
+    assert not (tmp_path / "nbest.html").exists()  # nothing begun
+    assert not (tmp_path / "nbest.html.progress.json").exists()
 
 
 @pytest.fixture(scope="module")

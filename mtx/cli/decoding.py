@@ -308,6 +308,7 @@ def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, sai
     from mtx.jobs.translate import Record, translate_corpus
 
     reader = Reader(*steering, out.documents)
+    run(out.check)  # before the output is begun
 
     run(_file_lines, input)  # a missing input: one line, before anything is written
     settings = [x for x in said if not x.startswith("decode.batch_tokens=")]

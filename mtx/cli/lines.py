@@ -64,6 +64,13 @@ class Output:
         """Lines in a format other than plain (decode.format: decode/documents.py)."""
         return self.translator.cfg.decode.format != "plain"
 
+    def check(self) -> None:
+        """Refuse, in one line, what the format cannot give (decode/documents.py)."""
+        from mtx.decode import documents
+
+        t = self.translator
+        documents.check(t.cfg.decode, self.nbest, t.model.capabilities.attention)
+
     def stream(self, lines, chunk_lines: int, idle: float | None, first: int = 0):
         """Each line's hypotheses (a plain line's) or translation (a document's), in order;
         the settings checked before any line is read."""
@@ -71,8 +78,8 @@ class Output:
             return self.translator.hypotheses_stream(lines, chunk_lines, idle, self.nbest, first)
         from mtx.decode import documents
 
+        self.check()
         t = self.translator
-        documents.check(t.cfg.decode, self.nbest, t.model.capabilities.attention)
         return documents.stream(
             t, lines, chunk_lines, idle, first, self.glossary, say=log, report=self.report
         )
