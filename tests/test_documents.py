@@ -199,6 +199,9 @@ def test_xliff_codes_and_elements_in_running_text_are_marks():
 @pytest.mark.parametrize(
     "text, target, links, expected",
     [
+        # a target word that is only punctuation does not widen a span without any
+        ("<b>ein Iglu</b> .", "an igloo .", [(0, 0), (1, 1), (1, 2), (2, 2)],
+         "<b>an igloo</b> ."),
         # a tag inside a word takes the whole word
         ("fahr<b>e</b> gerne", "I like driving", [(0, 2), (1, 1)], "I like <b>driving</b>"),
         # an unaligned span takes the words at its relative place

@@ -2,7 +2,9 @@
 
 Given a sentence's marks among its source words, the translation and the word alignment
 (source word, target word), each span goes around the target words aligned to the words it
-covered, from the first to the last of them, and each kept mark goes before (after) the first
+covered, from the first to the last of them (a target word that is only punctuation counts
+only for a span that covered some punctuation: `<b>ein Iglu</b>` is `<b>an igloo</b> .` even if
+the full stop attended to the igloo), and each kept mark goes before (after) the first
 (last) target word aligned to the word it stood before (after). Then, so that the result is
 always one well-formed tree holding every mark once:
 
@@ -83,6 +85,8 @@ class _Plan:
 
     def _project_span(self, a: int, b: int) -> tuple[int, int]:
         js = [j for i in range(a, b) for j in self.aligned.get(i, ())]
+        if not any(_punctuation(w) for w in self.s.strings[a:b]):
+            js = [j for j in js if not _punctuation(self.words[j])] or js
         if js:
             return min(js), max(js) + 1
         if self.m == 0:
@@ -246,6 +250,10 @@ class _Plan:
             self.glue.setdefault(k, self.marks[k].glue or (False, False))
             out += self._kept(k)
         return out + [("close", key, False, not gr)]
+
+
+def _punctuation(word: str) -> bool:
+    return not any(c.isalnum() for c in word)
 
 
 def _spaced(atoms: list[tuple]) -> list[tuple[str, object]]:
