@@ -23,6 +23,7 @@ html5lib and selectolax are compared only here (`pip install pysbd html5lib sele
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -267,7 +268,8 @@ def markup(args) -> dict:
     placement = _placement(pairs, links[-len(pairs) :])
     detagged = [" ".join(lxml.html.fragment_fromstring(y, create_parent="r").text_content()
                          .split()) for y in outputs]  # fmt: skip
-    detagged = [" ".join(w for w in y.split() if w not in PLACEHOLDERS) for y in detagged]
+    detagged = [" ".join(functools.reduce(lambda t, p: t.replace(p, " "), PLACEHOLDERS, y)
+                         .split()) for y in detagged]  # fmt: skip
     refs = test_lines("en")
     return {
         "lines": len(sources), "parse_and_same_elements": ok, "placeholders_kept": kept,
