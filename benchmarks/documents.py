@@ -274,6 +274,7 @@ def markup(args) -> dict:
     return {
         "lines": len(sources), "parse_and_same_elements": ok, "placeholders_kept": kept,
         **placement, "bleu_tags_removed": score(detagged, refs).bleu,
+        "text_equal_to_untagged": sum(x == " ".join(y.split()) for x, y in zip(detagged, plain)),
         "bleu_untagged": score(plain, refs).bleu,
         "seconds": {"tagged": round(took.best, 2), "untagged": round(plain_took.best, 2)},
     }  # fmt: skip
