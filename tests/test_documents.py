@@ -119,6 +119,12 @@ def test_a_paragraph_is_translated_sentence_by_sentence_with_its_spacing():
     assert out.startswith("  ") and out.endswith(". ")
 
 
+def test_a_placeholder_before_an_element_keeps_the_words_apart():
+    doc, out = translate("<p>Count %d<b>items</b> now %s</p>", make("html"))
+    assert doc.sentences == ["Count items now"]
+    assert out == "<p>COUNT %d <b>ITEMS</b> NOW %s</p>"
+
+
 def test_a_line_without_words_comes_back_as_it_is():
     for fmt, text in (("paragraphs", "  {name} %s "), ("html", "<p> <br> </p>"), ("xml", "")):
         doc, out = translate(text, make(fmt))

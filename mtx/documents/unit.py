@@ -76,6 +76,7 @@ class Unit:
         self.stack: list[int] = []
         self.placeholders = placeholders
         self.breaks: list[int] = []  # where a line break (<br>) ends a sentence
+        self.ends_with_placeholder = False  # a placeholder after whitespace, nothing after it
 
     @property
     def text(self) -> str:
@@ -84,6 +85,7 @@ class Unit:
     def _append(self, s: str) -> None:
         self.parts.append(s)
         self.length += len(s)
+        self.ends_with_placeholder &= not s
 
     def _last_char(self) -> str:
         for part in reversed(self.parts):
@@ -105,11 +107,11 @@ class Unit:
             position = m.end()
             if space_before and space_after and after:  # "a %d b" reads "a b"
                 position = len(s) - len(s[position:].lstrip())
-            elif space_before and space_after:  # "a %d" at the end reads "a"
-                self._strip_trailing_space()
-            elif space_before and not space_after:  # "Hi {name}, x" reads "Hi, x"
+            elif space_before and after and not space_after:  # "Hi {name}, x" reads "Hi, x"
                 self._strip_trailing_space()
             self.keep(m.group(), glue=(not space_before, not space_after))
+            # at the end of this text: what follows decides (an element, more text, the end)
+            self.ends_with_placeholder = space_before and not after
         self._append(s[position:])
 
     def _strip_trailing_space(self) -> None:
@@ -127,6 +129,7 @@ class Unit:
                 m.end = min(m.end, self.length)
 
     def open(self, payload: Any) -> None:
+        self.ends_with_placeholder = False
         parent = self.stack[-1] if self.stack else None
         left = not (self._last_char() or " ").isspace()
         self.marks.append(Mark(payload, self.length, parent=parent, span=True, left=left))
@@ -150,6 +153,8 @@ class Unit:
 
     def sentences(self, lang: str, split_sentences: bool = True) -> list[Sentence]:
         """The unit's sentences (one, unless `split_sentences`), every mark in one of them."""
+        if self.ends_with_placeholder:  # "a %d" at the end reads "a"
+            self._strip_trailing_space()
         text = self.text
         for m in self.marks:
             end = m.start if m.end is None else m.end
