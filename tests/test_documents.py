@@ -70,6 +70,10 @@ def test_sentences_cover_the_text_and_split_per_language():
         "Ein Mann fährt Rad.", "Zwei Hunde spielen!", "Er kauft z. B. Brot."
     ]  # fmt: skip
     assert split("", "en") == []
+    # a sentence that begins with a number, and what is no such sentence
+    for text, n in (("Eine Landschaft. 2 Mädchen sitzen.", 2), ("Am 2. Mai kam er.", 1),
+                    ("Es gibt ca. 5 Leute.", 1), ("Nr. 3 ist z. B. 4 wert.", 1)):  # fmt: skip
+        assert len(split(text, "de")) == n, text
     assert len(split("One sentence only", "deu_Latn")) == 1
 
 

@@ -8,7 +8,17 @@ sentences joined give the text back.
 
 from __future__ import annotations
 
+import re
+
 import sentencex
+
+# sentencex does not end a sentence before one that begins with a number ("... Landschaft. 2
+# Mädchen sitzen ..."), which would be an ordinal ("am 2. Mai") after a number: a full stop
+# after a word of two letters or more that no common abbreviation spells, then a number not
+# followed by a full stop, ends one (BENCHMARKS.md, "Documents and markup")
+NUMBER_START = re.compile(r"(?<=[^\W\d_])([.!?])(\s+)(?=\d+(?![.\d]))")
+ABBREVIATIONS = {"ca", "bzw", "usw", "etc", "vs", "approx", "resp", "inkl", "ggf", "vgl",
+                 "evtl", "nr", "no", "fig", "abb", "tel", "str", "min", "max", "bd", "vol"}  # fmt: skip
 
 
 def split(text: str, lang: str) -> list[tuple[int, int]]:
@@ -28,4 +38,15 @@ def split(text: str, lang: str) -> list[tuple[int, int]]:
     if not out:
         return [(0, len(text))] if text else []
     out[-1] = (out[-1][0], len(text))
-    return out
+    return [piece for s, e in out for piece in _before_numbers(text, s, e)]
+
+
+def _before_numbers(text: str, s: int, e: int) -> list[tuple[int, int]]:
+    """[s, e) cut where a sentence ends before one that begins with a number."""
+    out = []
+    for m in NUMBER_START.finditer(text, s, e):
+        word = text[: m.start(1)].rsplit(None, 1)[-1]
+        if len(word) >= 2 and word.isalpha() and word.lower() not in ABBREVIATIONS:
+            out.append((s, m.end(2)))
+            s = m.end(2)
+    return [*out, (s, e)]
