@@ -359,15 +359,17 @@ def html_pages(args) -> dict:
                        warmup=0)  # fmt: skip
     out = [t.best.text for t in done]
     checks = {"pages": len(built), "parse": 0, "same_text_blocks": 0, "blocks_translated": 0,
-              "blocks": 0, "script_and_style_identical": 0, "kept_identical": 0}  # fmt: skip
+              "blocks_kept": 0, "blocks": 0, "script_and_style_identical": 0,
+              "kept_identical": 0}  # fmt: skip
     for source, page in zip(built, out):
         root = lxml.html.document_fromstring(page)
         checks["parse"] += root is not None and root.find("body") is not None
         a, b = _text_blocks(source), _text_blocks(page)
         checks["same_text_blocks"] += len(a) == len(b)
         checks["blocks"] += len(a)
-        checks["blocks_translated"] += sum(x != y for x, y in zip(a, b) if "Seite" not in x)
-        checks["blocks_translated"] += sum(x == y for x, y in zip(a, b) if "Seite" in x)
+        kept = re.compile(r"Seite \d+")  # the block marked translate="no"
+        checks["blocks_translated"] += sum(x != y for x, y in zip(a, b) if not kept.fullmatch(x))
+        checks["blocks_kept"] += sum(x == y for x, y in zip(a, b) if kept.fullmatch(x))
         blocks = re.compile(r"<script>.*?</script>|<style>.*?</style>", re.S)
         checks["script_and_style_identical"] += blocks.findall(source) == blocks.findall(page)
         checks["kept_identical"] += (
