@@ -106,6 +106,19 @@ def test_a_bad_placeholder_pattern_is_refused_in_one_line(patterns, message):
     assert "decode.placeholders" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_what_a_format_cannot_give_is_refused_naming_what_would_give_it():
+    from mtx.decode.documents import check
+
+    check(DecodeConfig(format="paragraphs", placeholders=[]), 1, attention=False)  # no marks
+    for d, nbest, message in (
+        (DecodeConfig(format="html"), 2, "no n-best"),
+        (DecodeConfig(format="xml", alignments=True), 1, "alignments are a sentence's"),
+        (DecodeConfig(format="paragraphs"), 1, "give --engine mtx"),
+    ):
+        with pytest.raises(MtxError, match=message):
+            check(d, nbest, attention=False, needs="--engine mtx")
+
+
 def test_an_unknown_format_is_refused():
     with pytest.raises(MtxError, match="decode.format"):
         Settings.of(DecodeConfig(format="htm"), "en")  # type: ignore[arg-type]
@@ -126,7 +139,7 @@ def test_a_paragraph_is_translated_sentence_by_sentence_with_its_spacing():
 def test_a_placeholder_before_an_element_keeps_the_words_apart():
     doc, out = translate("<p>Count %d<b>items</b> now %s</p>", make("html"))
     assert doc.sentences == ["Count items now"]
-    assert out == "<p>COUNT %d <b>ITEMS</b> NOW %s</p>"
+    assert out == "<p>COUNT %d<b>ITEMS</b> NOW %s</p>"
 
 
 def test_a_line_without_words_comes_back_as_it_is():

@@ -49,10 +49,12 @@ def settings_of(cfg) -> Settings:
     return Settings.of(cfg.decode, cfg.data.src_lang or "en")
 
 
-def check(d, nbest: int, attention: bool, alignments: bool | None = None) -> None:
+def check(
+    d, nbest: int, attention: bool, alignments: bool | None = None, needs: str = "one checkpoint"
+) -> None:
     """Refuse, in one line, what a format other than plain cannot give (`d`: a DecodeConfig):
     n-best lists and word alignments (of one sentence each), and marks without one model's
-    attention (`attention`: the model reads it)."""
+    attention (`attention`: the model reads it; `needs`: what gives it)."""
     Settings.of(d, "en")  # the format and the placeholders' patterns, checked now
     fmt = d.format
     if fmt == "plain":
@@ -64,7 +66,7 @@ def check(d, nbest: int, attention: bool, alignments: bool | None = None) -> Non
     if not attention and (fmt != "paragraphs" or d.placeholders):
         raise MtxError(
             f"decode.format {fmt} puts marks back by the word alignment, read from one "
-            "model's attention: give one checkpoint (or paragraphs with no placeholders)"
+            f"model's attention: give {needs} (or paragraphs with no placeholders)"
         )
 
 

@@ -109,7 +109,10 @@ class Unit:
                 position = len(s) - len(s[position:].lstrip())
             elif space_before and after and not space_after:  # "Hi {name}, x" reads "Hi, x"
                 self._strip_trailing_space()
-            self.keep(m.group(), glue=(not space_before, not space_after))
+            # glued after it: known from this text, else from what follows (`sentences`)
+            self.keep(m.group(), glue=(not space_before, not space_after) if after else None)
+            if not after:
+                self.marks[-1].left = not space_before
             # at the end of this text: what follows decides (an element, more text, the end)
             self.ends_with_placeholder = space_before and not after
         self._append(s[position:])

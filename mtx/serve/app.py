@@ -274,7 +274,8 @@ class Service:
             raise invalid(f"format: must be one of {', '.join(FORMATS)}")
         d = dataclasses.replace(d, format=req.format or d.format)
         try:
-            documents.check(d, req.nbest, self.engine.single_model, req.alignments)
+            needs = "one checkpoint" if self.engine.name == "mtx" else "--engine mtx"
+            documents.check(d, req.nbest, self.engine.single_model, req.alignments, needs)
         except MtxError as e:
             raise invalid(str(e).replace("decode.format", "format")) from None
         if d.format != "plain" and req.attention:
