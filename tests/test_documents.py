@@ -119,6 +119,23 @@ def test_what_a_format_cannot_give_is_refused_naming_what_would_give_it():
             check(d, nbest, attention=False, needs="--engine mtx")
 
 
+def test_a_documents_controls_are_those_of_each_sentence_the_others_refused():
+    from mtx.decode import documents
+    from mtx.decode.controls import CONTROLS, Controls, Line
+
+    values = {"prefix": "A", "constraints": ("b",), "avoid": ("c",), "alternatives": 2}
+    assert set(values) == set(CONTROLS)  # a new control is declared one way or the other
+    s = make("paragraphs")
+    for name, control in CONTROLS.items():
+        line = Line("One. Two.", Controls({name: values[name]}))
+        if control.each_sentence:
+            read = documents.read([line], s)
+            assert [x.controls for x in read.items] == [line.controls] * 2
+        else:
+            with pytest.raises(MtxError, match=f"line 1: {name} is one sentence's"):
+                documents.read([line], s)
+
+
 def test_an_unknown_format_is_refused():
     with pytest.raises(MtxError, match="decode.format"):
         Settings.of(DecodeConfig(format="htm"), "en")  # type: ignore[arg-type]

@@ -48,6 +48,9 @@ class Control:
     name: str
     kind: str
     doc: str
+    # a document's (decode/documents.py): it applies to each of its sentences; else it is one
+    # sentence's, refused for a text of several
+    each_sentence: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -102,7 +105,7 @@ CONTROLS: dict[str, Control] = {
     for c in (
         Control("prefix", "text", "the output starts with it"),
         Control("constraints", "phrases", "phrases the output must contain"),
-        Control("avoid", "phrases", "phrases the output must not contain"),
+        Control("avoid", "phrases", "phrases the output must not contain", each_sentence=True),
         Control(
             "alternatives", "count", "this many alternatives at the first word after the prefix"
         ),

@@ -9,9 +9,9 @@ batches, and each line's text made of its sentences' translations.
 
 A line's translation is one `Output`: the assembled text, its score, log-probability and unmet
 constraints the sums of its sentences'. A sentence is requested with its line's number (the
-seed of its samples) and its line's `avoid` phrases; a glossary's terms are found in each
-sentence; a prefix, constraints or alternatives (one sentence's controls) are refused in one
-line. A sentence's word links are read (decode/align.py) only where it has marks to put back.
+seed of its samples) and its line's controls that apply to each sentence (controls.py's
+`each_sentence`: avoid); a glossary's terms are found in each sentence; the other controls
+(a prefix, constraints, alternatives: one sentence's) are refused in one line. A sentence's word links are read (decode/align.py) only where it has marks to put back.
 The server's own process reads and assembles with `read` and `results` (no torch here).
 """
 
@@ -21,12 +21,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from mtx.decode.controls import Controls, Line
+from mtx.decode.controls import CONTROLS, Controls, Line
 from mtx.decode.result import Output, Translation
 from mtx.documents.document import Document, Settings
 from mtx.errors import MtxError
-
-ONE_SENTENCE = ("prefix", "constraints", "alternatives")  # controls of one sentence
 
 
 def _stderr(message: str) -> None:
@@ -44,9 +42,9 @@ class Sentences:
     links: list[bool] = field(default_factory=list)  # whether its word links are needed
 
 
-def settings_of(cfg) -> Settings:
-    """The document settings of a config (decode.*, the source language)."""
-    return Settings.of(cfg.decode, cfg.data.src_lang or "en")
+def settings_of(cfg, decode=None) -> Settings:
+    """The document settings of a config (its decode.*, or `decode`; the source language)."""
+    return Settings.of(decode or cfg.decode, cfg.data.src_lang or "en")
 
 
 def check(
@@ -85,11 +83,13 @@ def read(
         number = first + i
         where = name(number)
         text, controls = (item, Controls()) if isinstance(item, str) else (item.text, item.controls)
-        asked = [name for name in ONE_SENTENCE if name in controls]
+        asked = [name for name in controls if not CONTROLS[name].each_sentence]
         if asked:
+            each = [c.name for c in CONTROLS.values() if c.each_sentence]
             raise MtxError(
                 f"{where}: {asked[0]} is one sentence's: not with decode.format "
-                f"{settings.format} (avoid and a glossary's terms apply to each sentence)"
+                f"{settings.format} ({', '.join(each)} and a glossary's terms apply to each "
+                "sentence)"
             )
         doc = Document.read(text, settings)
         for note in doc.repairs:

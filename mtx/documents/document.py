@@ -52,15 +52,6 @@ class Settings:
             frozenset(t.lower() for t in d.keep_tags),
         )
 
-    @property
-    def plain(self) -> bool:
-        return self.format == "plain"
-
-    @property
-    def marked(self) -> bool:
-        """Whether a text's sentences may carry marks (then they need word links)."""
-        return not self.plain
-
 
 class Document:
     """A text's units, their sentences (what to translate), and how to write it back."""

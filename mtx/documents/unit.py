@@ -37,10 +37,6 @@ class Mark:
     span: bool = False
     left: bool = False  # no whitespace before it when it was read
 
-    @property
-    def kept(self) -> bool:
-        return not self.span
-
 
 @dataclass
 class Sentence:

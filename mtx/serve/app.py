@@ -47,7 +47,6 @@ from mtx.decode import documents
 from mtx.decode.controls import CONTROLS, Controls, Line
 from mtx.decode.result import EMPTY
 from mtx.documents import FORMATS
-from mtx.documents.document import Settings
 from mtx.errors import MtxError
 from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
@@ -285,7 +284,7 @@ class Service:
     async def translate_documents(self, texts: list, choices: Choices, decode) -> dict:
         """Each text read in its format, its sentences translated with everyone else's, and
         put back together (decode/documents.py)."""
-        settings = Settings.of(decode, self.cfg.data.src_lang or "en")
+        settings = documents.settings_of(self.cfg, decode)
         repairs: list[str] = []
         name = (lambda i: "text") if len(texts) == 1 else (lambda i: f"text[{i}]")
         try:
