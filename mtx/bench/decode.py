@@ -20,7 +20,10 @@ engine and beam: seconds, sentences/s, output tokens/s (EOS not counted, each en
 outputs), sacreBLEU against --ref (by default the source file with the target language's
 suffix, where it exists) and the share of lines equal to mtx's output. Engines: mtx, mtx-int8 (`decode.dtype=int8`, CPU only), Hugging
 Face, CTranslate2 and CTranslate2 int8; named in --engines, mtx-static and mtx-graphs (mtx with
-`decode.search` static and graphs, decode/static.py; graphs on CUDA only).
+`decode.search` static and graphs, decode/static.py; graphs on CUDA only), mtx-shortlist and
+mtx-int8-shortlist (through --shortlist), mtx-draft and mtx-int8-draft (speculative greedy
+search with the draft model of --draft, --draft-tokens a call: beam 1 only; the table adds
+the share of drafted tokens accepted and how many a call).
 
 Several --checkpoint (a student and its teacher, say) race in the same rounds, on the same
 batches (they must share the SentencePiece model), each engine with each checkpoint, and each
@@ -63,6 +66,8 @@ SEARCHES = {"mtx": "shrinking", "mtx-int8": "shrinking", "mtx-static": "static"}
 SEARCHES["mtx-graphs"] = "graphs"
 # mtx and mtx-int8 through the lexical shortlist of --shortlist (decode.shortlist)
 SEARCHES |= {"mtx-shortlist": "shrinking", "mtx-int8-shortlist": "shrinking"}
+# mtx and mtx-int8 with the drafts of --draft (decode.draft: speculative greedy search, beam 1)
+SEARCHES |= {"mtx-draft": "shrinking", "mtx-int8-draft": "shrinking"}
 # --dtype: torch's dtype (mtx, Hugging Face) and CTranslate2's compute type (its int8 engine
 # keeps int8 weights and computes the rest in this type)
 DTYPES = {
@@ -74,6 +79,7 @@ DTYPES = {
 PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",), "mtx-static": ("mtx",)}
 PEERS["mtx-graphs"] = ("mtx", "ct2")
 PEERS |= {"mtx-shortlist": ("mtx",), "mtx-int8-shortlist": ("mtx-int8",)}
+PEERS |= {"mtx-draft": ("mtx",), "mtx-int8-draft": ("mtx-int8",)}
 
 
 @dataclass
@@ -95,15 +101,50 @@ class Options:
     stopping: str = "k_finished"  # mtx's decode.stopping
     json: bool = False  # print the harness's JSON result instead of the table
     shortlist: Path | None = None  # the mtx-*-shortlist engines' decode.shortlist
+    draft: Path | None = None  # the mtx-*-draft engines' decode.draft
+    draft_tokens: int = 4  # their decode.draft_tokens
 
     @classmethod
     def from_json(cls, values: dict) -> Options:
-        paths = {k: Path(values[k]) if values[k] else None for k in ("src", "ref", "shortlist")}
+        names = ("src", "ref", "shortlist", "draft")
+        paths = {k: Path(values[k]) if values[k] else None for k in names}
         return cls(**(values | paths | {"checkpoints": [Path(p) for p in values["checkpoints"]]}))
 
     def to_json(self) -> dict:
         out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
         return out | {"checkpoints": [str(p) for p in self.checkpoints]}
+
+
+def mtx_runner(name: str, o: Options, model: int, plan, ids, srcs):
+    """`runner` of an mtx engine (SEARCHES): its function, inputs and dtype's name."""
+    int8 = name.startswith("mtx-int8")
+    dtype = "int8" if int8 else o.dtype
+    sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={o.stopping}"]
+    sets.append(f"decode.search={SEARCHES[name]}")
+    if name.endswith("-shortlist"):
+        sets.append(f"decode.shortlist={o.shortlist}")
+    if name.endswith("-draft"):
+        sets += ["decode.beam=1", f"decode.draft={o.draft}"]
+        sets.append(f"decode.draft_tokens={o.draft_tokens}")
+    if o.batch_tokens:
+        sets.append(f"decode.batch_tokens={o.batch_tokens}")
+    tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
+    if o.batch_tokens:  # the plan is every line in order: translate's own batches
+
+        def run_translate(sources, limit, beam):
+            tr.cfg.decode.beam = beam
+            return [h[0].tokens for h in tr.translate_ids(sources)]
+
+        inputs = [([ids[i] for i in idx], limit) for limit, idx in plan]
+        run_translate.stats = tr.searches.draft_stats
+        return run_translate, inputs, "int8" if int8 else str(tr.dtype)[6:]
+
+    def run_mtx(src, limit, beam):
+        tr.cfg.decode.beam = beam
+        return [h[0].tokens for h in tr.search(src.to(tr.device))]
+
+    run_mtx.stats = tr.searches.draft_stats  # what the drafts were worth (-draft engines)
+    return run_mtx, srcs, "int8" if int8 else str(tr.dtype)[6:]
 
 
 def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
@@ -115,29 +156,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[o.dtype]
     if name in SEARCHES:
-        int8 = name.startswith("mtx-int8")
-        dtype = "int8" if int8 else o.dtype
-        sets = ["decode.alpha=0", f"decode.dtype={dtype}", f"decode.stopping={o.stopping}"]
-        sets.append(f"decode.search={SEARCHES[name]}")
-        if name.endswith("-shortlist"):
-            sets.append(f"decode.shortlist={o.shortlist}")
-        if o.batch_tokens:
-            sets.append(f"decode.batch_tokens={o.batch_tokens}")
-        tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
-        if o.batch_tokens:  # the plan is every line in order: translate's own batches
-
-            def run_translate(sources, limit, beam):
-                tr.cfg.decode.beam = beam
-                return [h[0].tokens for h in tr.translate_ids(sources)]
-
-            inputs = [([ids[i] for i in idx], limit) for limit, idx in plan]
-            return run_translate, inputs, "int8" if int8 else str(tr.dtype)[6:]
-
-        def run_mtx(src, limit, beam):
-            tr.cfg.decode.beam = beam
-            return [h[0].tokens for h in tr.search(src.to(tr.device))]
-
-        return run_mtx, srcs, "int8" if int8 else str(tr.dtype)[6:]
+        return mtx_runner(name, o, model, plan, ids, srcs)
     if name == "hf":
         from transformers import MarianMTModel
         from transformers.utils import logging as hf_logging
@@ -178,13 +197,18 @@ def worker(work_dir: Path, name: str, model: int) -> None:
     run, inputs, dtype = runner(name, o, work_dir, work, model)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else None
     report = {"dtype": dtype, "beams": {}}
-    for beam in o.beams:
+    drafts = run.stats if name.endswith("-draft") else None
+    for beam in o.beams if drafts is None else [b for b in o.beams if b == 1]:
         batches = [(*x, beam) for x in inputs]
         run(*batches[0])  # warm-up
+        if drafts is not None:
+            drafts.reset()  # the timed run's alone
         timing, outputs = timed(
             lambda b=batches: [ids for batch in b for ids in run(*batch)], 1, 0, sync
         )
         report["beams"][str(beam)] = {"seconds": timing.median, "outputs": outputs}
+        if drafts is not None:
+            report["beams"][str(beam)]["drafts"] = drafts.to_json()
     (work_dir / f"{model}-{name}.json").write_text(json.dumps(report))
 
 
@@ -221,6 +245,7 @@ class Raced:
     seconds: dict[tuple[int, str, int], list[float]]  # of each round
     outputs: dict[tuple[int, str, int], list[list[int]]]  # the first round's
     dtypes: dict[tuple[int, str], str]  # each engine's, in the order raced
+    drafts: dict[tuple[int, str, int], dict]  # a -draft engine's DraftStats, the last round's
     left_out: list[str]  # the engines an export refused, and why
 
 
@@ -229,6 +254,7 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
     seconds: dict[tuple[int, str, int], list[float]] = {}
     outputs: dict[tuple[int, str, int], list[list[int]]] = {}
     dtypes: dict[tuple[int, str], str] = {}
+    drafts: dict[tuple[int, str, int], dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = {
             "plan": plan,
@@ -250,7 +276,9 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
                 for beam, run in report["beams"].items():
                     seconds.setdefault((model, name, int(beam)), []).append(run["seconds"])
                     outputs.setdefault((model, name, int(beam)), run["outputs"])
-    return Raced(seconds, outputs, dtypes, left_out)
+                    if "drafts" in run:
+                        drafts[model, name, int(beam)] = run["drafts"]
+    return Raced(seconds, outputs, dtypes, drafts, left_out)
 
 
 def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, reference) -> dict:
@@ -293,6 +321,8 @@ def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]
     rows = []
     for beam in o.beams:
         for model, name in raced.dtypes:
+            if (model, name, beam) not in raced.seconds:  # a -draft engine beyond beam 1
+                continue
             batch = f"{o.batch_tokens} tokens" if o.batch_tokens else o.batch
             row = {"model": label(o, model), "engine": name, "beam": beam, "batch": batch}
             row["dtype"] = raced.dtypes[model, name]
@@ -300,6 +330,8 @@ def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]
             timing = Timing(raced.seconds[model, name, beam])
             outputs = raced.outputs[model, name, beam]
             rows.append(row | score(tr, order, refs, timing, outputs, mtx_out))
+            if (model, name, beam) in raced.drafts:
+                rows[-1]["drafts"] = raced.drafts[model, name, beam]
     by = {(r["model"], r["engine"], r["beam"]): r for r in rows}
     first = label(o, 0)
     for r in rows:
@@ -334,6 +366,12 @@ def table(rows: list[dict], left_out: list[str], o: Options, machine: dict) -> s
             if f"speedup_vs_{peer}" in r:
                 ratio = r[f"speedup_vs_{peer}"]
                 out.append(f"{who}{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
+        if "drafts" in r:
+            d = r["drafts"]
+            out.append(
+                f"{who}{r['engine']} drafts, beam {r['beam']}: {100 * d['acceptance']:.1f}% "
+                f"accepted, {d['mean_accepted']:.2f} a call"
+            )
         if "speedup_vs_first" in r:
             out.append(
                 f"{r['model']} / {label(o, 0)} sentences/s, {r['engine']}, beam {r['beam']}: "
@@ -356,6 +394,8 @@ def run(o: Options) -> str:
         engines = [e for e in engines if not e.startswith("mtx-int8")]
     if o.shortlist is None and any(e.endswith("-shortlist") for e in engines):
         raise MtxError("--engines mtx-shortlist and mtx-int8-shortlist need --shortlist FILE")
+    if o.draft is None and any(e.endswith("-draft") for e in engines):
+        raise MtxError("--engines mtx-draft and mtx-int8-draft need --draft CHECKPOINT")
     lines = list(read_lines(o.src))
     lines = lines[: o.lines] if o.lines else lines
     overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]

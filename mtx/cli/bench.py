@@ -101,6 +101,22 @@ BatchTokensOpt = Annotated[
 ]
 
 
+EnginesOpt = Annotated[
+    str,
+    typer.Option(
+        help="Comma-separated: mtx, mtx-int8, hf, ct2, ct2-int8 (the default), mtx-static, "
+        "mtx-graphs, mtx-shortlist, mtx-int8-shortlist, mtx-draft, mtx-int8-draft."
+    ),
+]
+ShortlistOpt = Annotated[
+    Path | None,
+    typer.Option(help="The lexical shortlist (`mtx shortlist`) of the *-shortlist engines."),
+]
+DraftOpt = Annotated[
+    Path | None, typer.Option(help="The draft model (decode.draft) of the *-draft engines.")
+]
+
+
 @bench_app.command("decode")
 def bench_decode(
     checkpoint: Annotated[
@@ -123,19 +139,12 @@ def bench_decode(
     threads: Annotated[int, typer.Option(min=1, help="CPU threads of every engine.")] = 2,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Every engine's: fp32, bf16 or fp16.")] = "fp32",
-    engines: Annotated[
-        str,
-        typer.Option(
-            help="Comma-separated: mtx, mtx-int8, hf, ct2, ct2-int8 (the default), mtx-static, "
-            "mtx-graphs, mtx-shortlist, mtx-int8-shortlist."
-        ),
-    ] = "mtx,mtx-int8,hf,ct2,ct2-int8",
+    engines: EnginesOpt = "mtx,mtx-int8,hf,ct2,ct2-int8",
     rounds: Annotated[int, typer.Option(min=1, help="Timed runs per engine: the fastest.")] = 2,
     stopping: Annotated[str, typer.Option(help="mtx's decode.stopping.")] = "k_finished",
-    shortlist: Annotated[
-        Path | None,
-        typer.Option(help="The lexical shortlist (`mtx shortlist`) of the *-shortlist engines."),
-    ] = None,
+    shortlist: ShortlistOpt = None,
+    draft: DraftOpt = None,
+    draft_tokens: Annotated[int, typer.Option(min=1, help="Their decode.draft_tokens.")] = 4,
     json_out: JsonOpt = False,
 ) -> None:
     """Decoding speed of mtx against Hugging Face MarianMT and CTranslate2 on the same weights."""
@@ -143,7 +152,7 @@ def bench_decode(
 
     options = decode.Options(
         checkpoint, src, ref, lines, batch, batch_tokens, beam or [4, 1], threads, device,
-        dtype, engines, rounds, stopping, json_out, shortlist,
+        dtype, engines, rounds, stopping, json_out, shortlist, draft, draft_tokens,
     )  # fmt: skip
     typer.echo(run(decode.run, options))
 

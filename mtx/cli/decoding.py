@@ -38,6 +38,7 @@ BatchOpt = Annotated[
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str | None, typer.Option(help=setting_help("decode.dtype"))]
 ShortlistOpt = Annotated[Path | None, typer.Option(help=setting_help("decode.shortlist"))]
+DraftOpt = Annotated[Path | None, typer.Option(help=setting_help("decode.draft"))]
 TgtLangOpt = Annotated[
     str | None,
     typer.Option(
@@ -181,6 +182,7 @@ def translate(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     shortlist: ShortlistOpt = None,
+    draft: DraftOpt = None,
     tgt_lang: TgtLangOpt = None,
     nbest: NbestOpt = 1,
     stopping: StoppingOpt = None,
@@ -201,13 +203,12 @@ def translate(
     format: FormatOpt = None,
     document: DocumentOpt = False,
 ) -> None:
-    """Translate stdin to stdout, one line per line, in order, as the input arrives; or a
-    corpus, --input into --output, resumable (--resume) after a kill; --format: docs/documents.md."""
+    """Translate stdin to stdout, line by line, as it arrives; a corpus with --input, --output."""
     steered = json_lines or glossary is not None
     _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered, document)
     options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed,
                    sampling=sample or None, temperature=temperature, top_k=top_k,
-                   alignments=alignments or None, format=format)  # fmt: skip
+                   alignments=alignments or None, format=format, draft=draft)  # fmt: skip
     terms = run(load_glossary, glossary)
     translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang,
                              **options)  # fmt: skip
@@ -311,8 +312,10 @@ def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, sai
     run(out.check)  # before the output is begun
 
     run(_file_lines, input)  # a missing input: one line, before anything is written
-    settings = [x for x in said if not x.startswith("decode.batch_tokens=")]
-    settings.append(f"device={out.translator.device.type}")  # batches change nothing; devices may
+    # batches and drafts (speculative decoding is exact) change nothing; devices may
+    unrecorded = ("decode.batch_tokens=", "decode.draft=", "decode.draft_tokens=", "draft=")
+    settings = [x for x in said if not x.startswith(unrecorded)]
+    settings.append(f"device={out.translator.device.type}")
     record = Record(
         str(input.resolve()), input.stat().st_size, [str(Path(p).resolve()) for p in paths],
         settings, nbest,

@@ -78,6 +78,13 @@ class DecodeConfig:
         "target pieces likely for its source only (decode/shortlist.py; the shrinking search; "
         "empty: the whole vocabulary)",
     )
+    draft: str = setting(
+        "",
+        "speculative decoding (decode/speculative.py): the checkpoint of a small model on the "
+        "same vocabulary (a distilled student) whose drafts the model verifies, several tokens "
+        "a call; greedy search's output exactly (beam 1, the shrinking search; empty: none)",
+    )
+    draft_tokens: int = setting(4, "speculative decoding: tokens drafted a call", POSITIVE)
 
     format: Literal["plain", "paragraphs", "html", "xml"] = setting(
         "plain",

@@ -13,6 +13,9 @@ module imports no torch.
 - with controls: the alternatives search where it asks for alternatives, else the constrained
   beam search (dynamic beam allocation), both in the shrinking search only, so decode.sampling,
   decode.search static/graphs and decode.shortlist choose a search that takes no controls.
+- with decode.draft (speculative greedy search, speculative.py): a sentence without controls;
+  one with controls is decoded by the search its controls choose, without drafts (at beam 1
+  that is greedy search under them, what speculation would give).
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ BEAM = Search("beam search")
 SAMPLING = Search("decode.sampling")
 STATIC = Search("decode.search static or graphs")
 SHORTLIST = Search("decode.shortlist")
+SPECULATIVE = Search("decode.draft")
 CONSTRAINED = Search("the constrained beam search", frozenset({"prefix", "constraints", "avoid"}))
 ALTERNATIVES = Search("alternatives", frozenset({"prefix", "avoid", "alternatives"}), True)
-SEARCHES = (GREEDY, BEAM, SAMPLING, STATIC, SHORTLIST, CONSTRAINED, ALTERNATIVES)
+SEARCHES = (GREEDY, BEAM, SAMPLING, STATIC, SHORTLIST, SPECULATIVE, CONSTRAINED, ALTERNATIVES)
 
 
 def static_mode(search: str, device: str) -> str:
@@ -62,6 +66,8 @@ def choose(controls: Controls, d, device: str = "cpu") -> Search:
     if not controls:
         if d.sampling:
             return SAMPLING
+        if d.draft:
+            return SPECULATIVE  # searches.py refuses the settings it cannot run with
         if static_mode(d.search, device) != "shrinking":
             return STATIC  # searches.py falls back to the shrinking one where it cannot run
         return GREEDY if d.beam == 1 else BEAM

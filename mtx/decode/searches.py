@@ -12,7 +12,9 @@ decoded by the shrinking beam search under them, or the alternatives search (con
 the others as before: a sentence without controls is decoded as if the others were not there.
 
 With `decode.shortlist`, the shrinking search and sampling decode the model through its
-lexical shortlist (shortlist.py), loaded once and kept.
+lexical shortlist (shortlist.py), loaded once and kept. With `decode.draft`, greedy search is
+speculative (speculative.py): the draft model, loaded once and kept, proposes tokens the model
+verifies several at a time.
 
 Every one of them follows the rules of rules.py.
 """
@@ -29,6 +31,8 @@ from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis, SearchSettings
 from mtx.decode.search import Sampling, beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
+from mtx.decode.speculative import DraftStats, load_draft, speculative_search
+from mtx.decode.speculative import refusal as draft_refusal
 from mtx.decode.static import StaticSearch
 from mtx.errors import MtxError
 from mtx.model.interface import Decodable
@@ -54,6 +58,8 @@ class Searches:
         self._ends: torch.Tensor | None = None  # controlled.word_ends, once needed
         self.kept: dict[tuple, StaticSearch] = {}  # see `static`
         self.shortlisted: dict[str, Shortlisted] = {}  # see `decoded`
+        self.drafts: dict[tuple[str, str], Decodable] = {}  # see `drafter`
+        self.draft_stats = DraftStats()  # what the drafts were worth, every batch's
 
     @property
     def limit(self) -> int:
@@ -86,6 +92,11 @@ class Searches:
         alternatives each asks for)."""
         if search in (dispatch.CONSTRAINED, dispatch.ALTERNATIVES):
             return self.controlled(batch, d, nbest, n)
+        if search is dispatch.SPECULATIVE:
+            settings = SearchSettings.of(d, self.limit)
+            draft, k = self.drafter(d), d.draft_tokens
+            hyps = speculative_search(self.model, draft, batch, settings, k, self.draft_stats)
+            return [[h] for h in hyps]
         return self.plain(batch, d, nbest)
 
     def controlled(
@@ -133,6 +144,21 @@ class Searches:
             shortlist.check(self.vocabulary, self.model.vocab_size, d.shortlist)
             self.shortlisted[d.shortlist] = Shortlisted(self.model, shortlist)
         return self.shortlisted[d.shortlist]
+
+    def drafter(self, d: DecodeConfig) -> Decodable | None:
+        """The draft model of `decode.draft` (speculative.py), loaded and checked the first
+        time, or None; MtxError where the settings or the draft do not fit the model."""
+        if not d.draft:
+            return None
+        why = draft_refusal(self.model, d)  # settings may change between calls
+        if why:
+            raise MtxError(f"decode.draft: {why}")
+        key = (d.draft, d.dtype)
+        if key not in self.drafts:
+            pack = "int8" if d.dtype == "int8" else "fp32"
+            draft = load_draft(d.draft, self.model, self.vocabulary, self.languages, pack)
+            self.drafts[key] = draft
+        return self.drafts[key]
 
     def sample(self, batch: SearchBatch, d: DecodeConfig, nbest: int) -> list[list[Hypothesis]]:
         """`nbest` samples of each sentence, the best first: sample j of the request of line i

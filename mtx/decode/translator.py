@@ -122,6 +122,7 @@ class Translator:
         sha = vocabulary_sha256(spm_proto)
         self.searches = Searches(self.model, self.device, sha, self.vocab, self.langs)
         self.searches.decoded(cfg.decode)
+        self.searches.drafter(cfg.decode)
         self.check_alignments(cfg.decode)
         self.tgt_lang: str | None = None  # into; None: the model's one target language
 
@@ -188,6 +189,7 @@ class Translator:
         other = copy.copy(self)
         decode = dataclasses.replace(self.cfg.decode, **changes)
         other.cfg = dataclasses.replace(self.cfg, decode=decode)
+        other.searches.drafter(decode)
         other.check_alignments(decode)
         return other
 

@@ -155,7 +155,6 @@ class MultiHeadAttention(Packable, nn.Module):
         `query`: with Bm memory rows and B = Bm * G query rows, each group of G consecutive
         query rows (the beams of one sentence) attends to one memory row, so a beam search
         keeps the memory's keys and values once per sentence rather than once per beam."""
-        start = 0  # position of the first query (relative positions)
         if self.cross:
             q = self.project_q(query)
             k, v = (
@@ -163,10 +162,13 @@ class MultiHeadAttention(Packable, nn.Module):
             )
         else:
             q, k, v = self._heads(self.project("qkv", query), 3)
-            if cache is not None:
-                start = cache.length
-                k, v, mask = cache.append(k, v, mask)
-        return self.project("out", self.attend(q, k, v, mask, causal, start))
+            if cache is not None:  # the cache says which keys each query reads
+
+                def attend(q: Tensor, k: Tensor, v: Tensor, mask, start) -> Tensor:
+                    return self.attend(q, k, v, mask, causal, start)
+
+                return self.project("out", cache.attend(q, k, v, mask, attend))
+        return self.project("out", self.attend(q, k, v, mask, causal, 0))
 
     def attend(
         self, q: Tensor, k: Tensor | Groups, v: Tensor | Groups, mask, causal: bool, start

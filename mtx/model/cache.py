@@ -41,6 +41,7 @@ from mtx.model.groups import Groups
 
 KeysValues = tuple[Tensor, Tensor]  # (rows, H, positions, d_k) each; Groups of them for a memory
 Project = Callable[[Tensor | Groups], tuple]  # the encoder output -> its keys and values
+Attend = Callable[..., Tensor]  # (q, keys, values, mask, start) -> the attention (N, T, d_model)
 
 
 class DecoderCache(Protocol):
@@ -63,6 +64,11 @@ class LayerCache(Protocol):
     def append(self, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple:
         """Add this step's keys and values k, v (N, H, T, d_k); returns all the keys and values
         the step's queries attend over and their mask (True = attend)."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attend: Attend):
+        """This step's attention: its queries q and new keys and values k, v (N, H, T, d_k)
+        with `mask` (True = attend) given to `attend(q, keys, values, mask, start)` over the
+        keys and values they read (`append`), `start` the position of the first query."""
 
     def memory(self, project: Project, memory: Tensor | Groups | None) -> KeysValues:
         """The keys and values of the encoder output, `project(memory)` the first time."""
@@ -95,6 +101,10 @@ class GrowingLayer:
             k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         self.k, self.v = k, v
         return k, v, mask
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attend: Attend):
+        start = self.positions
+        return attend(q, *self.append(k, v, mask), start)
 
     def cell(self) -> Tensor | None:
         return self.state
@@ -158,6 +168,9 @@ class StaticLayer:
         n = self.owner.window_length
         visible = self.owner.visible[:n].view(1, 1, 1, n) if self.owner.full else None
         return self.k[:, :, :n], self.v[:, :, :n], visible
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attend: Attend):
+        return attend(q, *self.append(k, v, mask), self.owner.position)
 
     def memory(self, project: Project, memory: Tensor | Groups | None) -> KeysValues:
         return self.memory_k, self.memory_v

@@ -17,6 +17,8 @@ Shape legend: N hypothesis rows, S source length, T decoder inputs, V vocabulary
   log-probabilities where `capabilities.log_probs`; with a cache, only the new positions.
 - `new_static_cache(...)`, `fill_memory(...)`: a cache allocated once and written in place,
   what the static search replays (`capabilities.static_cache`).
+- `new_ragged_cache(capacity)`: a cache whose rows stand at positions of their own, what
+  speculative decoding verifies and drafts with (model/ragged.py; `capabilities.ragged`).
 - `continuations(...)`: the best 2K continuations of each sentence's K beams found among the
   model's own candidates (`capabilities.candidates`: a lexical shortlist).
 - `output_weight()`, `output_bias()`: the (V, d) pre-softmax projection a shortlist takes,
@@ -51,6 +53,7 @@ class Capabilities:
     candidates: bool = False  # continuations(): searches among its own candidates
     output_matrix: bool = False  # output_weight(): one pre-softmax projection (a shortlist's)
     attention: bool = False  # cross_attention_modules(): one attention to show
+    ragged: bool = False  # new_ragged_cache(): rows at positions of their own (speculative)
 
 
 @runtime_checkable
@@ -78,6 +81,8 @@ class Decodable(Protocol):
 
     def new_static_cache(self, rows: int, length: int, full: bool, like: Tensor) -> Any: ...
 
+    def new_ragged_cache(self, capacity: int) -> Any: ...
+
     def fill_memory(self, cache: Any, memory: Tensor) -> None: ...
 
     def continuations(
@@ -104,6 +109,9 @@ class Lacks:
 
     def fill_memory(self, cache: Any, memory: Tensor) -> None:
         raise self._lacks("static cache (the static search decodes the Transformer alone)")
+
+    def new_ragged_cache(self, capacity: int) -> Any:
+        raise self._lacks("cache of rows at positions of their own (a Transformer has)")
 
     def continuations(
         self, last: Tensor, memory: Any, src_mask: Any, cache: Any, force_eos: list[bool],

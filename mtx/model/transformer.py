@@ -33,13 +33,14 @@ from mtx.model.interface import Capabilities, Lacks
 from mtx.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from mtx.model.packed import PackedLinear
 from mtx.model.positions import position_table
+from mtx.model.ragged import RaggedCache
 from mtx.tokens import PAD_ID
 
 
 class Transformer(EncoderDecoder, Lacks, nn.Module):
     # encode and decode take `Groups` of sources (model/groups.py); a static cache
     capabilities = Capabilities(
-        mixed_lengths=True, static_cache=True, output_matrix=True, attention=True
+        mixed_lengths=True, static_cache=True, output_matrix=True, attention=True, ragged=True
     )
     PARTS = {
         # the shared embedding is the output layer (with its bias, model.output_bias)
@@ -104,14 +105,15 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
 
     def embed_tokens(self, ids: Tensor, start: int | Tensor = 0) -> Tensor:
         """(B, n) ids at positions start.. -> (B, n, d) scaled embeddings + positions, dropped
-        out. `start` may be a () tensor on the device (a static cache's position, n = 1)."""
+        out. `start` may be a tensor on the device, n = 1: () a static cache's position, (B,)
+        each row's own (a ragged cache's, model/ragged.py)."""
         n = ids.size(1)
         if isinstance(start, Tensor):
             x = self.embed(ids) * math.sqrt(self.cfg.d_model)
             if self.fixed_positions:
-                x = x + self.positions.index_select(0, start.view(1)).to(x.dtype)
+                x = x + self.positions.index_select(0, start.view(-1)).unsqueeze(1).to(x.dtype)
             elif self.position_embed is not None:
-                x = x + self.position_embed(start.view(1, 1)).to(x.dtype)
+                x = x + self.position_embed(start.view(-1, 1)).to(x.dtype)
             return self.dropout(x)
         if start + n > self.cfg.max_positions:
             raise ValueError(
@@ -181,6 +183,11 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
 
     def new_cache(self) -> GrowingCache:
         return GrowingCache(len(self.decoder_layers))
+
+    def new_ragged_cache(self, capacity: int) -> RaggedCache:
+        """A cache whose rows stand at positions of their own, each up to `capacity`
+        (model/ragged.py: speculative decoding's)."""
+        return RaggedCache(len(self.decoder_layers), capacity)
 
     def new_static_cache(self, rows: int, length: int, full: bool, like: Tensor) -> StaticCache:
         """A cache of `length` positions for `rows` hypotheses, allocated once (dtype and

@@ -1,0 +1,263 @@
+"""Speculative greedy search (decode/speculative.py) and its cache (model/ragged.py): the output
+is greedy search's, tokens and scores bit for bit, whatever the draft proposes; a row's
+positions read through the ragged cache, rejected drafts in between, give the growing cache's
+numbers; settings and drafts that cannot work are refused in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.capability_check import VOCAB, architectures, mixed_lengths, sources
+from helpers.common import invoke, mtx
+
+from mtx.checkpoint import Checkpoint
+from mtx.config import DecodeConfig, ModelConfig
+from mtx.decode.request import SearchBatch
+from mtx.decode.rules import SearchSettings
+from mtx.decode.search import greedy_search
+from mtx.decode.speculative import DraftStats, refusal, speculative_search
+from mtx.decode.translator import Translator
+from mtx.errors import MtxError
+from mtx.model import packed
+from mtx.model.build import make_model
+
+SETTINGS = SearchSettings(max_len_a=1.0, max_len_b=8)
+
+
+def model_of(seed: int = 0, **values):
+    torch.manual_seed(seed)
+    model = make_model(ModelConfig(**values), VOCAB).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(3.0)  # sharper outputs: sentences of various lengths
+    return model
+
+
+TRANSFORMERS = [
+    a for a in architectures() if a["arch"] == "transformer" and "decoder_self" not in a
+]
+STUDENT = next(a for a in architectures() if a.get("decoder_self") == "ssru")
+
+
+class Noisy:
+    """A draft that proposes the model's tokens through loud noise: mostly wrong."""
+
+    def __init__(self, model, scale: float = 30.0) -> None:
+        self.model, self.scale = model, scale
+        self.g = torch.Generator().manual_seed(5)
+        self.specials, self.encode = model.specials, model.encode
+        self.new_ragged_cache = model.new_ragged_cache
+
+    def decode(self, *args):
+        out = self.model.decode(*args)
+        return out + self.scale * torch.randn(out.shape, generator=self.g)
+
+
+def hypotheses(hyps) -> list:
+    return [(h.tokens, h.score, h.log_prob) for h in hyps]
+
+
+def drafts(model) -> dict:
+    return {"itself": model, "student": model_of(1, **STUDENT), "noise": Noisy(model)}
+
+
+@pytest.mark.parametrize("values", TRANSFORMERS, ids=lambda a: f"{a['norm']}-{a['positions']}")
+def test_the_output_is_greedy_search_s(values):
+    model = model_of(**values)
+    src = sources()
+    kinds = [None, *(k for k in packed.KINDS if packed.available(k))]
+    for kind in kinds:
+        model.pack(kind)
+        greedy = hypotheses(greedy_search(model, src, SETTINGS))
+        lengths = {len(h[0]) for h in greedy}
+        assert len(lengths) > 2, "the sentences should end at various lengths"
+        for name, draft in drafts(model).items():
+            if hasattr(draft, "pack"):
+                draft.pack(kind)
+            for k in (1, 4):
+                stats = DraftStats()
+                got = hypotheses(speculative_search(model, draft, src, SETTINGS, k, stats))
+                assert got == greedy, (kind, name, k)
+                assert stats.drafted > 0 and stats.accepted <= stats.drafted
+                if name == "itself":
+                    assert stats.acceptance == 1.0
+                if name == "noise":
+                    assert stats.acceptance < 0.5, stats.to_json()
+
+
+def test_a_sentence_gets_the_same_alone_and_in_any_batch():
+    model = model_of(**TRANSFORMERS[0])
+    model.pack("fp32")
+    draft = Noisy(model, scale=1.0)  # accepts some, rejects some: rows drift apart
+    src = sources()
+    together = hypotheses(speculative_search(model, draft, src, SETTINGS, 3))
+    assert together == hypotheses(greedy_search(model, src, SETTINGS))
+    for rows in ([0], [5], list(range(12))[::-1], list(range(0, 12, 2))):
+        got = hypotheses(speculative_search(model, draft, src[rows], SETTINGS, 3))
+        assert got == [together[i] for i in rows]
+    # several padded lengths in one batch (model/groups.py), each source at its own
+    mixed, own, order = mixed_lengths(src)
+    got = hypotheses(speculative_search(model, draft, mixed, SETTINGS, 3))
+    assert got == hypotheses(greedy_search(model, mixed, SETTINGS))
+    for k in (0, 7):
+        alone = speculative_search(model, draft, own[order[k]], SETTINGS, 3)
+        assert hypotheses(alone) == [got[k]]
+
+
+def test_start_ids_and_short_limits():
+    """An NLLB-like start (a code read after the start token) and outputs cut at their own
+    longest (1, 2, 3 tokens, EOS included): greedy search's, drafts or not."""
+    model = model_of(**TRANSFORMERS[1])
+    src = sources(6)
+    batch = SearchBatch.of(src)
+    requests = [
+        dataclasses.replace(r, start=(7,), max_len=[1, 2, 3, None, 2, None][i])
+        for i, r in enumerate(batch.requests)
+    ]
+    batch = SearchBatch(src, requests)
+    greedy = hypotheses(greedy_search(model, batch, SETTINGS))
+    assert [len(h[0]) for h in greedy][:3] == [0, 1, 2]
+    for draft in drafts(model).values():
+        assert hypotheses(speculative_search(model, draft, batch, SETTINGS, 4)) == greedy
+
+
+@pytest.mark.parametrize("values", [TRANSFORMERS[2], STUDENT], ids=["relative", "ssru"])
+def test_a_row_read_again_after_rejected_positions_gets_the_growing_cache_s_numbers(values):
+    """Two rows at positions of their own, garbage written beyond each and then read again
+    (what a rejected draft leaves), against each row decoded alone with a growing cache."""
+    model = model_of(**values)
+    model.pack("fp32")
+    src = sources(2)
+    tokens = [[2, 9, 14, 30, 7, 22], [2, 40, 5, 5, 18, 11]]
+    memory, mask = model.encode(src)
+    expected = []
+    for i in range(2):  # each row alone, a position a call
+        cache = model.new_cache()
+        m, k = model.encode(src[i : i + 1])
+        rows = [model.decode(torch.tensor([[t]]), m if j == 0 else None, k, cache)[0, -1]
+                for j, t in enumerate(tokens[i])]  # fmt: skip
+        expected.append(torch.stack(rows))
+    cache = model.new_ragged_cache(16)
+    first = model.decode(torch.tensor([[2], [2]]), memory, mask, cache)[:, -1]
+    assert torch.equal(first, torch.stack([e[0] for e in expected]))
+    recurrent = "decoder_self" in values
+    # row 0 reads positions 1-2 and garbage at 3-4; row 1 position 1 and garbage at 2
+    calls = [([0, 1], [1, 1], [9, 40]), ([0], [2], [14]), ([0, 1], [3, 2], [50, 51]),
+             ([0], [4], [52]), ([0, 1], [3, 2], [30, 5]), ([0, 1], [4, 3], [7, 5]),
+             ([0, 1], [5, 4], [22, 18]), ([1], [5], [11])]  # fmt: skip
+    if not recurrent:  # a row's several positions in one call, as verifying reads them
+        calls = [([0, 0, 1], [1, 2, 1], [9, 14, 40]), ([0, 0, 1], [3, 4, 2], [50, 52, 51]),
+                 ([0, 0, 0, 1, 1, 1, 1], [3, 4, 5, 2, 3, 4, 5], [30, 7, 22, 5, 5, 18, 11])]  # fmt: skip
+    got: dict[tuple[int, int], torch.Tensor] = {}
+    for rows, positions, ids in calls:
+        cache.feed(rows, positions, 2, torch.device("cpu"))
+        q_mask = mask if cache.rows is None else mask.index_select(0, cache.rows)
+        out = model.decode(torch.tensor(ids).unsqueeze(1), None, q_mask, cache)[:, -1]
+        for r, p, row in zip(rows, positions, out):
+            got[(r, p)] = row  # the last read of a position is the one that counts
+    for i in range(2):
+        for p in range(1, 6):
+            assert torch.equal(got[(i, p)], expected[i][p]), (i, p)
+
+
+def test_the_draft_loop_reads_what_it_missed():
+    """A draft that is the model itself accepts every token; each call adds k + 1 tokens,
+    so a sentence of n tokens and EOS takes ceil((n + 1) / (k + 1)) calls after the first."""
+    model = model_of(**TRANSFORMERS[0])
+    src = sources(1)
+    (greedy,) = greedy_search(model, src, SETTINGS)
+    stats = DraftStats()
+    (got,) = speculative_search(model, model, src, SETTINGS, 2, stats)
+    assert got.tokens == greedy.tokens
+    n = len(greedy.tokens)  # the first token comes before, then n - 1 tokens and EOS
+    assert n > 3 and stats.checks == -(-n // 3)
+    assert stats.acceptance == 1.0  # the draft read its last draft when all were accepted
+
+
+# --- through the Translator and the commands -------------------------------------------------
+
+
+def _perturbed(source: Path, out: Path, scale: float) -> Path:
+    """A checkpoint of `source`'s model with noise added to its weights: a draft that agrees
+    with it often but not always."""
+    ckpt = Checkpoint.load(source)
+    g = torch.Generator().manual_seed(3)
+    weights = {k: v + scale * v.std() * torch.randn(v.shape, generator=g) if v.is_floating_point()
+               and v.numel() > 1 else v for k, v in ckpt.model.items()}  # fmt: skip
+    dataclasses.replace(ckpt, model=weights, resume=None).save(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(multi30k_run, tmp_path_factory):
+    teacher = multi30k_run / "checkpoints" / "best.pt"
+    draft = _perturbed(teacher, tmp_path_factory.mktemp("draft") / "draft.pt", 0.3)
+    return teacher, draft
+
+
+def test_translate_with_a_draft_is_greedy_translation(pair, tmp_path):
+    teacher, draft = pair
+    src = (Path(__file__).parents[2] / "shared/data/multi30k/test2016.en").read_text()
+    lines = src.splitlines()[:60]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
+    plain = Translator.from_checkpoint(teacher, decode={"beam": 1})
+    fast = plain.with_decode(draft=str(draft), draft_tokens=3)
+    assert fast.translate_ids(lines) == plain.translate_ids(lines)
+    stats = fast.searches.draft_stats
+    assert 0.2 < stats.acceptance < 1.0, stats.to_json()
+    out = mtx("translate", "--checkpoint", teacher, "--beam", "1", "--draft", draft,
+              "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")  # fmt: skip
+    assert out.exit_code == 0, out.output
+    expected = mtx("translate", "--checkpoint", teacher, "--beam", "1", input="\n".join(lines))
+    assert (tmp_path / "out.de").read_text() == expected.stdout
+    # the record ignores the draft: the same output resumes without it
+    again = mtx("translate", "--checkpoint", teacher, "--beam", "1", "--resume",
+                "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")  # fmt: skip
+    assert again.exit_code == 0, again.output
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"beam": 4}, "decode.draft: the drafts are verified by greedy search: set decode.beam 1"),
+        ({"sampling": True}, "not by decode.sampling"),
+        ({"search": "static"}, "not decode.search static"),
+    ],
+)
+def test_settings_a_draft_cannot_run_with_are_refused(pair, change, message):
+    teacher, draft = pair
+    translator = Translator.from_checkpoint(teacher, decode={"beam": 1})
+    with pytest.raises(MtxError, match=message):
+        translator.with_decode(draft=str(draft), **change)
+
+
+def test_drafts_that_do_not_fit_are_refused(pair, toy_run, tmp_path):
+    teacher, draft = pair
+    translator = Translator.from_checkpoint(teacher, decode={"beam": 1})
+    other = toy_run / "checkpoints" / "best.pt"  # another vocabulary
+    with pytest.raises(MtxError, match="another vocabulary"):
+        translator.with_decode(draft=str(other))
+    ckpt = Checkpoint.load(draft)
+    flipped = dataclasses.replace(ckpt.config.data, src_lang="de", tgt_lang="en")
+    cfg = dataclasses.replace(ckpt.config, data=flipped)
+    dataclasses.replace(ckpt, config=cfg).save(tmp_path / "de-en.pt")
+    with pytest.raises(MtxError, match=r"translates de->en .*, the model en->de"):
+        translator.with_decode(draft=str(tmp_path / "de-en.pt"))
+    with pytest.raises(MtxError, match="checkpoint not found"):
+        translator.with_decode(draft=str(tmp_path / "missing.pt"))
+    result = invoke("translate", "--checkpoint", teacher, "--draft", draft, input="A dog.\n")
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines()[-1].endswith("set decode.beam 1 (not 4)")
+
+
+def test_models_that_verify_no_faster_are_refused():
+    d = DecodeConfig(beam=1, draft="student.pt")
+    assert "a recurrence (an SSRU)" in refusal(model_of(**STUDENT), d)
+    rnn = next(a for a in architectures() if a["arch"] == "rnn")
+    assert refusal(model_of(**rnn), d) == "it verifies with one Transformer, not a RNN"
+    assert refusal(model_of(**TRANSFORMERS[0]), d) == ""
+    assert "decode.shortlist" in refusal(
+        model_of(**TRANSFORMERS[0]), DecodeConfig(beam=1, shortlist="s")
+    )
