@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import opus
-from helpers.common import assert_same_parameters, invoke, mtx, records
+from helpers.common import assert_same_parameters, invoke, mtx, perturbed, records
 
 from mtx.checkpoint import Checkpoint
 from mtx.data import toy
@@ -51,6 +51,17 @@ def lines(n: int) -> list[str]:
 
 def targets(n: int) -> list[str]:
     return (["", "Straße 12 ✓"] + [t for _, t in toy.split_pairs("test")] * 10)[:n]
+
+
+def test_an_imported_model_with_a_draft_gives_its_greedy_translations(marian, tmp_path):
+    """Speculative decoding (decode.draft) with an OPUS-MT model (its decoder starts from
+    <pad>, an output bias, swish) and a draft close to it: greedy search's output exactly."""
+    _, path, _, _ = marian
+    draft = perturbed(path, tmp_path / "draft.pt", 0.2)
+    greedy = translator(path, "decode.beam=1")
+    fast = greedy.with_decode(draft=str(draft), draft_tokens=3)
+    assert fast.translate_ids(lines(120)) == greedy.translate_ids(lines(120))
+    assert 0.0 < fast.searches.draft_stats.acceptance < 1.0
 
 
 def test_the_tokenizers_give_transformers_ids(marian):

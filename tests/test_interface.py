@@ -40,7 +40,7 @@ def kinds():
 
 EXPECTED = {
     "transformer": Capabilities(
-        mixed_lengths=True, static_cache=True, output_matrix=True, attention=True
+        mixed_lengths=True, static_cache=True, output_matrix=True, attention=True, ragged=True
     ),
     "rnn": Capabilities(output_matrix=True, attention=True),
     "ensemble": Capabilities(log_probs=True),
@@ -59,12 +59,14 @@ def test_every_kind_of_model_is_a_decodable_with_its_declared_capabilities():
 def test_what_a_kind_lacks_refuses_in_one_line_naming_it():
     lacking = {
         "new_static_cache": lambda m: m.new_static_cache(2, 4, True, torch.zeros(1)),
+        "new_ragged_cache": lambda m: m.new_ragged_cache(8),
         "continuations": lambda m: m.continuations(None, None, None, None, [], torch.zeros(1)),
         "output_weight": lambda m: m.output_weight(),
         "cross_attention_modules": lambda m: m.cross_attention_modules(),
     }
     capability = {
         "new_static_cache": "static_cache",
+        "new_ragged_cache": "ragged",
         "continuations": "candidates",
         "output_weight": "output_matrix",
         "cross_attention_modules": "attention",

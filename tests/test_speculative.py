@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.capability_check import VOCAB, architectures, mixed_lengths, sources
-from helpers.common import invoke, mtx
+from helpers.common import invoke, mtx, perturbed
 
+from mtx.bench.server import Server
 from mtx.checkpoint import Checkpoint
 from mtx.config import DecodeConfig, ModelConfig
 from mtx.decode.request import SearchBatch
@@ -179,21 +180,10 @@ def test_the_draft_loop_reads_what_it_missed():
 # --- through the Translator and the commands -------------------------------------------------
 
 
-def _perturbed(source: Path, out: Path, scale: float) -> Path:
-    """A checkpoint of `source`'s model with noise added to its weights: a draft that agrees
-    with it often but not always."""
-    ckpt = Checkpoint.load(source)
-    g = torch.Generator().manual_seed(3)
-    weights = {k: v + scale * v.std() * torch.randn(v.shape, generator=g) if v.is_floating_point()
-               and v.numel() > 1 else v for k, v in ckpt.model.items()}  # fmt: skip
-    dataclasses.replace(ckpt, model=weights, resume=None).save(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def pair(multi30k_run, tmp_path_factory):
     teacher = multi30k_run / "checkpoints" / "best.pt"
-    draft = _perturbed(teacher, tmp_path_factory.mktemp("draft") / "draft.pt", 0.3)
+    draft = perturbed(teacher, tmp_path_factory.mktemp("draft") / "draft.pt", 0.3)
     return teacher, draft
 
 
@@ -216,6 +206,25 @@ def test_translate_with_a_draft_is_greedy_translation(pair, tmp_path):
     again = mtx("translate", "--checkpoint", teacher, "--beam", "1", "--resume",
                 "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")  # fmt: skip
     assert again.exit_code == 0, again.output
+
+
+def test_serve_with_a_draft_answers_greedy_search_s_translations(pair):
+    """A real server with a draft answers greedy search's translations and scores; a request
+    for a larger beam gets beam search's (the draft speeds up greedy search only)."""
+    teacher, draft = pair
+    src = Path(__file__).parents[2] / "shared/data/multi30k/test2016.en"
+    lines = src.read_text().splitlines()[100:130]
+    greedy = Translator.from_checkpoint(teacher, decode={"beam": 1})
+    expected = [greedy.translation(h) for h in greedy.translate_ids(lines)]
+    beam = Translator.from_checkpoint(teacher, decode={"beam": 4}).translate(lines[:4])
+    with Server(teacher, "decode.beam=1", f"decode.draft={draft}", "serve.workers=1") as s:
+        status, answer = s.translate(lines)
+        assert status == 200, answer
+        assert answer["translations"] == [t.outputs[0].text for t in expected]
+        assert answer["scores"] == [t.outputs[0].score for t in expected]
+        status, answer = s.translate(lines[:4], beam=4)
+        assert status == 200 and answer["translations"] == beam
+        assert s.stop() == 0
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,8 @@ class RaggedCache:
         self.rows: Tensor | None = None  # (Q,) each query's cache row; None: row i is row i
         self.positions = torch.zeros(0, dtype=torch.long)  # (Q,) each query's position
         # the queries at each position: (position, query indices, their cache rows)
-        self.groups: list[tuple[int, Tensor, Tensor]] = []
+        self.groups: list[_Group] = []
+        self.pattern: tuple[int, ...] = ()  # the rows of the queries, as `rows` (host)
         self.repeats = False
 
     @property
@@ -64,13 +65,12 @@ class RaggedCache:
         self.repeats = len(set(rows)) < len(rows)  # a row read at several positions
         self.rows = None if identity else torch.tensor(rows, device=device)
         self.positions = torch.tensor(positions, device=device)
+        self.pattern = tuple(rows)
         by_position: dict[int, list[int]] = {}
         for i, p in enumerate(positions):
             by_position.setdefault(p, []).append(i)
-        self.groups = [
-            (p, torch.tensor(queries, device=device), torch.tensor([rows[i] for i in queries], device=device))
-            for p, queries in sorted(by_position.items())
-        ]  # fmt: skip
+        self.groups = [_Group(p, queries, [rows[i] for i in queries], device)
+                       for p, queries in sorted(by_position.items())]  # fmt: skip
 
     def select(self, rows: Tensor) -> None:
         """Keep cache rows `rows` (ascending): the sentences still decoded."""
@@ -78,6 +78,24 @@ class RaggedCache:
             layer.select(rows)
 
     reorder = select  # one row a sentence: keeping hypotheses is keeping sentences
+
+
+class _Group:
+    """The queries of one call at one position: their indices and cache rows."""
+
+    def __init__(self, position: int, queries: list[int], rows: list[int], device) -> None:
+        self.position = position
+        self.queries = torch.tensor(queries, device=device)
+        self.rows = torch.tensor(rows, device=device)
+        self.one = (queries[0], rows[0]) if len(queries) == 1 else None  # a query alone
+
+    def keys(self, x: Tensor) -> Tensor:
+        """Its rows' positions up to its own of `x` (N, H, C, d_k), contiguous."""
+        p = self.position + 1
+        if self.one is not None:
+            row = self.one[1]
+            return x[row : row + 1, :, :p].contiguous()
+        return x[:, :, :p].index_select(0, self.rows)
 
 
 class RaggedLayer:
@@ -90,6 +108,8 @@ class RaggedLayer:
         self.cells: Tensor | None = None  # (N, C, d) an SSRU's cell after each position
         self.memory_k: Tensor | Groups | None = None  # (N, H, S, d_k) encoder output's keys
         self.memory_v: Tensor | Groups | None = None
+        # the memory's keys and values of the last call's query rows, and their pattern
+        self.expanded: tuple[tuple[int, ...], Tensor | Groups, Tensor | Groups] | None = None
 
     @property
     def length(self) -> int | Tensor:
@@ -106,16 +126,24 @@ class RaggedLayer:
         rows = torch.arange(q.size(0), device=q.device) if owner.rows is None else owner.rows
         self.k[rows, :, owner.positions] = k[:, :, 0]  # (Q, H, d_k) each
         self.v[rows, :, owner.positions] = v[:, :, 0]
-        if len(owner.groups) == 1:
-            p, _, mine = owner.groups[0]  # every query at one position: a greedy step
-            keys, values = (x[:, :, : p + 1].index_select(0, mine) for x in (self.k, self.v))
-            return attend(q, keys, values, None, p)
+        if len(owner.groups) == 1:  # every query at one position: a greedy step
+            group = owner.groups[0]
+            return attend(q, group.keys(self.k), group.keys(self.v), None, group.position)
         out = None
-        for p, queries, mine in owner.groups:
-            keys, values = (x[:, :, : p + 1].index_select(0, mine) for x in (self.k, self.v))
-            part = attend(q.index_select(0, queries), keys, values, None, p)  # (n, 1, d)
-            out = part.new_empty(q.size(0), *part.shape[1:]) if out is None else out
-            out.index_copy_(0, queries, part)
+        for group in owner.groups:
+            keys, values = group.keys(self.k), group.keys(self.v)
+            if group.one is not None:
+                i = group.one[0]
+                part = attend(q[i : i + 1], keys, values, None, group.position)  # (1, 1, d)
+            else:
+                queries = q.index_select(0, group.queries)
+                part = attend(queries, keys, values, None, group.position)  # (n, 1, d)
+            if out is None:
+                out = part.new_empty(q.size(0), *part.shape[1:])
+            if group.one is not None:
+                out[group.one[0]] = part[0]
+            else:
+                out.index_copy_(0, group.queries, part)
         return out
 
     def memory(self, project: Project, memory: Tensor | Groups | None) -> KeysValues:
@@ -123,10 +151,14 @@ class RaggedLayer:
         if self.memory_k is None:
             k, v = project(memory)
             self.memory_k, self.memory_v = k.contiguous(), v.contiguous()
-        rows = self.owner.rows
-        if rows is None:
+        owner = self.owner
+        if owner.rows is None:
             return self.memory_k, self.memory_v
-        return self.memory_k.index_select(0, rows), self.memory_v.index_select(0, rows)
+        if self.expanded is None or self.expanded[0] != owner.pattern:  # kept while it repeats
+            rows = owner.rows
+            k, v = self.memory_k.index_select(0, rows), self.memory_v.index_select(0, rows)
+            self.expanded = (owner.pattern, k, v)
+        return self.expanded[1], self.expanded[2]
 
     def cell(self) -> Tensor | None:
         """Each query's SSRU cell: its row's after the position before its own."""
@@ -152,6 +184,7 @@ class RaggedLayer:
         self.cells[rows, owner.positions] = cell
 
     def select(self, rows: Tensor) -> None:
+        self.expanded = None
         for name in ("k", "v", "cells", "memory_k", "memory_v"):
             x = getattr(self, name)
             if x is not None:

@@ -18,6 +18,9 @@ two lists naming what gave an element or a sentence other numbers in another bat
    vocabulary of 300 through a random lexical shortlist (sentences of 64 and of 128 slots;
    each batch's union of candidates another set of columns), with each kind of product,
    beam and greedy, alone, reversed, in halves and in mixed lengths, as above.
+4. Speculative greedy search (decode/speculative.py): every Transformer of section 2 with
+   the SSRU student and with itself as drafts, with each kind of product, in one padded
+   length and in mixed lengths, must give greedy search's hypotheses and scores.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mtx.config import ATTENTION_SCORES, ModelConfig
 from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.shortlist import Shortlist, Shortlisted
+from mtx.decode.speculative import speculative_search
 from mtx.model import packed
 from mtx.model.build import make_model
 from mtx.model.groups import Groups
@@ -202,12 +206,44 @@ def searches() -> tuple[list[str], int]:
     return bad, checked
 
 
+def speculative() -> tuple[list[str], int]:
+    """Section 4: speculative greedy search against greedy search."""
+    bad, checked = [], 0
+    students = [a for a in architectures() if "decoder_self" in a]
+    torch.manual_seed(1)
+    student = make_model(ModelConfig(**students[0]), VOCAB).eval()
+    mixed = mixed_lengths(sources())[0]
+    for values in architectures():
+        if values["arch"] != "transformer" or "decoder_self" in values:
+            continue
+        torch.manual_seed(0)
+        model = make_model(ModelConfig(**values), VOCAB).eval()
+        with torch.no_grad():
+            model.embed.weight.mul_(3.0)
+        for kind in [None, *(k for k in packed.KINDS if packed.available(k))]:
+            model.pack(kind)
+            student.pack(kind)
+            for src in (sources(), mixed):
+                s = SearchSettings(max_len_b=6)
+                greedy = [(h.tokens, h.score) for h in greedy_search(model, src, s)]
+                for name, draft in (("student", student), ("itself", model)):
+                    checked += 1
+                    got = speculative_search(model, draft, src, s, 3)
+                    if [(h.tokens, h.score) for h in got] != greedy:
+                        bad.append(
+                            f"speculative {values['norm']}-{values['positions']}, {kind}, {name}"
+                        )
+    return bad, checked
+
+
 def main() -> None:
     torch.set_num_threads(2)
     ops = operations()
     found, checked = searches()
     listed, more = shortlisted_searches()
     found, checked = found + listed, checked + more
+    drafted, more = speculative()
+    found, checked = found + drafted, checked + more
     capability = torch.backends.cpu.get_cpu_capability()
     print(json.dumps({"capability": capability, "operations": ops, "searches": found,
                       "checked": checked}))  # fmt: skip

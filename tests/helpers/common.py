@@ -3,6 +3,7 @@ check that two runs ended with the same parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -59,3 +60,17 @@ def assert_same_parameters(a: Path, b: Path) -> None:
     assert len(states[0]) == len(states[1]) == len(x.model)  # Adam state for every weight
     for p, q in zip(states[0].values(), states[1].values()):
         assert all(torch.equal(p[k], q[k]) for k in p)
+
+
+def perturbed(source: Path, out: Path, scale: float, seed: int = 3) -> Path:
+    """A checkpoint of `source`'s model with noise (`scale` times each tensor's deviation)
+    added to its weights: a draft (decode.draft) that agrees with it often, not always."""
+    ckpt = Checkpoint.load(source)
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, w in ckpt.model.items():
+        if w.is_floating_point() and w.numel() > 1:
+            w = w + scale * w.std() * torch.randn(w.shape, generator=g)
+        weights[name] = w
+    dataclasses.replace(ckpt, model=weights, resume=None).save(out)
+    return out
