@@ -265,7 +265,7 @@ def test_models_that_verify_no_faster_are_refused():
     d = DecodeConfig(beam=1, draft="student.pt")
     assert "a recurrence (an SSRU)" in refusal(model_of(**STUDENT), d)
     rnn = next(a for a in architectures() if a["arch"] == "rnn")
-    assert refusal(model_of(**rnn), d) == "it verifies with one Transformer, not a RNN"
+    assert refusal(model_of(**rnn), d) == "the model must be one Transformer, not RNN"
     assert refusal(model_of(**TRANSFORMERS[0]), d) == ""
     assert "decode.shortlist" in refusal(
         model_of(**TRANSFORMERS[0]), DecodeConfig(beam=1, shortlist="s")

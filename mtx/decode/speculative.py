@@ -54,7 +54,7 @@ def refusal(model: Decodable, d) -> str:
     if d.shortlist:
         return "it verifies over the whole vocabulary: not with decode.shortlist"
     if not model.capabilities.ragged:
-        return f"it verifies with one Transformer, not a {type(model).__name__}"
+        return f"the model must be one Transformer, not {type(model).__name__}"
     if decoder_self(model.cfg).recurrent:
         return (
             "the model's decoder is a recurrence (an SSRU): it verifies no faster than it decodes"
@@ -82,7 +82,7 @@ def load_draft(path: str, model: Decodable, spm_sha256: str, languages, pack: st
     if draft.specials != model.specials:
         raise MtxError(f"{where}: its decoder starts from another token than the model's")
     if not draft.capabilities.ragged:
-        raise MtxError(f"{where}: a {type(draft).__name__} drafts nothing (a Transformer does)")
+        raise MtxError(f"{where}: the draft must be a Transformer, not {type(draft).__name__}")
     if draft.max_positions < model.max_positions:
         raise MtxError(
             f"{where}: takes {draft.max_positions} positions, fewer than the model's "
