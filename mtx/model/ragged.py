@@ -45,7 +45,7 @@ class RaggedCache:
         self.prefill = True  # until the first `feed`: the start tokens, a growing cache's step
         self.rows: Tensor | None = None  # (Q,) each query's cache row; None: row i is row i
         self.positions = torch.zeros(0, dtype=torch.long)  # (Q,) each query's position
-        # the queries at each position: (position, query indices, their cache rows)
+        # the queries at each position, in ascending order of position
         self.groups: list[_Group] = []
         self.pattern: tuple[int, ...] = ()  # the rows of the queries, as `rows` (host)
         self.repeats = False
