@@ -184,8 +184,9 @@ class RaggedLayer:
         self.cells[rows, owner.positions] = cell
 
     def select(self, rows: Tensor) -> None:
+        def keep(x):
+            return None if x is None else x.index_select(0, rows)
+
         self.expanded = None
-        for name in ("k", "v", "cells", "memory_k", "memory_v"):
-            x = getattr(self, name)
-            if x is not None:
-                setattr(self, name, x.index_select(0, rows))
+        self.k, self.v, self.cells = keep(self.k), keep(self.v), keep(self.cells)
+        self.memory_k, self.memory_v = keep(self.memory_k), keep(self.memory_v)

@@ -51,10 +51,11 @@ class MtxEngine:
     ) -> list[Result]:  # fmt: skip
         key = (beam, alignments)
         if key not in self._by_beam:
-            changes = dict(beam=beam, alignments=alignments)
-            if beam != 1:  # a draft (decode.draft) speeds up greedy search, not a beam's
-                changes["draft"] = ""
-            self._by_beam[key] = self.translator.with_decode(**changes)
+            # a draft (decode.draft) speeds up greedy search, not a beam's
+            draft = self.cfg.decode.draft if beam == 1 else ""
+            self._by_beam[key] = self.translator.with_decode(
+                beam=beam, alignments=alignments, draft=draft
+            )
         tr = self._by_beam[key].into(tgt_lang)
         # each text is line 0 of its own input: with decode.sampling its samples are seeded
         # alike in any batch (a position in the batch would make them depend on it)
