@@ -15,7 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # Floors, bottom first. A module may import modules of a lower floor, and of its own group
 # (never another group of its floor): the model knows no corpus, the data no model.
 FLOORS = [
-    {"base": ["mtx", "mtx.errors", "mtx.files", "mtx.tokens", "mtx.device", "mtx.progress"]},
+    {
+        "base": [
+            "mtx",
+            "mtx.errors",
+            "mtx.files",
+            "mtx.tokens",
+            "mtx.device",
+            "mtx.progress",
+            "mtx.distributed",
+        ]
+    },
     {
         "config": ["mtx.config", "mtx.corpora"],
         "align": ["mtx.align"],

@@ -16,10 +16,10 @@ from mtx.config import load_config
 from mtx.data import vocab
 from mtx.data.bpe_dropout import Merges, Resegment, pair_seed
 from mtx.data.prepared import load_prepared
+from mtx.distributed import Dist
 from mtx.model.build import make_model
 from mtx.tokens import EOS_ID
 from mtx.train.data import Mix, sampled, stream
-from mtx.train.distributed import Dist
 from mtx.train.step import Precision
 from mtx.train.trainer import train
 from mtx.train.validate import validate

@@ -1,4 +1,4 @@
-"""mtx translate --input --output [--resume] (jobs/translate.py): a whole corpus into a file
+"""mtx translate --input --output [--resume] (jobs/corpus.py, jobs/translate.py): a whole corpus into a file
 that lines up with it; a run killed with kill -9 and resumed writes the same file."""
 
 import json
@@ -16,7 +16,8 @@ from mtx.data import toy
 from mtx.data.sources import count_lines
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
-from mtx.jobs.translate import Record, complete, translate_corpus
+from mtx.jobs.corpus import Record, complete
+from mtx.jobs.translate import translate_corpus
 
 LINES = 300
 

@@ -134,6 +134,8 @@ def test_distill_refuses_bad_references_in_one_line_before_writing(toy_run, tmp_
     src, ref = tmp_path / "x.en", tmp_path / "x.de"
     src.write_text("a house\na dog\n")
     ref.write_text("ein Haus\n")
+    paired = tmp_path / "y.de"
+    paired.write_text("ein Haus\nein Hund\n")
     cases = [
         (
             ["--ref", str(ref), "--nbest", "2", "--beam", "2"],
@@ -143,7 +145,7 @@ def test_distill_refuses_bad_references_in_one_line_before_writing(toy_run, tmp_
             ["--ref", str(ref), "--nbest", "1"],
             "--ref needs --nbest 2 or more to choose from, got 1",
         ),
-        (["--ref", str(ref), "--nbest", "8"], "--nbest 8 needs a beam of at least 8"),
+        (["--ref", str(paired), "--nbest", "8"], "--nbest 8 needs a beam of at least 8"),
         (["--ref", str(ref), "--select", "ter"], "--select must be one of bleu, chrf, got 'ter'"),
         (["--ref", str(tmp_path / "none.de")], "file not found"),
     ]

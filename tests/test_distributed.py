@@ -28,10 +28,10 @@ from conftest import BOTH_WAYS, TINY_RUN, run_config
 from helpers.common import assert_same_parameters, last, records
 from torch.nn.parallel import DistributedDataParallel
 
+from mtx import distributed
 from mtx.checkpoint import RunDir
 from mtx.config import load_config
 from mtx.data.prepare import prepare
-from mtx.train import distributed
 from mtx.train.trainer import train
 
 SAME = ["model.dropout=0.0", "train.threads=1", "train.valid_every=4", "train.log_every=2"]

@@ -13,9 +13,9 @@ from mtx.config import load_config
 from mtx.data import toy
 from mtx.data.prepare import prepare
 from mtx.data.prepared import load_prepared
+from mtx.distributed import Dist
 from mtx.errors import MtxError
 from mtx.model.build import load_model, make_model
-from mtx.train.distributed import Dist
 from mtx.train.schedule import rate
 from mtx.train.step import Precision
 from mtx.train.trainer import Trainer, train

@@ -92,7 +92,7 @@ def test_the_counter_sees_what_waits():
 
 
 def _one_process():
-    from mtx.train.distributed import Dist
+    from mtx.distributed import Dist
 
     return Dist()
 

@@ -223,6 +223,17 @@ def translate(
     _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head, document)
 
 
+def refuse_stream_under_torchrun(command: str, files: str = "--input and --output") -> None:
+    """Under torchrun, a command spreads a corpus over the processes: a file to a file."""
+    from mtx.distributed import under_torchrun
+
+    if under_torchrun():
+        raise MtxError(
+            f"{command} under torchrun spreads a corpus over its processes: give {files} "
+            "(or run it without torchrun)"
+        )
+
+
 def _check_documents(documents: bool, attention_dir, document: bool) -> None:
     if documents and attention_dir is not None:
         fail("--attention-dir shows one sentence's attention: not with a --format")
@@ -272,7 +283,7 @@ def _translate_lines(
 
 
 def _said(overrides, given: dict, steered: tuple | None) -> list[str]:
-    """The settings a corpus translation records (jobs/translate.py's Record): overrides and
+    """The settings a corpus translation records (jobs/corpus.py's Record): overrides and
     options given, and with controls whether the input is JSON and the glossary's hash."""
     said = [*(overrides or []), *(f"{k}={v}" for k, v in given.items() if v is not None)]
     if steered:
@@ -282,6 +293,8 @@ def _said(overrides, given: dict, steered: tuple | None) -> list[str]:
 
 def _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered, document):
     """Refuse, in one line, `mtx translate` options that do not go together."""
+    if output is None:
+        run(refuse_stream_under_torchrun, "mtx translate")
     if document and output is not None:
         fail("--document translates one text to stdout: no --output")
     if attention_dir is not None and steered:
@@ -306,27 +319,42 @@ def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, sai
     """--input into --output (jobs/translate.py), resuming it with --resume; a summary on stderr.
     With controls (`steering`: JSON lines?, the glossary), every line is read and checked
     before anything is written."""
-    from mtx.jobs.translate import Record, translate_corpus
+    from mtx.jobs.translate import run_job, translation_job
 
     reader = Reader(*steering, out.documents)
     run(out.check)  # before the output is begun
 
     run(_file_lines, input)  # a missing input: one line, before anything is written
-    # batches and drafts (speculative decoding is exact) change nothing; devices may
-    unrecorded = ("decode.batch_tokens=", "decode.draft=", "decode.draft_tokens=", "draft=")
-    settings = [x for x in said if not x.startswith(unrecorded)]
-    settings.append(f"device={out.translator.device.type}")
-    record = Record(
-        str(input.resolve()), input.stat().st_size, [str(Path(p).resolve()) for p in paths],
-        settings, nbest,
-    )  # fmt: skip
+    record = corpus_record(input, paths, said, nbest, out.translator)
     items = None
     if not reader.plain:
         run(_check_items, out.translator, reader, input)
         items = reader.items
-    written = run(translate_corpus, out, input, output, record, resume, chunk_lines, items)
-    log(f"translated {written:,} lines into {output}")
-    out.say_report()
+    job = run(translation_job, out, input, record, items)
+    done = run(run_job, job, output, resume, chunk_lines)
+    if done.main:
+        log(f"translated {done.lines:,} lines into {output}{processes(done)}")
+        out.say_report()
+
+
+def corpus_record(input: Path, paths, said: list[str], nbest: int, translator):
+    """What a corpus job computes (jobs/corpus.py's Record): its input, checkpoints and
+    settings (`said`), less those that change nothing (batches; drafts, as speculative
+    decoding is exact), with the kind of device (which may)."""
+    from mtx.jobs.corpus import Record
+
+    unrecorded = ("decode.batch_tokens=", "decode.draft=", "decode.draft_tokens=", "draft=")
+    settings = [x for x in said if not x.startswith(unrecorded)]
+    settings.append(f"device={translator.device.type}")
+    checkpoints = [str(Path(p).resolve()) for p in paths]
+    return Record(str(input.resolve()), input.stat().st_size, checkpoints, settings, nbest)
+
+
+def processes(done) -> str:
+    """How many processes did a corpus job (if more than one), how many lines were done before."""
+    said = [f"{done.processes} processes"] if done.processes > 1 else []
+    said += [f"{done.before:,} done before"] if done.before else []
+    return f" ({', '.join(said)})" if said else ""
 
 
 def _check_items(translator, reader: Reader, input: Path) -> None:

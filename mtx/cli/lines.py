@@ -99,12 +99,7 @@ class Output:
         aligned = self.translator.cfg.decode.alignments
         if self.nbest == 1:
             return result.best.text + (f" ||| {result.best.pharaoh()}" if aligned else "") + "\n"
-        return "".join(
-            f"{number} ||| {o.text} ||| {o.score:.6f} ||| {o.log_prob:.6f}"
-            + (f" ||| {o.pharaoh()}" if aligned else "")
-            + "\n"
-            for o in result.outputs
-        )
+        return "".join(o.nbest_line(number, aligned) for o in result.outputs)
 
     def say_report(self) -> None:
         """The run's count of constraints and glossary terms on stderr, if it had any."""

@@ -21,11 +21,12 @@ from mtx.cli.decoding import (
     DtypeOpt,
     ResumeOpt,
     TgtLangOpt,
-    _translate_corpus,
     _translator,
+    corpus_record,
+    processes,
     read_lines,
+    refuse_stream_under_torchrun,
 )
-from mtx.cli.lines import Output
 from mtx.errors import MtxError
 
 
@@ -56,6 +57,26 @@ def read_pairs(src: Path | None, tgt: Path | None) -> tuple[list[str], list[str]
     return sources, targets
 
 
+PerTokenOpt = Annotated[
+    bool, typer.Option("--per-token", help="Also each target token's log-probability.")
+]
+ScoreAlignOpt = Annotated[
+    bool,
+    typer.Option(
+        "--alignments",
+        help="Also each pair's word alignment by the model (Pharaoh 'i-j', source-target "
+        "word indices from 0; decode/align.py): mtx as a corpus aligner.",
+    ),
+]
+ScoreOutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --src and --tgt: write the scores here, chunk by chunk, with a progress "
+        "bar; a killed run continues with --resume; under torchrun, spread over the processes."
+    ),
+]
+
+
 def score(
     checkpoint: CkptOpt = None,
     config: ConfigOpt = None,
@@ -69,59 +90,94 @@ def score(
     dtype: DtypeOpt = None,
     tgt_lang: TgtLangOpt = None,
     json_out: JsonOpt = False,
-    per_token: Annotated[
-        bool, typer.Option("--per-token", help="Also each target token's log-probability.")
-    ] = False,
-    alignments: Annotated[
-        bool,
-        typer.Option(
-            "--alignments",
-            help="Also each pair's word alignment by the model (Pharaoh 'i-j', source-target "
-            "word indices from 0; decode/align.py): mtx as a corpus aligner.",
-        ),
-    ] = False,
+    per_token: PerTokenOpt = False,
+    alignments: ScoreAlignOpt = False,
+    output: ScoreOutputOpt = None,
+    resume: ResumeOpt = False,
+    chunk_lines: ChunkOpt = 512,
 ) -> None:
     """Score (source, target) pairs by forced decoding: for each, the log-probability the model
     (or the ensemble of several --checkpoint) gives the target, as 'TOTAL<TAB>MEAN<TAB>TOKENS'
     (natural log; MEAN per target token, EOS included; with --alignments a fourth column of
     word links), or with --json one object per line.
     Pairs come from --src and --tgt, or as 'SOURCE<TAB>TARGET' lines on stdin."""
-    from mtx.decode.score import Scorer
-
-    sources, targets = run(read_pairs, src, tgt)
+    if output is None:
+        run(refuse_stream_under_torchrun, "mtx score", "--src, --tgt and --output")
+    if (output is not None or resume) and (src is None or tgt is None):
+        fail("--output and --resume take --src and --tgt (files: read again to resume)")
+    if output is None:
+        sources, targets = run(read_pairs, src, tgt)
     translator = _translator(checkpoint, config, set, None, None, batch_tokens, device, tgt_lang,
                              dtype=dtype)  # fmt: skip
-    scores = run(Scorer(translator).score, sources, targets)
-    links = run(_alignments, translator, sources, targets) if alignments else None
+    form = (json_out, per_token, alignments)
+    if output is not None:
+        said = [*(set or []), f"tgt={tgt.resolve()}", f"tgt_bytes={tgt.stat().st_size}"]
+        said += [f"{k}={v}" for k, v in dict(dtype=dtype, tgt_lang=tgt_lang).items() if v]
+        said += [f"json={json_out}", f"per_token={per_token}", f"alignments={alignments}"]
+        record = corpus_record(src, checkpoint_paths(checkpoint, config, set), said, 1, translator)
+        return _score_corpus(translator, src, tgt, output, record, form, (resume, chunk_lines))
     try:
-        for n, s in enumerate(scores):
-            if json_out:
-                record = {"total": s.total, "mean": s.mean, "tokens": s.tokens}
-                if per_token:
-                    record["per_token"] = s.per_token
-                if links is not None:
-                    record["alignments"] = [list(link) for link in sorted(links[n])]
-                line = json.dumps(record)
-            else:
-                line = f"{s.total:.6f}\t{s.mean:.6f}\t{s.tokens}"
-                if per_token:
-                    line += "\t" + " ".join(f"{x:.6f}" for x in s.per_token)
-                if links is not None:
-                    line += "\t" + " ".join(f"{i}-{j}" for i, j in sorted(links[n]))
-            sys.stdout.write(line + "\n")
+        for line in score_lines(translator, sources, targets, form):
+            sys.stdout.write(line)
         sys.stdout.flush()
     except BrokenPipeError:  # `mtx score ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _alignments(translator, sources: list[str], targets: list[str]) -> list[set]:
+def _score_corpus(translator, src, tgt, output, record, form, how) -> None:
+    """--src and --tgt scored into --output (a corpus job: jobs/corpus.py, shards.py)."""
+    from mtx.jobs.corpus import CorpusJob
+    from mtx.jobs.translate import run_job
+
+    if not tgt.is_file():
+        fail(f"file not found: {tgt}")
+
+    def render(first: int, rows: list[tuple[str, ...]]) -> list[str]:
+        sources, targets = [r[0] for r in rows], [r[1] for r in rows]
+        return run(score_lines, translator, sources, targets, form, first)
+
+    job = CorpusJob([src, tgt], record, 1, render, verb="scored", unit="pairs")
+    done = run(run_job, job, output, *how)
+    if done.main:
+        log(f"scored {done.lines:,} pairs into {output}{processes(done)}")
+
+
+def score_lines(translator, sources, targets, form, first: int = 0) -> list[str]:
+    """Each pair's line: 'TOTAL<TAB>MEAN<TAB>TOKENS' (with the per-token log-probabilities
+    and the word links if asked), or a JSON object (`form`: json, per token, alignments);
+    `first`: the first pair's number from 0 (for errors)."""
+    from mtx.decode.score import Scorer
+
+    json_out, per_token, alignments = form
+    scores = Scorer(translator).score(sources, targets, first)
+    links = _alignments(translator, sources, targets, first) if alignments else None
+    lines = []
+    for n, s in enumerate(scores):
+        if json_out:
+            record = {"total": s.total, "mean": s.mean, "tokens": s.tokens}
+            if per_token:
+                record["per_token"] = s.per_token
+            if links is not None:
+                record["alignments"] = [list(link) for link in sorted(links[n])]
+            lines.append(json.dumps(record) + "\n")
+            continue
+        line = f"{s.total:.6f}\t{s.mean:.6f}\t{s.tokens}"
+        if per_token:
+            line += "\t" + " ".join(f"{x:.6f}" for x in s.per_token)
+        if links is not None:
+            line += "\t" + " ".join(f"{i}-{j}" for i, j in sorted(links[n]))
+        lines.append(line + "\n")
+    return lines
+
+
+def _alignments(translator, sources: list[str], targets: list[str], first: int = 0) -> list[set]:
     """The model's word alignment of each given pair (decode/align.py)."""
     from mtx.decode.align import Aligner
     from mtx.decode.score import Scorer
 
     scorer = Scorer(translator)
     src = [translator.encode(line) for line in sources]
-    tgt = [scorer.target_ids(line, n)[:-1] for n, line in enumerate(targets)]
+    tgt = [scorer.target_ids(line, first + n)[:-1] for n, line in enumerate(targets)]
     return Aligner(translator).word_links(src, tgt)
 
 
@@ -134,18 +190,22 @@ RefOpt = Annotated[
 ]
 
 
+DistillSrcOpt = Annotated[Path | None, typer.Option(help="The training sources to translate.")]
+OutputDirOpt = Annotated[
+    Path | None, typer.Option(help="Where the translations and the corpus go.")
+]
+DropWorstOpt = Annotated[
+    float, typer.Option(help="Drop this fraction of the pairs: those of highest cross-entropy.")
+]
+
+
 def distill(
     checkpoint: CkptOpt = None,
     config: ConfigOpt = None,
     set: SetOpt = None,
-    src: Annotated[Path | None, typer.Option(help="The training sources to translate.")] = None,
-    output_dir: Annotated[
-        Path | None, typer.Option(help="Where the translations and the corpus go.")
-    ] = None,
-    drop_worst: Annotated[
-        float,
-        typer.Option(help="Drop this fraction of the pairs: those of highest cross-entropy."),
-    ] = 0.05,
+    src: DistillSrcOpt = None,
+    output_dir: OutputDirOpt = None,
+    drop_worst: DropWorstOpt = 0.05,
     ref: RefOpt = None,
     nbest: Annotated[int, typer.Option(help="With --ref: choose from the teacher's n best.")] = 8,
     select: Annotated[str, typer.Option(help="With --ref: bleu or chrf, by sentence.")] = "bleu",
@@ -162,20 +222,18 @@ def distill(
     its reference), scores its translations and drops the --drop-worst fraction of highest
     cross-entropy; DIR/distilled.SRC and DIR/distilled.TGT are a corpus for `mtx prepare`
     (data.train: DIR/distilled), DIR/distill.json the counts and the threshold."""
-    from mtx.jobs.distill import Selection, check_drop_worst, check_selection
-    from mtx.jobs.distill import distill as run_distill
+    from mtx.jobs.distill import Selection, check, distill_job, finish, work_path
+    from mtx.jobs.shards import parts_dir
+    from mtx.jobs.translate import run_job
 
     if src is None or output_dir is None:
         fail("mtx distill needs --src and --output-dir")
-    run(check_drop_worst, drop_worst)  # before the teacher is loaded
     selection = None if ref is None else Selection(ref, nbest, select)
-    if selection is not None:
-        run(check_selection, selection)  # before the teacher is loaded
+    run(check, src, selection, drop_worst)  # before the teacher is loaded
     translator = _translator(
         checkpoint, config, set, beam, None, batch_tokens, device, tgt_lang, dtype=dtype
     )
-    if selection is not None:
-        run(translator.check_nbest, nbest)  # the beam holds --nbest: before anything is written
+    run(translator.check_nbest, nbest if selection else 1)  # before anything is written
     data = translator.cfg.data
     langs = (data.src_lang, tgt_lang or data.tgt_lang)
     if not all(langs):
@@ -183,14 +241,20 @@ def distill(
     paths = checkpoint_paths(checkpoint, config, set)
     said = dict(beam=beam, tgt_lang=tgt_lang, dtype=dtype)
     said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
-
-    def translate(output: Path, n: int) -> None:  # a finished translation: nothing more to do
-        corpus = (src, output, resume or output.exists(), n, chunk_lines)
-        _translate_corpus(Output(translator, n, False), *corpus, paths, said, (False, None))
-
-    teacher = [str(Path(p).resolve()) for p in paths]
-    job = (translator, src, output_dir, langs, drop_worst, translate, teacher, selection)
-    report(run(run_distill, *job), langs, output_dir)
+    if selection is not None:
+        said += [f"ref={ref.resolve()}", f"select={select}"]
+    record = corpus_record(src, paths, said, nbest if selection else 1, translator)
+    job = run(distill_job, translator, src, record, selection)
+    work = work_path(output_dir, langs[1])
+    run(output_dir.mkdir, parents=True, exist_ok=True)
+    # a begun translation goes on (nothing more to do once finished)
+    resume = resume or work.exists() or parts_dir(work).is_dir()
+    done = run(run_job, job, work, resume, chunk_lines)
+    if done.main:
+        log(f"translated {done.lines:,} lines into {work}{processes(done)}")
+        teacher = [str(Path(p).resolve()) for p in paths]
+        result = run(finish, output_dir, langs, src, drop_worst, teacher, selection)
+        report(result, langs, output_dir)
 
 
 def report(r, langs: tuple[str, str], output_dir: Path) -> None:

@@ -70,19 +70,35 @@ def line_blocks(path: Path, size: int = 1 << 16) -> Iterator[list[str]]:
     with open(path, "rb") as f:
         done = 0
         while block := list(itertools.islice(f, size)):
-            joined = b"".join(block).replace(b"\r\n", b"\n")  # "\r\n" only ends a line
-            ended = block[-1].endswith(b"\n")
-            if not ended and joined.endswith(b"\r"):  # the file's last line, unterminated
-                joined = joined[:-1]
-            try:
-                text = joined.decode("utf-8")
-            except UnicodeDecodeError:
-                _raise_bad_line(path, block, done)
-            lines = text.split("\n")
-            if ended:
-                lines.pop()  # the empty string after the block's last "\n"
+            yield decode_lines(path, block, done)
             done += len(block)
-            yield lines
+
+
+def lines_at(path: Path, offset: int, n: int, first: int) -> list[str]:
+    """The `n` lines of `path` from byte `offset` on, as `read_lines` gives them (`first`: the
+    first one's index from 0, for errors)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        block = list(itertools.islice(f, n))
+    if len(block) < n:
+        raise MtxError(f"{path}: {n} lines from line {first + 1} expected, {len(block)} read")
+    return decode_lines(path, block, first)
+
+
+def decode_lines(path: Path, block: list[bytes], done: int) -> list[str]:
+    """Raw lines of `path` (the `done` before them) as text without their line endings."""
+    joined = b"".join(block).replace(b"\r\n", b"\n")  # "\r\n" only ends a line
+    ended = block[-1].endswith(b"\n")
+    if not ended and joined.endswith(b"\r"):  # the file's last line, unterminated
+        joined = joined[:-1]
+    try:
+        text = joined.decode("utf-8")
+    except UnicodeDecodeError:
+        _raise_bad_line(path, block, done)
+    lines = text.split("\n")
+    if ended:
+        lines.pop()  # the empty string after the block's last "\n"
+    return lines
 
 
 def _raise_bad_line(path: Path, block: list[bytes], done: int) -> NoReturn:

@@ -49,6 +49,12 @@ class Output:
         """Its word alignment as Pharaoh text: `0-0 1-2` (source-output word indices)."""
         return " ".join(f"{i}-{j}" for i, j in self.links or ())
 
+    def nbest_line(self, number: int, aligned: bool = False) -> str:
+        """Its line in an n-best list: 'LINE ||| TEXT ||| SCORE ||| LOG-PROBABILITY' (LINE: the
+        input line's number from 0), with ' ||| 0-0 1-2' after it if `aligned`."""
+        line = f"{number} ||| {self.text} ||| {self.score:.6f} ||| {self.log_prob:.6f}"
+        return line + (f" ||| {self.pharaoh()}" if aligned else "") + "\n"
+
 
 @dataclass(frozen=True)
 class Translation:

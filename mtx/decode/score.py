@@ -64,13 +64,14 @@ class Scorer:
             )
         return ids
 
-    def score(self, sources: list[str], targets: list[str]) -> list[Score]:
-        """The score of each (source, target) pair, in input order."""
+    def score(self, sources: list[str], targets: list[str], first: int = 0) -> list[Score]:
+        """The score of each (source, target) pair, in input order (`first`: the first pair's
+        number from 0, for errors)."""
         if len(sources) != len(targets):
             raise MtxError(f"{len(sources)} sources but {len(targets)} targets")
         self.tr.check_language()
         src = [self.tr.encode(line) for line in sources]
-        tgt = [self.target_ids(line, i) for i, line in enumerate(targets)]
+        tgt = [self.target_ids(line, first + i) for i, line in enumerate(targets)]
         return self.score_ids(src, tgt)
 
     def cross_entropies(self, sources: list[str], targets: list[str]) -> list[float]:

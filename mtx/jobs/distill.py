@@ -31,11 +31,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mtx.data.sources import read_lines
+from mtx.data.sources import count_lines, read_lines
 from mtx.decode.score import Scorer
 from mtx.errors import MtxError
 from mtx.evaluate import SENTENCE_METRICS, sentence_metric
 from mtx.files import atomic_write_text
+from mtx.jobs.corpus import CorpusJob, Record
 
 
 @dataclass
@@ -189,56 +190,77 @@ def write_corpus(
     return report
 
 
-def teacher_targets(
-    out_dir: Path,
-    tgt_lang: str,
-    sources: list[str],
-    translate,
+def work_path(out_dir: Path, tgt_lang: str) -> Path:
+    """DIR/teacher.TGT.jsonl: each line's translation(s) and cross-entropy, the resumable work."""
+    return out_dir / f"teacher.{tgt_lang}.jsonl"
+
+
+def distill_job(translator, src: Path, record: Record, selection: Selection | None) -> CorpusJob:
+    """Steps 1 and 2 for each source line, as a corpus job (translate.py; shards.py under
+    torchrun): the teacher's translation (with a `selection`, its n best and the one closest
+    to the line's reference, from the job's second input) and its cross-entropy, one JSON
+    object a line."""
+    translator.check_nbest(record.nbest)
+    translator.check_language()
+    scorer = Scorer(translator)
+
+    def render(first: int, rows: list[tuple[str, ...]]) -> list[str]:
+        sources = [row[0] for row in rows]
+        stream = translator.hypotheses_stream(sources, max(len(rows), 1), None, record.nbest, first)
+        results = [translator.translation(hyps) for hyps in stream]
+        lines = [{"translation": r.best.text} for r in results]
+        if selection is not None:
+            groups = [[o.text for o in r.outputs] for r in results]
+            refs = [row[1] for row in rows]
+            picks, texts, first_metric, chosen = closest(groups, refs, selection.metric)
+            for i, line in enumerate(lines):
+                nbest = "".join(o.nbest_line(first + i) for o in results[i].outputs)
+                line.update(nbest=nbest, pick=picks[i], translation=texts[i],
+                            first=first_metric[i], chosen=chosen[i])  # fmt: skip
+        xent = scorer.cross_entropies(sources, [line["translation"] for line in lines])
+        return [
+            json.dumps(line | {"cross_entropy": x}, ensure_ascii=False) + "\n"
+            for line, x in zip(lines, xent)
+        ]
+
+    inputs = [src] if selection is None else [src, selection.references]
+    return CorpusJob(inputs, record, 1, render, verb="distilled")
+
+
+def finish(
+    out_dir: Path, langs: tuple[str, str], src: Path, drop_worst: float, teacher: list[str],
     selection: Selection | None,
-    refs: list[str] | None,
-) -> tuple[Path, list[str], Chosen | None]:
-    """Step 1: the teacher's translation of each source, and the file that holds them:
-    DIR/teacher.TGT, its best; with a `selection`, DIR/closest.TGT, the one of its n best
-    closest to the line's reference."""
-    hyps_path = out_dir / f"teacher.{tgt_lang}"
-    if selection is None:
-        translate(hyps_path, 1)
-        targets = list(read_lines(hyps_path))
-        if len(targets) != len(sources):
-            raise MtxError(
-                f"{hyps_path} has {len(targets)} lines but the sources have {len(sources)}"
-            )
-        return hyps_path, targets, None
-    assert refs is not None
-    nbest_path = out_dir / f"teacher.{tgt_lang}.nbest"
-    translate(nbest_path, selection.nbest)
-    groups = read_nbest(nbest_path, len(sources), selection.nbest)
-    picks, targets, first, best = closest(groups, refs, selection.metric)
-    chosen_path = out_dir / f"closest.{tgt_lang}"
-    atomic_write_text(chosen_path, "".join(t + "\n" for t in targets))
-    chosen = Chosen(
-        nbest=selection.nbest, metric=selection.metric, references=str(selection.references),
-        not_first=sum(1 for j in picks if j), mean_first=mean(first) or 0.0,
-        mean_chosen=mean(best) or 0.0,
-    )  # fmt: skip
-    return chosen_path, targets, chosen
-
-
-def distill(
-    translator, src: Path, out_dir: Path, langs: tuple[str, str], drop_worst: float,
-    translate, teacher: list[str], selection: Selection | None = None,
 ) -> Report:  # fmt: skip
-    """Steps 1 to 4, `translate(output path, n best)` (translate.py) writing the teacher's
-    translations of `src` into a file."""
+    """Steps 3 and 4 from the finished work file: the translations' files (DIR/teacher.TGT; with
+    a `selection`, DIR/teacher.TGT.nbest and DIR/closest.TGT), the corpus and DIR/distill.json."""
+    tgt = langs[1]
+    work = [json.loads(line) for line in read_lines(work_path(out_dir, tgt))]
+    targets = [w["translation"] for w in work]
+    xent = [float(w["cross_entropy"]) for w in work]
+    chosen = None
+    if selection is None:
+        path = out_dir / f"teacher.{tgt}"
+    else:
+        path = out_dir / f"closest.{tgt}"
+        atomic_write_text(out_dir / f"teacher.{tgt}.nbest", "".join(w["nbest"] for w in work))
+        chosen = Chosen(
+            nbest=selection.nbest, metric=selection.metric, references=str(selection.references),
+            not_first=sum(1 for w in work if w["pick"]),
+            mean_first=mean([w["first"] for w in work]) or 0.0,
+            mean_chosen=mean([w["chosen"] for w in work]) or 0.0,
+        )  # fmt: skip
+    atomic_write_text(path, "".join(t + "\n" for t in targets))
+    sources = list(read_lines(src))
+    keep = kept_lines(xent, drop_worst)
+    return write_corpus(
+        out_dir, langs, sources, targets, keep, xent, drop_worst, teacher, path, chosen
+    )
+
+
+def check(src: Path, selection: Selection | None, drop_worst: float) -> None:
+    """What `mtx distill` is given, refused in one line before anything is written."""
     check_drop_worst(drop_worst)
     if not src.is_file():
         raise MtxError(f"file not found: {src}")
-    sources = list(read_lines(src))
-    # a bad --ref is refused before anything is written
-    refs = None if selection is None else references(selection, len(sources))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path, targets, chosen = teacher_targets(out_dir, langs[1], sources, translate, selection, refs)
-    xent = Scorer(translator).cross_entropies(sources, targets)
-    keep = kept_lines(xent, drop_worst)
-    written = (sources, targets, keep, xent, drop_worst, teacher, path, chosen)
-    return write_corpus(out_dir, langs, *written)
+    if selection is not None:
+        references(selection, count_lines(src))

@@ -20,12 +20,14 @@ segment each pair anew (data/bpe_dropout.py), by (seed, epoch, row) alone.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from mtx import corpora
+from mtx.checkpoint import Manifest
 from mtx.config import Config, DataConfig, TrainConfig
 from mtx.data.batching import Batch, BatchDataset, fixed_batches, lengths, token_batches
 from mtx.data.bpe_dropout import Resegment
@@ -176,3 +178,18 @@ def stream(
         generator=torch.Generator(),  # keeps the global RNG (dropout) untouched by loaders
         worker_init_fn=ignore_stop_signals,
     )
+
+
+def fingerprint(manifest: Manifest, spm_proto: bytes, links=None) -> dict[str, str]:
+    """What must be the same on every process: the training and validation pairs' hashes from
+    the manifest, the hash of spm.model as read, and with guided alignment the hash of the
+    piece links (data/aligned.py's PieceLinks)."""
+    pairs = {name: split.pairs_sha256 for name, split in manifest.splits.items()}
+    out = {
+        "spm.model sha256": hashlib.sha256(spm_proto).hexdigest(),
+        "train pairs sha256": str(pairs.get("train")),
+        "valid pairs sha256": str(pairs.get("valid")),
+    }
+    if links is not None:
+        out["alignments sha256"] = links.sha256()
+    return out

@@ -31,9 +31,9 @@ import torch
 
 from mtx.checkpoint import Checkpoint, InitRecord
 from mtx.config import PARTS, Config, ModelConfig, TrainConfig
+from mtx.distributed import Dist
 from mtx.errors import MtxError
 from mtx.files import sha256_file
-from mtx.train.distributed import Dist
 from mtx.train.state import TrainState
 
 TRAINING_ONLY = ("dropout", "attention_dropout", "init")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
+from mtx.distributed import Dist
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.train.compiled import Compilations
-from mtx.train.distributed import Dist
 from mtx.train.step import UpdateStats
 
 

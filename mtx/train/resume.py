@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from mtx.checkpoint import Checkpoint, Resume, RunDir
+from mtx.distributed import Dist
 from mtx.errors import MtxError
 from mtx.files import remove_stale_temporaries
-from mtx.train.distributed import Dist
 from mtx.train.ema import Ema
 from mtx.train.metrics import truncate_metrics
 from mtx.train.state import TrainState

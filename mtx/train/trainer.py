@@ -2,7 +2,7 @@
 
 The loop (`Trainer.loop`) takes this process's share of every update's batches (data.py),
 runs the update (step.py's `Step`), logs (metrics.py), validates (validate.py) and checkpoints
-(resume.py), surviving what faults.py handles. Under torchrun (distributed.py) N processes
+(resume.py), surviving what faults.py handles. Under torchrun (mtx/distributed.py) N processes
 train exactly as one process with N times the update_freq, and every decision the processes
 must take alike (whether to stop, whether a checkpoint exists) comes from rank 0 or a
 collective. A process that dies or stops answering ends the job with an error naming it,
@@ -27,13 +27,13 @@ from mtx.data import aligned, vocab
 from mtx.data.batching import Batch
 from mtx.data.prepared import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
+from mtx.distributed import Dist
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.model.build import make_model
 from mtx.model.transformer import count_parameters
 from mtx.tokens import SPECIALS
 from mtx.train import compiled, data, init
-from mtx.train.distributed import Dist, fingerprint
 from mtx.train.ema import Ema
 from mtx.train.faults import OutOfMemory, StopSignals, check_nonfinite
 from mtx.train.metrics import MetricsLog, TrainRecord, Window, summary_writer
@@ -76,7 +76,7 @@ class Trainer:
         self.links = None
         if cfg.train.align_weight:  # guided alignment: `mtx align`'s links (data/aligned.py)
             self.links = aligned.load(cfg, len(self.train_ds))
-        dist.check_same_data(fingerprint(manifest, spm_proto, self.links))
+        dist.check_same_data(data.fingerprint(manifest, spm_proto, self.links))
         torch.manual_seed(cfg.train.seed)  # the same initial model on every process
         vocab.check_decoder_start(vocab.load(spm_proto), cfg.model.decoder_start)
         self.model = make_model(cfg.model, manifest.vocab_size).to(self.device)

@@ -19,9 +19,9 @@ import torch
 from mtx.config import Config
 from mtx.data.batching import BatchDataset, lengths, token_batches
 from mtx.decode.translator import Translator
+from mtx.distributed import Dist
 from mtx.evaluate import Scores, score
 from mtx.tokens import SPECIALS
-from mtx.train.distributed import Dist
 from mtx.train.step import LossModel, Precision, forward_loss
 
 

@@ -5,8 +5,8 @@ finished job ("terminate called without an active exception")."""
 
 import sys
 
+from mtx import distributed
 from mtx.cli import main
-from mtx.train import distributed
 
 distributed.BEAT_S = 0.001
 

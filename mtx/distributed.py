@@ -1,4 +1,5 @@
-"""Data-parallel training over the processes `torchrun` starts (one per GPU; CPU processes too).
+"""The processes `torchrun` starts (one per GPU; CPU processes too), working as one job: data-
+parallel training (mtx/train/) and corpus jobs spread over the processes (mtx/jobs/shards.py).
 
 torchrun sets RANK, LOCAL_RANK and WORLD_SIZE and runs the rendezvous, on one machine or many;
 mtx joins the process group (NCCL on GPUs, gloo on CPUs) and wraps the model in torch's
@@ -20,7 +21,6 @@ the error says so in one line. torchrun then stops the other processes and the j
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import threading
 import time
@@ -32,7 +32,6 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from mtx.checkpoint import Manifest
 from mtx.errors import MtxError
 
 T = TypeVar("T")
@@ -109,17 +108,18 @@ class Dist:
         return self.backend is not None
 
     @classmethod
-    def from_env(cls, device: torch.device, timeout_s: float) -> Dist:
+    def from_env(cls, device: torch.device, timeout_s: float, backend: str | None = None) -> Dist:
         """Join torchrun's process group if torchrun started this process (one process too,
         so that a one-GPU torchrun job runs NCCL as a larger one does); `device` picks the
-        backend, and a collective that waits `timeout_s` seconds fails."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
+        backend unless `backend` is given, and a collective that waits `timeout_s` seconds
+        fails."""
+        if not under_torchrun():
             return cls(device=device)
+        world = int(os.environ["WORLD_SIZE"])
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         if not dist.is_initialized():
             timeout = timedelta(seconds=timeout_s)
             # torchrun's store outlives a restart, and the default keys of the process group's
@@ -149,6 +149,21 @@ class Dist:
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
+
+    def each(self, fn: Callable[[], T]) -> list[T]:
+        """What `fn()` returns on each process, in rank order, on every process; an MtxError
+        it raises on any process is raised on every process (the lowest rank's)."""
+        result: Any = None
+        error: str | None = None
+        try:
+            result = fn()
+        except MtxError as e:
+            error = str(e)
+        every = self.gather((result, error))
+        for _, failed in every:
+            if failed is not None:
+                raise MtxError(failed)
+        return [r for r, _ in every]
 
     def broadcast(self, obj: T) -> T:
         """The main process's `obj` (anything picklable, tensors too) on every process."""
@@ -228,6 +243,11 @@ class Dist:
             dist.destroy_process_group()
 
 
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (its rendezvous is there to join)."""
+    return "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
 def attempt_store(name: str, timeout: timedelta) -> dist.Store:
     """A client of the store at MASTER_ADDR:MASTER_PORT (torchrun's), its keys prefixed with
     `name` and torchrun's attempt number (TORCHELASTIC_RESTART_COUNT)."""
@@ -235,18 +255,3 @@ def attempt_store(name: str, timeout: timedelta) -> dist.Store:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
     return dist.PrefixStore(f"mtx/{name}/attempt-{attempt}", store)
-
-
-def fingerprint(manifest: Manifest, spm_proto: bytes, links=None) -> dict[str, str]:
-    """What must be the same on every process: the training and validation pairs' hashes from
-    the manifest, the hash of spm.model as read, and with guided alignment the hash of the
-    piece links (data/aligned.py's PieceLinks)."""
-    pairs = {name: split.pairs_sha256 for name, split in manifest.splits.items()}
-    out = {
-        "spm.model sha256": hashlib.sha256(spm_proto).hexdigest(),
-        "train pairs sha256": str(pairs.get("train")),
-        "valid pairs sha256": str(pairs.get("valid")),
-    }
-    if links is not None:
-        out["alignments sha256"] = links.sha256()
-    return out
