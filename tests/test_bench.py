@@ -22,6 +22,7 @@ from benchmarks.reference import Reference
 from mtx.bench import harness
 from mtx.bench.train import batch_flops, joined_lengths, synthetic_batches, timed_updates
 from mtx.config import ATTENTION_SCORES, Config
+from mtx.data import toy
 from mtx.data.batching import collate
 from mtx.errors import MtxError
 from mtx.model.build import make_model
@@ -339,7 +340,9 @@ def test_the_serving_and_preparing_benchmarks_run_through_mtx_bench(multi30k_run
     assert all(r["peak_pss_bytes"] > r["peak_pss_anon_bytes"] > 0 for r in runs)
 
 
-@pytest.mark.parametrize("name", ["train", "decode", "score", "serve", "prepare", "clean"])
+@pytest.mark.parametrize(
+    "name", ["train", "decode", "score", "corpus", "serve", "prepare", "clean"]
+)
 def test_every_bench_command_is_a_typer_command_with_the_same_help(name):
     """`mtx bench X --help` looks and behaves alike for every benchmark: Typer's usage line and
     options table; a flag it does not know is refused in one usage error, before any work."""
@@ -351,9 +354,30 @@ def test_every_bench_command_is_a_typer_command_with_the_same_help(name):
     assert refused.exit_code == 2 and "No such option: --no-such-flag" in refused.output
 
 
+@pytest.mark.slow
+def test_the_corpus_benchmark_compares_two_processes_with_one_and_a_killed_job(toy_run, tmp_path):
+    """`mtx bench corpus`: one process and two under torchrun, then two with rank 1 killed and
+    restarted, each output byte-identical to one process's."""
+    src = tmp_path / "src.en"
+    src.write_text("".join(s + "\n" for s, _ in toy.split_pairs("train")[:400]))
+    bench = [sys.executable, "-m", "mtx", "bench", "corpus", "--checkpoint",
+             str(toy_run / "checkpoints" / "best.pt"), "--src", str(src), "--tgt", str(src),
+             "--jobs", "translate", "--rounds", "1", "--kill", "--work", str(tmp_path / "w"),
+             "--json"]  # fmt: skip
+    done = subprocess.run(bench, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = json.loads(done.stdout)["jobs"]
+    assert list(jobs)[:2] == ["translate, 1 process", "translate, 2 processes"]
+    assert all(f["same"] and f["working_per_s"] > 0 for f in jobs.values())
+    assert len(jobs) == 3 and "killed" in list(jobs.values())[2]  # the kill's run, whether or
+    # not it came before rank 1 ran out of chunks (a benchmark, not a test of the restart)
+
+
 def test_mtx_bench_refuses_bad_lists_in_one_line(tmp_path):
     args = ["--checkpoint", tmp_path / "x.pt", "--src", tmp_path / "x.en"]
     result = invoke("bench", "serve", *args, "--clients", "1,four")
     assert result.exit_code == 2 and "--clients expects positive numbers" in result.output
+    result = invoke("bench", "corpus", *args, "--processes", "1,0")
+    assert result.exit_code == 2 and "--processes expects positive numbers" in result.output
     result = invoke("bench", "prepare", "--data", tmp_path, "--work", tmp_path / "w")
     assert result.exit_code == 2 and f"--data: no such file: {tmp_path}/train.en" in result.output

@@ -118,6 +118,45 @@ def test_mtx_score_refuses_bad_input_in_one_line(multi30k_run, tmp_path, args, s
     assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr
 
 
+def test_mtx_score_output_holds_stdouts_lines_resumes_and_refuses_before_writing(
+    multi30k_run, tmp_path
+):
+    """--output (jobs/corpus.py): the file is what stdout prints; a run cut short goes on with
+    --resume to the same file; a target too long or unpaired lines are refused in one line
+    with nothing written."""
+    src, tgt = pairs(40)
+    (tmp_path / "s.en").write_text("\n".join(src) + "\n")
+    (tmp_path / "s.de").write_text("\n".join(tgt) + "\n")
+    files = ["--checkpoint", str(multi30k_run / "checkpoints" / "best.pt"), "--src",
+             str(tmp_path / "s.en"), "--tgt", str(tmp_path / "s.de"), "--per-token"]  # fmt: skip
+    out = tmp_path / "scores.txt"
+    stdout = mtx_score(*files).stdout
+    done = mtx_score(*files, "--output", str(out), "--chunk-lines", "16")
+    assert done.returncode == 0 and out.read_text() == stdout, done.stderr
+    assert "scored 40 pairs into" in done.stderr
+    kept = "".join(stdout.splitlines(keepends=True)[:17])
+    out.write_text(kept + stdout.splitlines(keepends=True)[17][:9])  # killed mid-line 18
+    again = mtx_score(*files, "--output", str(out), "--chunk-lines", "16", "--resume")
+    assert again.returncode == 0 and out.read_text() == stdout, again.stderr
+    assert "scored 23 pairs" in again.stderr and "17 done before" in again.stderr
+    long = " ".join(["Hund"] * (Scorer(translator(multi30k_run)).limit + 5))
+    (tmp_path / "long.de").write_text("\n".join(tgt[:2] + [long] + tgt[3:]) + "\n")
+    (tmp_path / "short.de").write_text("\n".join(tgt[:39]) + "\n")
+    for bad, message in (
+        ("long.de", "line 3: the target has"),
+        ("short.de", "short.de has 39: they must pair up"),
+    ):
+        files[5] = str(tmp_path / bad)
+        refused = mtx_score(*files, "--output", str(tmp_path / "new.txt"))
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "new.txt").exists()
+    no_files = mtx_score(*files[:2], "--output", str(tmp_path / "new.txt"), stdin="a\tb\n")
+    assert (
+        no_files.returncode == 2 and "--output and --resume take --src and --tgt" in no_files.stderr
+    )
+
+
 def test_a_target_longer_than_the_model_takes_is_refused_with_its_line(multi30k_run):
     scorer = Scorer(translator(multi30k_run))
     long = " ".join(["Hund"] * (scorer.limit + 5))

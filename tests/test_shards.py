@@ -198,7 +198,7 @@ def test_two_processes_translate_a_corpus_byte_for_byte_as_one(toy_run, tmp_path
     nodes = machines(tmp_path / "two", {"in.en": sources()}, shared)
     code, err = torchrun(tmp_path / "two", *args, "--output", "out.de", shared=shared)
     assert code == 0, err[-3000:]
-    assert f"translated {LINES:,} lines into out.de (2 processes)" in err
+    assert f"translated {LINES:,} lines into out.de (2 processes, merged " in err
     assert (nodes[0] / "out.de").read_bytes() == (one / "out.de").read_bytes()
     assert sorted(p.name for p in nodes[-1].iterdir()) == sorted(
         ["in.en"] + (["out.de", "out.de.progress.json"] if shared else [])
@@ -240,8 +240,8 @@ def test_two_processes_score_and_distill_as_one(toy_run, tmp_path):
         code, err = torchrun(tmp_path / "two", *args)
         assert code == 0, err[-3000:]
         said.append(err)
-    assert "scored 300 pairs into scores.txt (2 processes)" in said[0]
-    assert "translated 300 lines into distilled/teacher.de.jsonl (2 processes)" in said[1]
+    assert "scored 300 pairs into scores.txt (2 processes, merged " in said[0]
+    assert "translated 300 lines into distilled/teacher.de.jsonl (2 processes, merged " in said[1]
     plain = alone(one, *score)  # to stdout, as before
     assert (nodes[0] / "scores.txt").read_text() == (one / "scores.txt").read_text() == plain.stdout
     for name in ("distilled.en", "distilled.de", "teacher.de.nbest", "closest.de"):
@@ -272,7 +272,7 @@ def test_a_worker_killed_mid_job_and_restarted_by_torchrun_writes_the_same_file(
     code, err = torchrun(tmp_path / "two", *args, shared=shared, restarts=1, program=program)
     assert code == 0, err[-3000:]
     assert "exitcode: -9" in err or "SIGKILL" in err, err[-3000:]  # torchrun saw it die
-    assert "done before)" in err  # the restart kept what the killed attempt had done
+    assert " done before, merged " in err  # the restart kept what the killed attempt had done
     assert (nodes[0] / "out.de").read_bytes() == (one / "out.de").read_bytes()
     assert not any(parts_dir(node / "out.de").exists() for node in nodes)
 

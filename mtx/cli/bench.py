@@ -1,4 +1,4 @@
-"""`mtx bench train|decode|score|serve|prepare|clean`: the benchmarks of mtx/bench/, each a
+"""`mtx bench train|decode|score|corpus|serve|prepare|clean`: the benchmarks of mtx/bench/, each a
 Typer command whose flags make that benchmark's `Options`. `mtx bench --config C ...` is
 `mtx bench train --config C ...`."""
 
@@ -12,7 +12,7 @@ import typer
 from mtx.cli.app import ConfigOpt, JsonOpt, SetOpt, fail, load, run
 
 bench_app = typer.Typer(
-    help="The benchmarks of mtx/bench/: train, decode, score, serve, prepare, clean. "
+    help="The benchmarks of mtx/bench/: train, decode, score, corpus, serve, prepare, clean. "
     "`mtx bench --config C ...` is `mtx bench train --config C ...`.",
     invoke_without_command=True,
 )
@@ -178,6 +178,40 @@ def bench_score(
         checkpoint, src, tgt, lines, beam or [4, 1], threads, device, rounds, json_out
     )
     typer.echo(run(score.run, options))
+
+
+@bench_app.command("corpus")
+def bench_corpus(
+    checkpoint: CheckpointOpt,
+    src: SrcOpt,
+    tgt: Annotated[
+        Path | None,
+        typer.Option(help="Score's targets, distill's references (default: beside --src)."),
+    ] = None,
+    lines: Annotated[int, typer.Option(min=0, help="The first N lines of --src (0: all).")] = 3000,
+    jobs: Annotated[str, typer.Option(help="Comma-separated: translate, score, distill.")] = (
+        "translate,score,distill"
+    ),
+    processes: Annotated[str, typer.Option(help="Process counts, comma-separated.")] = "1,2",
+    beam: Annotated[int, typer.Option(min=1, help="translate's and distill's beam.")] = 4,
+    rounds: Annotated[int, typer.Option(min=1, help="Timed runs of each: the median.")] = 2,
+    kill: Annotated[
+        bool, typer.Option("--kill", help="Also a run whose rank 1 is SIGKILLed and restarted.")
+    ] = False,
+    work: Annotated[Path, typer.Option(help="Where the inputs and outputs go.")] = Path(
+        "/tmp/bench_corpus"
+    ),
+    json_out: JsonOpt = False,
+) -> None:
+    """Corpus jobs (translate, score, distill) on N torchrun processes against one: seconds,
+    speed, merge time, and whether the outputs are byte-identical."""
+    from mtx.bench import corpus
+
+    counts = numbers(processes, "--processes")
+    options = corpus.Options(
+        checkpoint, src, tgt, lines, jobs.split(","), counts, beam, rounds, kill, work, json_out
+    )
+    typer.echo(run(corpus.run, options))
 
 
 @bench_app.command("serve")

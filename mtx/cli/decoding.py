@@ -354,6 +354,8 @@ def processes(done) -> str:
     """How many processes did a corpus job (if more than one), how many lines were done before."""
     said = [f"{done.processes} processes"] if done.processes > 1 else []
     said += [f"{done.before:,} done before"] if done.before else []
+    if done.merged is not None:
+        said.append(f"merged {done.merged[0] / 1e6:,.1f} MB in {done.merged[1]:.2f} s")
     return f" ({', '.join(said)})" if said else ""
 
 

@@ -131,6 +131,7 @@ def _score_corpus(translator, src, tgt, output, record, form, how) -> None:
 
     if not tgt.is_file():
         fail(f"file not found: {tgt}")
+    run(_check_targets, translator, tgt)  # a target too long: refused before anything is written
 
     def render(first: int, rows: list[tuple[str, ...]]) -> list[str]:
         sources, targets = [r[0] for r in rows], [r[1] for r in rows]
@@ -140,6 +141,15 @@ def _score_corpus(translator, src, tgt, output, record, form, how) -> None:
     done = run(run_job, job, output, *how)
     if done.main:
         log(f"scored {done.lines:,} pairs into {output}{processes(done)}")
+
+
+def _check_targets(translator, tgt: Path) -> None:
+    from mtx.data.sources import read_lines as read_file_lines
+    from mtx.decode.score import Scorer
+
+    scorer = Scorer(translator)
+    for number, line in enumerate(read_file_lines(tgt)):
+        scorer.target_ids(line, number)
 
 
 def score_lines(translator, sources, targets, form, first: int = 0) -> list[str]:

@@ -129,6 +129,7 @@ class Done:
     main: bool = True
     processes: int = 1
     before: int = 0  # lines an earlier run had done
+    merged: tuple[int, float] | None = None  # bytes rank 0 merged from the parts, seconds
 
 
 def checked(job: CorpusJob, first: int, rows: list[tuple[str, ...]]) -> list[str]:

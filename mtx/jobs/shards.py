@@ -279,11 +279,13 @@ def _run(dist: Dist, job: CorpusJob, output: Path, resume: bool, chunk_lines: in
     held = dist.each(lambda: scan(directory, job_id))
     if begun:
         held[0].append(Block(0, begun, OUTPUT, 0, output.stat().st_size if dist.main else 0))
+    started = time.perf_counter()
     merge(dist, output, held, total, job.per_line)
+    merged = (output.stat().st_size if dist.main else 0, time.perf_counter() - started)
     add_reports(dist, job)
     dist.broadcast(None)  # the output is in place: the parts may go
     shutil.rmtree(directory, ignore_errors=True)
-    return Done(total - before, dist.main, dist.world, before)
+    return Done(total - before, dist.main, dist.world, before, merged)
 
 
 def chunked(path: Path, gaps: list[tuple[int, int]], chunk_lines: int) -> list[tuple[int, int]]:
