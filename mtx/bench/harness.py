@@ -147,6 +147,7 @@ class PeakMemory:
     every: float = 0.5
     peak: MemoryUse = field(default_factory=MemoryUse)
     sampler_cpu_s: float = 0.0
+    samples: list[tuple[float, MemoryUse]] = field(default_factory=list)  # (clock(), use)
 
     def __enter__(self) -> PeakMemory:
         self._stop = threading.Event()
@@ -156,16 +157,38 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while True:
-            self.peak = self.peak | memory(tree(self.pid))
-            self.sampler_cpu_s = time.thread_time()
+            self._take()
             if self._stop.wait(self.every):
                 break
-        self.peak = self.peak | memory(tree(self.pid))
+        self._take()
+
+    def _take(self) -> None:
+        use = memory(tree(self.pid))
+        self.samples.append((clock(), use))
+        self.peak = self.peak | use
         self.sampler_cpu_s = time.thread_time()
+
+    def peak_between(self, start: float, end: float) -> MemoryUse:
+        """The peak of the samples taken from `start` to `end` (times of `clock()`)."""
+        peak = MemoryUse()
+        for t, use in self.samples:
+            if start <= t < end:
+                peak = peak | use
+        return peak
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def clock() -> float:
+    """The harness's clock (seconds, monotonic): memory samples and timestamped lines."""
+    return time.perf_counter()
+
+
+def timestamped(stream) -> list[tuple[float, str]]:
+    """Each line of a text stream as it arrives, with `clock()`'s time."""
+    return [(clock(), line) for line in stream]
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:

@@ -29,7 +29,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mtx.bench.harness import PeakMemory, describe_machine, machine, result, timed
+from mtx.bench.harness import PeakMemory, describe_machine, machine, result, timed, timestamped
 from mtx.checkpoint import Manifest, RunDir
 from mtx.errors import MtxError
 
@@ -62,16 +62,18 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     command = prepare_command(o, corpus, run_dir, spec)
 
-    def prepare() -> tuple[str, PeakMemory]:
+    def prepare() -> tuple[str, PeakMemory, list]:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)  # fmt: skip
         with PeakMemory(proc.pid, o.sample_every) as peak:
-            out = proc.communicate()[0]
+            lines = timestamped(proc.stdout)
+            proc.wait()
+        out = "".join(line for _, line in lines)
         if proc.returncode:
             raise RuntimeError(f"prepare with data.workers {spec} failed:\n{out[-3000:]}")
-        return out, peak
+        return out, peak, lines
 
-    timing, (out, peak) = timed(prepare, repeats=1, warmup=0)
+    timing, (out, peak, lines) = timed(prepare, repeats=1, warmup=0)
     stages = re.search(r"seconds: (.*)", out).group(1)
     manifest = Manifest.read(RunDir(run_dir).data.manifest)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -82,9 +84,19 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
         "peak_pss_bytes": peak.peak.pss,
         "peak_pss_anon_bytes": peak.peak.anon,
         "sampler_cpu_seconds": peak.sampler_cpu_s,
+        "anon_by_step": anon_by_step(peak, lines),
         "train_pairs": manifest.splits["train"].kept,
         "data_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
     }
+
+
+def anon_by_step(peak: PeakMemory, lines: list[tuple[float, str]]) -> list[tuple[str, int]]:
+    """The peak anonymous memory from each of prepare's log lines to the next (the steps it
+    says it begins), with the line that began it (the first: the start, before any line)."""
+    starts = [(peak.samples[0][0] if peak.samples else 0.0, "(start)")]
+    starts += [(t, line.strip()[:70]) for t, line in lines]
+    ends = [t for t, _ in starts[1:]] + [float("inf")]
+    return [(what, peak.peak_between(t, end).anon) for (t, what), end in zip(starts, ends)]
 
 
 def table(results: list[dict], pairs: int) -> str:
@@ -100,6 +112,9 @@ def table(results: list[dict], pairs: int) -> str:
         out.append(f"| {r['workers']} | " + " | ".join(cells) + f" | {r['wall_seconds']:.1f} s | "
                    f"{r['peak_pss_bytes'] / 2**30:.2f} GiB ({r['peak_pss_anon_bytes'] / 2**30:.2f}) "
                    f"| {r['sampler_cpu_seconds']:.1f} s |")  # fmt: skip
+    for r in results:
+        out.append(f"peak anonymous memory by step, data.workers {r['workers']}:")
+        out += [f"  {anon / 2**30:.2f} GiB  {what}" for what, anon in r["anon_by_step"] if anon]
     for r in results[1:]:
         a, b = results[0]["stages"]["encode"], r["stages"]["encode"]
         out.append(f"encoding with data.workers {r['workers']}: {a / b:.2f}x the speed of "
