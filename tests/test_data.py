@@ -222,6 +222,57 @@ def test_sentencepiece_reads_only_the_sentences_it_trains_on():
     assert len(set(src)) == 25 and src != list(range(25))
 
 
+def trained_on_sentences(sentences, vocab_size, sample, coverage, reserved) -> bytes:
+    """SentencePiece trained on the sentences themselves, as train_bpe did before it counted
+    words: the reference for the word counts."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, model_type="bpe",
+        vocab_size=vocab_size, hard_vocab_limit=False, character_coverage=coverage,
+        input_sentence_size=sample, shuffle_input_sentence=True, pad_id=0, unk_id=1, bos_id=2,
+        eos_id=3, max_sentence_length=vocab.MAX_SENTENCE_BYTES, user_defined_symbols=reserved,
+        num_threads=2, minloglevel=2,
+    )  # fmt: skip
+    return model.getvalue()
+
+
+TRICKY = ["a", "b", "é", "e\u0301", " ", "  ", "\t", "\u00a0", "\u3000", "\u200b", "\x1c", "\x0b",
+          "\r", "\u2028", "\u0085", "\ufeff", "\u2047", " \u2047 ", "\u2585", "x\u2585", "ﬁ", "Ⅻ", "語", "٣", "-", "."]  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None)
+@for_all(
+    st.lists(st.lists(st.sampled_from(TRICKY), min_size=0, max_size=12).map("".join),
+             min_size=1, max_size=40),
+    st.sampled_from([0.9995, 1.0]),
+)  # fmt: skip
+def test_sentencepiece_learns_from_word_counts_the_model_the_sentences_give(sentences, coverage):
+    """train_bpe gives SentencePiece each distinct word and its count: the model proto is the
+    one SentencePiece trains on the sentences, byte for byte, on text with every kind of
+    space, characters the normaliser drops or rewrites, combining marks, SentencePiece's
+    own UNK surface and empty lines."""
+    lines = sentences + ["a b a é b", "the cat sat", "ab ab ab ba"]  # enough to train on
+    got = vocab.train_bpe(iter(lines), 40, 0, coverage, [">>de<<"])
+    assert got == trained_on_sentences(lines, 40, 0, coverage, [">>de<<"])
+
+
+def test_sentencepiece_from_word_counts_on_multi30k_and_the_toy_corpus():
+    """The same model either way on real text: Multi30k's training pairs with data.spm_sample
+    recorded, and the toy corpus with a small vocabulary."""
+    from conftest import MULTI30K
+
+    m30k = [line for side in ("en", "de") for line in
+            (MULTI30K / f"train.{side}").read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    toys = [x for pair in toy.split_pairs("train") for x in pair]
+    for lines, size, sample in ((m30k, 8000, 2_000_000), (toys, 400, 0)):
+        got = vocab.train_bpe(iter(lines), size, sample, 1.0)
+        assert got == trained_on_sentences(lines, size, sample, 1.0, [])
+
+
 def test_prepare_of_an_empty_corpus_fails_cleanly(tmp_path):
     write_pair(tmp_path / "e", ["", " "], ["x", ""])
     cfg = load_config(

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 
+import datasets
 import numpy as np
 import pytest
 from conftest import BOTH_WAYS, ROOT, run_config
 from helpers.common import invoke, mtx, write_pair
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mtx.config import CleanConfig, load_config
-from mtx.data.clean import PAIR_RULES, Rule, Rules
-from mtx.data.filtering import Dropped, dual_filter, order, table, take
+from mtx.data.clean import PAIR_RULES, Duplicates, Rule, Rules, pair_key
+from mtx.data.filtering import Dropped, dual_filter, order, sift, table, take
 from mtx.data.prepare import prepare
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
@@ -134,6 +137,36 @@ def prepared_with_a_shouting_pair(tmp_path):
     labels = [line.split()[0] for line in logged[start + 2 : start + 13]]
     assert labels.index("nonletters") < labels.index("shouting") < labels.index("copy")
     assert Rules.off().replace(shouting=True).reason("Hi.", "HALLO.") == "shouting"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["", "", "", "empty", "langid"])),
+                max_size=60))  # fmt: skip
+def test_sift_drops_what_the_rules_and_first_seen_keys_drop_in_order(tmp_path_factory, rows):
+    """The kept rows, the counts (in the order reasons are first met) and dropped.tsv are the
+    pair-by-pair pass's: a pair with a reason goes for it; of the others, a pair whose key an
+    earlier one of them had goes as a duplicate."""
+    tmp = tmp_path_factory.mktemp("sift")
+    src = [f"s{v}" for v, _ in rows]
+    keys = [pair_key(x, "t") for x in src]
+    marked = datasets.Dataset.from_dict({
+        "src": src, "tgt": ["t"] * len(rows), "reason": [r for _, r in rows],
+        "line": list(range(1, len(rows) + 1)), "key": keys,
+    })  # fmt: skip
+    want_kept, want_counts, want_lines, seen = [], {"read": len(rows)}, [], Duplicates()
+    for i, (s, (_, reason), key) in enumerate(zip(src, rows, keys)):
+        if not reason and seen.seen_before(key):
+            reason = "duplicate"
+        if reason:
+            want_counts[reason] = want_counts.get(reason, 0) + 1
+            want_lines.append(f"train\tx\t{i + 1}\t{reason}\t{s}\tt")
+        else:
+            want_kept.append(i)
+    dropped = Dropped(tmp / "dropped.tsv")
+    kept, counts = sift(marked, "train\tx", dropped)
+    dropped.close()
+    assert kept.tolist() == want_kept and list(counts.items()) == list(want_counts.items())
+    assert (tmp / "dropped.tsv").read_text().splitlines()[1:] == want_lines
 
 
 def test_each_built_in_rule_s_setting_is_declared_with_its_default():

@@ -90,6 +90,25 @@ def test_the_table_learns_the_lexicon_and_the_scores_separate_misaligned_pairs()
     assert np.array_equal(alone, scores[-5:])
 
 
+def test_cooccurrences_counted_by_blocks_are_np_uniques(monkeypatch):
+    """The co-occurring word pairs and their counts, counted a block of pairs at a time and
+    merged, are exactly np.unique's over every co-occurrence at once (blocks of 7 pairs,
+    some pairs with no known words)."""
+    rng = random.Random(5)
+    lexicon = [f"w{i}" for i in range(40)]
+    src = [" ".join(rng.choices(lexicon, k=rng.randint(0, 9))) for _ in range(101)]
+    tgt = [" ".join(rng.choices(lexicon, k=rng.randint(0, 9))) for _ in range(101)]
+    s_text, t_text = pa.array(src), pa.array(tgt)
+    s = lexical.words(s_text, lexical.vocabulary(s_text))
+    t = lexical.words(t_text, lexical.vocabulary(t_text))
+    vt = len(lexical.vocabulary(t_text))
+    whole = np.unique(lexical._cooccurring(s, t, 101, vt), return_counts=True)
+    monkeypatch.setattr(lexical, "COUNT_BLOCK", 7)
+    keys, counts = lexical.cooccurrences(s, t, 101, vt)
+    assert np.array_equal(keys, whole[0]) and np.array_equal(counts, whole[1])
+    assert counts.sum() == len(lexical._cooccurring(s, t, 101, vt)) and counts.max() > 1
+
+
 def test_common_words_count_for_little():
     src, tgt, _ = corpus(3000, 0)
     table = lexical.Table.learn(pa.array(src), pa.array(tgt))

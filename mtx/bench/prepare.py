@@ -87,6 +87,7 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
         "anon_by_step": anon_by_step(peak, lines),
         "train_pairs": manifest.splits["train"].kept,
         "data_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
+        "spm_sha256": manifest.spm_sha256,
     }
 
 
@@ -100,7 +101,7 @@ def anon_by_step(peak: PeakMemory, lines: list[tuple[float, str]]) -> list[tuple
 
 
 def table(results: list[dict], pairs: int) -> str:
-    same = len({json.dumps(r["data_sha256"], sort_keys=True) for r in results}) == 1
+    same = len({json.dumps([r["data_sha256"], r["spm_sha256"]]) for r in results}) == 1
     stages = list(results[0]["stages"])
     out = [
         f"corpus: {pairs:,} pairs; {describe_machine(machine())}; same data: {same}",

@@ -338,9 +338,12 @@ class PairCleaner:
         return out
 
 
+KEY_BYTES = 12  # a pair's key
+
+
 def pair_key(src: str, tgt: str) -> bytes:
-    """12 bytes that two pairs share only if they are the same (a blake2b digest)."""
-    return hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=12).digest()
+    """KEY_BYTES bytes that two pairs share only if they are the same (a blake2b digest)."""
+    return hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=KEY_BYTES).digest()
 
 
 class Duplicates:

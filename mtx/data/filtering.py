@@ -12,7 +12,6 @@ cross-entropy filter, then, after encoding, the length rules (`keep_by_length`).
 
 from __future__ import annotations
 
-import array
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -21,15 +20,16 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets.arrow_writer import ArrowWriter
 
 from mtx.config import DataConfig
 from mtx.data import lexical
 from mtx.data.clean import (
     BATCH,
+    KEY_BYTES,
     LENGTH_REASONS,
     PAIR_RULES,
-    Duplicates,
     PairCleaner,
     Rules,
     length_reasons,
@@ -119,25 +119,52 @@ def clean_part(
     )
     seconds["clean"] += time.perf_counter() - start
     start = time.perf_counter()
-    counts: Counter[str] = Counter(read=len(marked))
-    kept, duplicates = array.array("q"), Duplicates()
-    for batch in marked.iter(batch_size=10_000):
-        keys = batch["key"] if "key" in batch else [None] * len(batch["src"])
-        for src, tgt, reason, line, key in zip(batch["src"], batch["tgt"], batch["reason"],
-                                               batch["line"], keys):  # fmt: skip
-            if not reason and key is not None and duplicates.seen_before(key):
-                reason = "duplicate"
-            if reason:
-                counts[reason] += 1
-                dropped.write(where, line, reason, src, tgt)
-            else:
-                kept.append(line - 1)
+    kept, counts = sift(marked, where, dropped)
     marked = marked.remove_columns([c for c in ("reason", "key") if c in marked.column_names])
     if len(kept) < len(marked):
-        rows = np.frombuffer(kept, dtype=np.int64)
-        marked = take(marked, rows, _file(cache, "kept", where))
+        marked = take(marked, kept, _file(cache, "kept", where))
     seconds["dedup"] += time.perf_counter() - start
     return marked, counts
+
+
+def sift(marked: datasets.Dataset, where: str, dropped: Dropped) -> tuple[np.ndarray, Counter]:
+    """(the rows kept, the counts of pairs read and dropped by reason) of the cleaner's output:
+    a pair goes for its `reason`, or as a duplicate when no rule dropped it and an earlier
+    such pair has its `key`; each dropped pair is written to `dropped`, in order. The keys are
+    compared in numpy (sorted, the earlier first among equals): no Python object per pair,
+    whose millions left the heap fragmented (1.6 GiB at 4.5M pairs)."""
+    table = marked.data.table  # a map's output: its rows are the dataset's
+    ruled = pc.not_equal(table.column("reason"), "").to_numpy(zero_copy_only=False)
+    duplicate = np.zeros(len(ruled), dtype=bool)
+    if "key" in table.column_names and len(ruled):
+        free = np.flatnonzero(~ruled)
+        keys = _keys(table.column("key"))[free]
+        high, low = keys[:, :8].copy().view("<u8")[:, 0], keys[:, 8:].copy().view("<u4")[:, 0]
+        order = np.lexsort((low, high))  # stable: of equal keys, the earlier row first
+        high, low = high[order], low[order]
+        again = (high[1:] == high[:-1]) & (low[1:] == low[:-1])
+        duplicate[free[order[1:][again]]] = True
+    counts: Counter[str] = Counter(read=len(ruled))
+    gone = np.flatnonzero(ruled | duplicate)
+    for start in range(0, len(gone), TAKE_BLOCK):
+        rows = gone[start : start + TAKE_BLOCK]
+        block = table.select(["src", "tgt", "reason", "line"]).take(pa.array(rows))
+        src, tgt, reason, line = (block.column(c).to_pylist() for c in block.column_names)
+        for s, t, why, n in zip(src, tgt, reason, line, strict=True):
+            why = why or "duplicate"
+            counts[why] += 1
+            dropped.write(where, n, why, s, t)
+    return np.flatnonzero(~(ruled | duplicate)), counts
+
+
+def _keys(column: pa.ChunkedArray) -> np.ndarray:
+    """The cleaner's 12-byte pair keys as rows of a (pairs, 12) uint8 array."""
+    width = KEY_BYTES
+    parts = []
+    for chunk in pc.cast(column, pa.binary(width)).chunks:
+        data = np.frombuffer(chunk.buffers()[1], dtype=np.uint8)
+        parts.append(data[chunk.offset * width : (chunk.offset + len(chunk)) * width])
+    return np.concatenate(parts).reshape(-1, width) if parts else np.zeros((0, width), np.uint8)
 
 
 def corpus_rules(
@@ -149,6 +176,8 @@ def corpus_rules(
     counts: Counter[str] = Counter()
     if d.clean.lexical:
         start = time.perf_counter()
+        if len(text) >= lexical.MIN_PAIRS:
+            log(f"{where.split(chr(9))[0]}: lexical rule over {len(text):,} pairs")
         text, lexed = lexical_filter(text, d.clean.lexical, where, dropped, cache, log)
         counts.update(lexed)
         if lexed:  # a stage of its own when it ran (a small part is not filtered)

@@ -37,6 +37,7 @@ DICE = 0.1  # the least Dice coefficient of a translation
 MIN_COUNT = 2  # the fewest pairs a translation is seen in
 TOP = 3  # translations a word keeps
 BLOCK = 100_000  # pairs scored at a time
+COUNT_BLOCK = 5_000  # pairs whose co-occurring words are counted at a time
 SEED = 0  # of the sample
 _NOT_WORD = r"[^\p{L}\p{M}\p{N}]+"
 
@@ -114,7 +115,7 @@ class Table:
         vs, vt = len(src_vocab), len(tgt_vocab)
         cs = np.bincount(s.ids, minlength=vs)
         ct = np.bincount(t.ids, minlength=vt)
-        both, counts = np.unique(_cooccurring(s, t, len(src), vt), return_counts=True)
+        both, counts = cooccurrences(s, t, len(src), vt)
         first, second = both // vt, both % vt
         dice = 2 * counts / (cs[first] + ct[second])
         keep = (counts >= MIN_COUNT) & (dice >= DICE)
@@ -139,6 +140,38 @@ class Table:
                      for hit, total in ways)  # fmt: skip
         known = sum((total > 0).astype(np.float64) for _, total in ways)
         return np.divide(shares, known, out=np.ones(n), where=known > 0)
+
+
+def cooccurrences(s: Words, t: Words, pairs: int, vt: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct s * vt + t of every source word s and target word t of the same pair,
+    sorted; in how many pairs each occurs): np.unique's answer, counted COUNT_BLOCK pairs at
+    a time and merged, so memory holds the distinct ones and not every co-occurrence (63M
+    for 100,000 pairs of 25 words a side, against 5.9M distinct)."""
+    keys, counts = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    for a in range(0, pairs, COUNT_BLOCK):
+        b = min(a + COUNT_BLOCK, pairs)
+        block = [_rows(w, a, b) for w in (s, t)]
+        met = np.sort(_cooccurring(*block, b - a, vt))
+        new, many = _runs(met, np.ones(len(met), dtype=np.int64))
+        order = np.argsort(np.concatenate((keys, new)), kind="stable")  # two sorted runs
+        keys, counts = _runs(
+            np.concatenate((keys, new))[order], np.concatenate((counts, many))[order]
+        )
+    return keys, counts
+
+
+def _rows(w: Words, a: int, b: int) -> Words:
+    """The words of rows a to b (numbered from 0)."""
+    lo, hi = np.searchsorted(w.rows, [a, b])
+    return Words(w.rows[lo:hi] - a, w.ids[lo:hi])
+
+
+def _runs(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted `keys` with their `counts`: each distinct key once, its counts summed."""
+    if not len(keys):
+        return keys, counts
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return keys[starts], np.add.reduceat(counts, starts)
 
 
 def _cooccurring(s: Words, t: Words, pairs: int, vt: int) -> np.ndarray:

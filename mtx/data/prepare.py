@@ -296,7 +296,7 @@ def _read_and_clean(
 ) -> tuple:  # fmt: skip
     """(the part's cleaned pairs, counts of the pairs read and dropped by reason). Training
     pairs meet every rule of data.clean, validation pairs the empty rule, test pairs none."""
-    label = split if g.single and split != "valid" else f"{split} {g.name}"
+    label = _label(split, g)
     log(f"{label}: loading {sources.describe(g.spec, g.src_lang, g.tgt_lang)}")
     start = time.perf_counter()
     raw = sources.load_split(g.spec, g.src_lang, g.tgt_lang, SPLITS[split], out.cache)
@@ -306,6 +306,8 @@ def _read_and_clean(
     cleaner = PairCleaner(split != "test", rules, d.dedup if train else "false")
     where = f"{split}\t{g.name}"
     workers = worker_count(d.workers, len(raw))
+    if train:
+        log(f"{label}: cleaning {len(raw):,} pairs ({workers} worker{'s' if workers > 1 else ''})")
     text, counts = filtering.clean_part(raw, cleaner, workers, out.cache, where, dropped, seconds)
     if train and len(text):
         langs = (g.src_lang, g.tgt_lang)
@@ -316,6 +318,11 @@ def _read_and_clean(
     if split != "test" and len(text) == 0:
         raise MtxError(f"{_key(split, g)} ({g.spec}) has no usable pairs after cleaning")
     return text, counts
+
+
+def _label(split: str, g: corpora.EvalSet) -> str:
+    """How the log names a part: train, valid en-de, train NAME."""
+    return split if g.single and split != "valid" else f"{split} {g.name}"
 
 
 def _key(split: str, g: corpora.EvalSet) -> str:
@@ -418,6 +425,8 @@ def _encode_part(d, split, k, g, text, counts, tags, out, dropped, seconds, log)
     manifest."""
     start = time.perf_counter()
     workers = worker_count(d.workers, len(text))
+    if split == "train":
+        log(f"{_label(split, g)}: encoding {len(text):,} pairs")
     # SentencePiece encodes a batch in threads: the cores are shared among the workers
     encoded = (
         text.with_format("arrow")
@@ -444,9 +453,8 @@ def _encode_part(d, split, k, g, text, counts, tags, out, dropped, seconds, log)
         raise MtxError(f"{_key(split, g)} ({g.spec}) is empty after cleaning (max_len {d.max_len})")
     read = by_reason.pop("read", 0)
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items()))
-    label = split if g.single and split != "valid" else f"{split} {g.name}"
     log(
-        f"{label}: kept {len(encoded)} of {read} pairs"
+        f"{_label(split, g)}: kept {len(encoded)} of {read} pairs"
         + (f" (dropped: {reasons})" if by_reason else "")
     )
     entry = SetRecord(

@@ -18,48 +18,107 @@ Two kinds, one interface (`Vocabulary`), stored in checkpoints and prepared data
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import sentencepiece as spm
 
 from mtx.errors import MtxError
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
+MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's max_sentence_length here
+SKIPPED = "\u2585"  # SentencePiece skips a training sentence holding this (its kUNKStr)
+COUNT_BATCH = 100_000  # sentences whose words are counted at a time
+
 
 def train_bpe(
-    sentences: Iterator[str],
+    sentences: Iterable[str],
     vocab_size: int,
     sample: int,
     character_coverage: float,
     reserved: list[str] | None = None,
 ) -> bytes:
-    """Train a BPE model on `sentences` (source and target text mixed); returns the model
-    proto. `reserved` pieces (target-language tags) get the ids after the fixed four, and
-    are never split or merged with text."""
+    """Train a BPE model on `sentences` (source and target text mixed, at most `sample` of
+    them where `sample` is not 0: SentencePiece samples no further); returns the model proto.
+    `reserved` pieces (target-language tags) get the ids after the fixed four, and are never
+    split or merged with text.
+
+    SentencePiece is given each distinct word with its count (`word_counts`, its "tsv" input)
+    rather than the sentences: its BPE trainer counts the words of its normalised sentences
+    and learns from those counts alone, so the model is the one the sentences give (the
+    pieces, scores and proto's bytes; tested), while memory holds the distinct words and not
+    millions of sentences."""
     model = io.BytesIO()
+    counts = word_counts(sentences)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=sentences,
+        sentence_iterator=(f"{word}\t{n}" for word, n in sorted(counts.items())),
+        input_format="tsv",
         model_writer=model,
         model_type="bpe",
         vocab_size=vocab_size,
         hard_vocab_limit=False,  # small corpora may support fewer pieces than asked
         character_coverage=character_coverage,
-        input_sentence_size=sample,
+        input_sentence_size=0,  # every distinct word
         shuffle_input_sentence=True,
         pad_id=PAD_ID,
         unk_id=UNK_ID,
         bos_id=BOS_ID,
         eos_id=EOS_ID,
-        max_sentence_length=1 << 16,
+        max_sentence_length=MAX_SENTENCE_BYTES,
         user_defined_symbols=reserved or [],
         num_threads=2,
         minloglevel=2,
     )
-    return model.getvalue()
+    return _as_from_sentences(model.getvalue(), sample)
+
+
+def word_counts(sentences: Iterable[str]) -> dict[str, int]:
+    """How often each word of `sentences` occurs. A word is what lies between spaces and tabs,
+    both of which SentencePiece's normaliser (nmt_nfkc) turns into the whitespace it splits
+    words at; whatever else the normaliser does (another space, a character it drops or
+    maps to a space) it does to each word alone as to the sentence, and a word it splits the
+    trainer splits again. The sentences SentencePiece itself would skip (longer than
+    MAX_SENTENCE_BYTES, or holding SKIPPED) are skipped."""
+    counts: dict[str, int] = {}
+    batch: list[str] = []
+    for sentence in itertools.chain(sentences, [None]):
+        if sentence is not None:
+            batch.append(sentence)
+            if len(batch) < COUNT_BATCH:
+                continue
+        if batch:
+            texts = pa.array(batch, type=pa.string())
+            kept = pc.and_(
+                pc.less_equal(pc.binary_length(texts), MAX_SENTENCE_BYTES),
+                pc.invert(pc.match_substring(texts, SKIPPED)),
+            )
+            words = pc.list_flatten(pc.split_pattern(pc.replace_substring(
+                texts.filter(kept), "\t", " "), " "))  # fmt: skip
+            found = pc.value_counts(words)
+            for word, n in zip(
+                found.field("values").to_pylist(), found.field("counts").to_pylist()
+            ):
+                if word:
+                    counts[word] = counts.get(word, 0) + n
+        batch = []
+    return counts
+
+
+def _as_from_sentences(proto: bytes, sample: int) -> bytes:
+    """The model proto with the trainer settings that training on the sentences records
+    (text input, `sample` sentences at most): the same bytes as that training's."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto.FromString(proto)
+    model.trainer_spec.ClearField("input_format")
+    model.trainer_spec.input_sentence_size = sample
+    return model.SerializeToString()
 
 
 def load_spm(model_proto: bytes) -> spm.SentencePieceProcessor:
