@@ -32,6 +32,7 @@ from pathlib import Path
 from mtx.bench.harness import PeakMemory, describe_machine, machine, result, timed, timestamped
 from mtx.checkpoint import Manifest, RunDir
 from mtx.errors import MtxError
+from mtx.files import sha256_file
 
 
 def build_corpus(prefix: Path, data: Path, pairs: int, seed: int = 1) -> None:
@@ -76,8 +77,7 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
     timing, (out, peak, lines) = timed(prepare, repeats=1, warmup=0)
     stages = re.search(r"seconds: (.*)", out).group(1)
     manifest = Manifest.read(RunDir(run_dir).data.manifest)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return {
+    figures = {
         "workers": spec,
         "wall_seconds": timing.median,
         "stages": {k: float(v) for k, v in (x.split() for x in stages.split(", "))},
@@ -88,7 +88,14 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
         "train_pairs": manifest.splits["train"].kept,
         "data_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
         "spm_sha256": manifest.spm_sha256,
+        "dropped": {k: v.dropped for k, v in manifest.splits.items()},
+        "dropped_sha256": sha256_file(RunDir(run_dir).data.dropped),
     }
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return figures
+
+
+SAME = ("data_sha256", "spm_sha256", "dropped", "dropped_sha256")  # what must not change
 
 
 def anon_by_step(peak: PeakMemory, lines: list[tuple[float, str]]) -> list[tuple[str, int]]:
@@ -101,7 +108,7 @@ def anon_by_step(peak: PeakMemory, lines: list[tuple[float, str]]) -> list[tuple
 
 
 def table(results: list[dict], pairs: int) -> str:
-    same = len({json.dumps([r["data_sha256"], r["spm_sha256"]]) for r in results}) == 1
+    same = len({json.dumps([r[k] for k in SAME]) for r in results}) == 1
     stages = list(results[0]["stages"])
     out = [
         f"corpus: {pairs:,} pairs; {describe_machine(machine())}; same data: {same}",

@@ -153,10 +153,12 @@ def cooccurrences(s: Words, t: Words, pairs: int, vt: int) -> tuple[np.ndarray, 
         block = [_rows(w, a, b) for w in (s, t)]
         met = np.sort(_cooccurring(*block, b - a, vt))
         new, many = _runs(met, np.ones(len(met), dtype=np.int64))
-        order = np.argsort(np.concatenate((keys, new)), kind="stable")  # two sorted runs
-        keys, counts = _runs(
-            np.concatenate((keys, new))[order], np.concatenate((counts, many))[order]
-        )
+        at = np.searchsorted(keys, new)  # added in place where met before, inserted if not
+        known = at < len(keys)
+        known[known] = keys[at[known]] == new[known]
+        counts[at[known]] += many[known]
+        keys = np.insert(keys, at[~known], new[~known])
+        counts = np.insert(counts, at[~known], many[~known])
     return keys, counts
 
 

@@ -187,6 +187,7 @@ def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
     cross-entropy filter (jobs/dual.py), which data.clean.dual_forward asks for."""
     if cfg.data.clean.dual_forward and dual is None:
         raise MtxError("data.clean.dual_forward is set but no scorer was given to prepare")
+    returning_memory_pool()
     final = RunDir.of(cfg).prepared
     tmp = final.with_name("prepared.tmp")
     if tmp.exists():
@@ -214,6 +215,17 @@ def prepare(cfg: Config, log=print, dual: DualScorer | None = None) -> Path:
         f"{manifest.splits['train'].kept} training pairs)"
     )
     return final
+
+
+def returning_memory_pool() -> None:
+    """Arrow's buffers from jemalloc, which gives freed memory back within a second (the
+    system allocator where jemalloc is not built in): pyarrow's default, mimalloc, kept about
+    0.5 GiB of the lexical rule's freed blocks. The encoding and cleaning processes, forked,
+    inherit it."""
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def _prepare_into(cfg: Config, out: PreparedFiles, dropped: Dropped, dual, log) -> Manifest:
