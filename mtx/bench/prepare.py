@@ -14,7 +14,9 @@ whole process tree (the main process and its encoding workers), sampled every --
 seconds; sampling is not free (reading a process's smaps walks all its mappings, the
 memory-mapped Arrow files included), and its CPU time is reported. The stage seconds come
 from prepare's own "seconds:" log line. Each run directory is deleted after its run; the
-manifests' pairs sha256 are compared (every worker count must prepare the same data).
+manifests' pairs sha256, the vocabulary's sha256, the dropped counts and dropped.tsv's sha256
+are compared (every worker count must prepare the same data). Between prepare's log lines,
+the peak anonymous memory of the tree is reported: which step holds what.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
         "anon_by_step": anon_by_step(peak, lines),
         "train_pairs": manifest.splits["train"].kept,
         "data_sha256": {k: v.pairs_sha256 for k, v in manifest.splits.items()},
-        "spm_sha256": manifest.spm_sha256,
+        "vocabulary_sha256": manifest.spm_sha256,
         "dropped": {k: v.dropped for k, v in manifest.splits.items()},
         "dropped_sha256": sha256_file(RunDir(run_dir).data.dropped),
     }
@@ -95,7 +97,7 @@ def prepare_run(o: Options, corpus: Path, spec: str) -> dict:
     return figures
 
 
-SAME = ("data_sha256", "spm_sha256", "dropped", "dropped_sha256")  # what must not change
+SAME = ("data_sha256", "vocabulary_sha256", "dropped", "dropped_sha256")  # what must not change
 
 
 def anon_by_step(peak: PeakMemory, lines: list[tuple[float, str]]) -> list[tuple[str, int]]:

@@ -222,10 +222,10 @@ def check_inputs(dist: Dist, job: CorpusJob) -> int:
     return counts[0]
 
 
-def begin(output: Path, job: CorpusJob, resume: bool, total: int) -> tuple[bool, int, str]:
+def begin(output: Path, job: CorpusJob, resume: bool, total: int) -> tuple[bool, Block | None, str]:
     """Rank 0: whether the job may begin or go on (refused in one line otherwise), whether
-    `output` is finished, the complete lines of an `output` that one process began, and the
-    job's name in the parts (a hash of rank 0's record)."""
+    `output` is finished, the block of an `output` that one process began (its complete
+    lines), and the job's name in the parts (a hash of rank 0's record)."""
     begun = output.exists() or parts_dir(output).is_dir()
     if begun and not resume:
         there = output if output.exists() else parts_dir(output)
@@ -233,9 +233,10 @@ def begin(output: Path, job: CorpusJob, resume: bool, total: int) -> tuple[bool,
     check_record(output, job.record, begun)
     job_id = hashlib.sha256(json.dumps([asdict(job.record), job.per_line]).encode())
     if not output.exists():
-        return False, 0, job_id.hexdigest()[:16]
+        return False, None, job_id.hexdigest()[:16]
     lines = complete(output, job.per_line)
-    return lines == total, lines, job_id.hexdigest()[:16]
+    block = Block(0, lines, OUTPUT, 0, output.stat().st_size) if lines else None
+    return lines == total, block, job_id.hexdigest()[:16]
 
 
 def run(job: CorpusJob, output: Path, resume: bool, chunk_lines: int) -> Done:
@@ -265,8 +266,8 @@ def _run(dist: Dist, job: CorpusJob, output: Path, resume: bool, chunk_lines: in
         rank = next(r for r, blocks in enumerate(held) if blocks)
         raise MtxError(f"process {rank}'s {directory} holds an earlier run's parts: --resume "
                        "continues it, or remove them")  # fmt: skip
-    if begun:  # one process began the output: its complete lines are a block
-        held[0].append(Block(0, begun, OUTPUT, 0, output.stat().st_size if dist.main else 0))
+    if begun:  # one process began the output: its complete lines are a block rank 0 holds
+        held[0].append(begun)
     plan, token = dist.decide(
         lambda: (chunked(job.inputs[0], cover(held, total)[1], chunk_lines), uuid.uuid4().hex[:12])
     )
@@ -278,7 +279,7 @@ def _run(dist: Dist, job: CorpusJob, output: Path, resume: bool, chunk_lines: in
         part.close()
     held = dist.each(lambda: scan(directory, job_id))
     if begun:
-        held[0].append(Block(0, begun, OUTPUT, 0, output.stat().st_size if dist.main else 0))
+        held[0].append(begun)
     started = time.perf_counter()
     merge(dist, output, held, total, job.per_line)
     merged = (output.stat().st_size if dist.main else 0, time.perf_counter() - started)
