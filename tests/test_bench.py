@@ -368,7 +368,9 @@ def test_the_corpus_benchmark_compares_two_processes_with_one_and_a_killed_job(t
     assert done.returncode == 0, done.stderr[-3000:]
     jobs = json.loads(done.stdout)["jobs"]
     assert list(jobs)[:2] == ["translate, 1 process", "translate, 2 processes"]
-    assert all(f["same"] and f["working_per_s"] > 0 for f in jobs.values())
+    assert all(f["same"] for f in jobs.values())
+    # the restarted attempt may find nothing left to do (then no rate of its own)
+    assert all(f["working_per_s"] > 0 for f in list(jobs.values())[:2])
     assert len(jobs) == 3 and "killed" in list(jobs.values())[2]  # the kill's run, whether or
     # not it came before rank 1 ran out of chunks (a benchmark, not a test of the restart)
 

@@ -230,9 +230,14 @@ def table(r: dict) -> str:
     ]
     for name, f in r["jobs"].items():
         same = "yes" if f["same"] else "**no**"
+        working = (  # a restart that found nothing left to do has no rate of its own
+            f"{f['working_per_s']:,.1f} | {f['working_speed']:.2f}x"
+            if f["working_per_s"]
+            else "- | -"
+        )
         out.append(
             f"| {name} | {f['seconds']:.1f} | {f['lines_per_s']:,.1f} | {f['speed']:.2f}x | "
-            f"{f['working_per_s']:,.1f} | {f['working_speed']:.2f}x | {f['merge_s']:.2f} | {same} |"
+            f"{working} | {f['merge_s']:.2f} | {same} |"
         )
     return "\n".join(out)
 
