@@ -4,10 +4,12 @@ training sources, scored by the teacher, the worst fraction dropped, written as 
     mtx distill --checkpoint T.pt [--checkpoint T2.pt] --src train.en --output-dir DIR \
         [--drop-worst 0.05] [--ref train.de --nbest 8 --beam 8] [--resume]
 
-1. The teacher (one checkpoint or an ensemble) translates the sources into DIR/teacher.TGT
-   (translate.py: chunk by chunk, resumable after a kill with --resume).
-2. It scores each (source, translation) pair (decode/score.py's `Scorer.cross_entropies`): the
-   cross-entropy of the translation, minus its mean log-probability per target token.
+1. The teacher (one checkpoint or an ensemble) translates each source line and
+2. scores each (source, translation) pair (decode/score.py's `Scorer.cross_entropies`): the
+   cross-entropy of the translation, minus its mean log-probability per target token. Steps
+   1 and 2 are one corpus job (`distill_job`; corpus.py: chunk by chunk, resumable after a
+   kill; shards.py: spread over torchrun's processes), one JSON object a line in
+   DIR/teacher.TGT.jsonl, from which `finish` writes DIR/teacher.TGT and steps 3 and 4.
 3. The `drop_worst` fraction of pairs with the highest cross-entropy are dropped (ties: the
    later line first), and the rest written, in input order, as DIR/distilled.SRC and
    DIR/distilled.TGT: a local corpus that `mtx prepare` reads as `data.train: DIR/distilled`
