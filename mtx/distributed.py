@@ -20,11 +20,12 @@ the error says so in one line. torchrun then stops the other processes and the j
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -241,6 +242,22 @@ class Dist:
             # active exception"). Collected here, the group goes down while all is alive.
             gc.collect()
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def joined(device: torch.device, timeout_s: float, backend: str | None = None) -> Iterator[Dist]:
+    """This process in torchrun's process group for one job (`Dist.from_env`; alone without
+    torchrun): a collective that fails inside becomes the one line naming the processes that
+    stopped answering (`Dist.failure`), and the group is left at the end (`Dist.close`)."""
+    dist = Dist.from_env(device, timeout_s, backend)
+    try:
+        yield dist
+    except RuntimeError as e:
+        if dist.joined and dist.is_collective_failure(e):
+            raise dist.failure(e) from None
+        raise
+    finally:
+        dist.close()
 
 
 def under_torchrun() -> bool:

@@ -141,12 +141,18 @@ def upper_job(src: Path, calls: list) -> CorpusJob:
     return CorpusJob([src], record, 1, render)
 
 
-def test_one_process_continues_the_parts_a_killed_job_left_and_merges_them(tmp_path):
+def upper_corpus(tmp_path, lines: int):
+    """`upper_job` over `lines` toy sources: the job, the output it must write, the output's
+    path, and the list its chunks are recorded in."""
     src = tmp_path / "in.en"
-    src.write_text(sources(100))
+    src.write_text(sources(lines))
     expected = "".join(f"{i} {line.upper()}\n" for i, line in enumerate(read_lines(src)))
-    out, calls = tmp_path / "out.up", []
-    job = upper_job(src, calls)
+    calls: list = []
+    return upper_job(src, calls), expected, tmp_path / "out.up", calls
+
+
+def test_one_process_continues_the_parts_a_killed_job_left_and_merges_them(tmp_path):
+    job, expected, out, calls = upper_corpus(tmp_path, 100)
     run_job(job, out, chunk_lines=10)  # one process, no parts: written as it goes
     assert out.read_text() == expected and not parts_dir(out).exists()
     # what a killed 2-process job leaves: its record, parts of two attempts (one torn)
@@ -170,11 +176,7 @@ def test_one_process_continues_the_parts_a_killed_job_left_and_merges_them(tmp_p
 
 def test_a_torchrun_job_continues_what_one_process_began(tmp_path):
     """An output one process began (its complete lines) is a block rank 0 holds."""
-    src = tmp_path / "in.en"
-    src.write_text(sources(50))
-    expected = "".join(f"{i} {line.upper()}\n" for i, line in enumerate(read_lines(src)))
-    out, calls = tmp_path / "out.up", []
-    job = upper_job(src, calls)
+    job, expected, out, calls = upper_corpus(tmp_path, 50)
     run_job(job, out, chunk_lines=7)
     out.write_text(expected[: expected.index("23 ")] + "23 CUT SH")  # killed mid-line 24
     parts_dir(out).mkdir()  # as if torchrun's processes had begun

@@ -60,12 +60,12 @@ class Options:
 
 def inputs(o: Options) -> tuple[Path, Path]:
     """The first --lines of --src and of its targets, in the work directory."""
-    import yaml
+    from mtx.config import load_config
 
     tgt = o.tgt
     if tgt is None:
-        config = yaml.safe_load((o.checkpoint.parent.parent / "config.yaml").read_text())
-        tgt = o.src.with_suffix("." + config["data"]["tgt_lang"])
+        config = load_config(o.checkpoint.parent.parent / "config.yaml", [])
+        tgt = o.src.with_suffix(f".{config.data.tgt_lang}")
     for path in (o.src, tgt):
         if not path.is_file():
             raise MtxError(f"file not found: {path}")

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as torch_dist
 
 from mtx.data.sources import lines_at
-from mtx.distributed import Dist, attempt_store, under_torchrun
+from mtx.distributed import Dist, attempt_store, joined, under_torchrun
 from mtx.errors import MtxError
 from mtx.jobs.corpus import CorpusJob, Done, check_record, checked, complete
 from mtx.progress import Progress
@@ -242,15 +242,8 @@ def begin(output: Path, job: CorpusJob, resume: bool, total: int) -> tuple[bool,
 def run(job: CorpusJob, output: Path, resume: bool, chunk_lines: int) -> Done:
     """`job` into `output` over torchrun's processes (or this one alone, continuing their
     parts); the module says how."""
-    dist = Dist.from_env(torch.device("cpu"), TIMEOUT_S, backend="gloo")
-    try:
+    with joined(torch.device("cpu"), TIMEOUT_S, backend="gloo") as dist:
         return _run(dist, job, output, resume, chunk_lines)
-    except Exception as e:
-        if dist.enabled and Dist.is_collective_failure(e):
-            raise dist.failure(e) from None
-        raise
-    finally:
-        dist.close()
 
 
 def _run(dist: Dist, job: CorpusJob, output: Path, resume: bool, chunk_lines: int) -> Done:

@@ -27,7 +27,7 @@ from mtx.data import aligned, vocab
 from mtx.data.batching import Batch
 from mtx.data.prepared import load_manifest, load_prepared, load_sets, load_spm_proto
 from mtx.device import pick_device
-from mtx.distributed import Dist
+from mtx.distributed import Dist, joined
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.model.build import make_model
@@ -362,15 +362,8 @@ def train(
     """`mtx train`: train on RUN/prepared, from scratch or from the run's newest checkpoint;
     one process, or one of those torchrun started. A collective that fails (a process died or
     stopped answering) becomes one line naming the process."""
-    dist = Dist.from_env(pick_device(cfg.train.device), cfg.train.dist_timeout)
-    try:
+    with joined(pick_device(cfg.train.device), cfg.train.dist_timeout) as dist:
         return _run(cfg, dist, resume, overwrite, log)
-    except RuntimeError as e:
-        if dist.joined and dist.is_collective_failure(e):
-            raise dist.failure(e) from None
-        raise
-    finally:
-        dist.close()
 
 
 def _run(cfg: Config, dist: Dist, resume: bool, overwrite: bool, log) -> Validation | None:
