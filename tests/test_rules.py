@@ -251,3 +251,24 @@ def test_both_searches_start_from_the_models_start_token_and_rule_out_its_specia
         outputs = {t for n in search() for h in n for t in h.tokens}
         assert (2 in outputs) == (start == "pad")
         assert first_inputs[0] == SPECIALS[start].start
+
+
+def test_top_candidates_in_place_gives_the_same_candidates():
+    """Beam search adds the beams' scores into the step's log-probabilities in place (a fresh
+    (B, K x V) tensor a step costs the CPU its page faults): the same numbers, ties and ruled-out
+    tokens included, as the addition into a new tensor that the constrained search keeps."""
+    g = torch.Generator().manual_seed(3)
+    B, V = 5, 12
+    lprobs = torch.log_softmax(torch.randn(B * K, V, generator=g), dim=-1)
+    lprobs[:, :3] = -torch.inf  # the tokens never produced
+    lprobs[1, 7] = lprobs[1, 8]  # a tie within a beam
+    lprobs[5] = lprobs[4]  # two beams alike
+    scores = rules.start_beams(torch.empty(B, K))
+    scores[2:] = torch.randn(B - 2, K, generator=g)
+    kept = lprobs.clone()
+    expected = rules.top_candidates(scores, kept, K)
+    assert torch.equal(kept, lprobs)  # the default leaves its input alone
+    got = rules.top_candidates(scores, lprobs, K, in_place=True)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    assert not torch.equal(lprobs, kept)  # written over: the caller's to give up

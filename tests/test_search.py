@@ -190,6 +190,22 @@ def same_hypotheses(a, b):
         assert math.isclose(x.log_prob, y.log_prob, abs_tol=1e-4)
 
 
+@pytest.mark.parametrize("starts", [1, 3])
+def test_next_log_probs_are_the_log_softmax_of_the_models_logits(starts):
+    """On the CPU the log-softmax is written over the model's logits (no fresh (N, V) tensor
+    a step): the same numbers as a log-softmax beside them, after one start token or after
+    several (where the last position's logits are a strided view of the decoder's output)."""
+    model, src = random_model(), random_src(batch=4)
+    memory, mask = model.encode(src)
+    last = torch.full((4, starts), BOS_ID)
+    last[:, 1:] = 5
+    logits = model.decode(last, memory, mask, model.new_cache())[:, -1]
+    expected = torch.log_softmax(logits, dim=-1)
+    expected[:, : model.specials.never_below] = -torch.inf
+    got = search.next_log_probs(model, last, memory, mask, model.new_cache(), [False] * 4)
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cached_decoding_equals_recomputing_the_prefix(arch):
     model, src = random_model(arch=arch), random_src(batch=6)

@@ -138,12 +138,18 @@ def start_beams(scores: Tensor) -> Tensor:
     return scores
 
 
-def top_candidates(scores: Tensor, lprobs: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+def top_candidates(
+    scores: Tensor, lprobs: Tensor, K: int, in_place: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
     """scores (B, K) of the live beams, lprobs (B * K, V) of their next token -> the best 2K
     continuations of each sentence: cumulative scores, source beam and token, each (B, 2K),
-    best first."""
+    best first. `in_place`: the cumulative scores are written over `lprobs` (which the caller
+    no longer needs) rather than into a new tensor, the same numbers."""
     B, V = scores.size(0), lprobs.size(-1)
-    cand = (scores.unsqueeze(-1) + lprobs.view(B, K, V)).view(B, K * V)
+    if in_place:
+        cand = lprobs.view(B, K, V).add_(scores.unsqueeze(-1)).view(B, K * V)
+    else:
+        cand = (scores.unsqueeze(-1) + lprobs.view(B, K, V)).view(B, K * V)
     top, idx = cand.topk(min(2 * K, K * V), dim=1)  # (B, 2K)
     return top, idx // V, idx % V
 

@@ -70,7 +70,14 @@ def next_log_probs(
     """(N, V) next-token log-probabilities of the N hypotheses whose last tokens are `last`
     (N, 1): PAD, UNK and BOS never; the rows where `force_eos` is True may only end."""
     out = model.decode(last, memory, src_mask, cache)[:, -1].float()  # (N, V)
-    lprobs = out if model.capabilities.log_probs else torch.log_softmax(out, dim=-1)
+    if model.capabilities.log_probs:
+        lprobs = out
+    elif out.device.type == "cpu" and out.is_contiguous():
+        # over the logits: a fresh (N, V) tensor a step costs the CPU page faults (BENCHMARKS.md,
+        # "The vocabulary's share of a step"); a strided view (several positions) gets its own
+        lprobs = torch.log_softmax(out, dim=-1, out=out)
+    else:
+        lprobs = torch.log_softmax(out, dim=-1)
     lprobs = rules.mask_never_produced(lprobs, model.specials)
     if any(force_eos):
         lprobs = rules.only_eos(lprobs, torch.tensor(force_eos, device=lprobs.device))
@@ -86,7 +93,7 @@ def _continuations(
     if model.capabilities.candidates:
         return model.continuations(last, memory, src_mask, cache, force_eos, scores)
     lprobs = next_log_probs(model, last, memory, src_mask, cache, force_eos)
-    return rules.top_candidates(scores, lprobs, scores.size(1))
+    return rules.top_candidates(scores, lprobs, scores.size(1), in_place=True)
 
 
 @dataclass
