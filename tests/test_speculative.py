@@ -16,8 +16,10 @@ from helpers.common import invoke, mtx, perturbed
 from mtx.bench.server import Server
 from mtx.checkpoint import Checkpoint
 from mtx.config import DecodeConfig, ModelConfig
+from mtx.data.batching import pad
+from mtx.decode import tuning
 from mtx.decode.request import SearchBatch
-from mtx.decode.rules import SearchSettings
+from mtx.decode.rules import Hypothesis, SearchSettings
 from mtx.decode.search import greedy_search
 from mtx.decode.speculative import DraftStats, refusal, speculative_search
 from mtx.decode.translator import Translator
@@ -193,7 +195,7 @@ def test_translate_with_a_draft_is_greedy_translation(pair, tmp_path):
     lines = src.splitlines()[:60]
     (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
     plain = Translator.from_checkpoint(teacher, decode={"beam": 1})
-    fast = plain.with_decode(draft=str(draft), draft_tokens=3)
+    fast = plain.with_decode(draft=str(draft), draft_tokens=3, draft_adaptive=False)
     assert fast.translate_ids(lines) == plain.translate_ids(lines)
     stats = fast.searches.draft_stats
     assert 0.2 < stats.acceptance < 1.0, stats.to_json()
@@ -206,6 +208,28 @@ def test_translate_with_a_draft_is_greedy_translation(pair, tmp_path):
     again = mtx("translate", "--checkpoint", teacher, "--beam", "1", "--resume",
                 "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")  # fmt: skip
     assert again.exit_code == 0, again.output
+
+
+def test_adaptive_drafts_try_every_length_per_batch_size_and_give_greedy_translation(pair):
+    """decode.draft_adaptive (the default): the first batches of each size try greedy search
+    without drafts and with 1, 2 and 3 a call, in that order, then the fastest (or, every
+    32nd, the way measured least recently); every batch gets greedy search's translations
+    whichever way decoded it."""
+    teacher, draft = pair
+    src = Path(__file__).parents[2] / "shared/data/multi30k/test2016.en"
+    lines = src.read_text().splitlines()[:90]
+    plain = Translator.from_checkpoint(teacher, decode={"beam": 1})
+    fast = plain.with_decode(draft=str(draft), draft_tokens=3)
+    for size in (1, 8):
+        for i in range(0, size * 10, size):  # a batch of `size` sentences a search
+            src = pad([plain.encode(line) for line in lines[i : i + size]])
+            assert hypotheses(h for [h] in fast.search(src)) == hypotheses(
+                h for [h] in plain.search(src)
+            )
+    stats = fast.searches.draft_stats
+    assert sum(stats.batches.values()) == 20
+    assert all(stats.batches.get(k, 0) >= 2 for k in (0, 1, 2, 3)), stats.to_json()
+    assert 0.2 < stats.acceptance < 1.0, stats.to_json()
 
 
 def test_serve_with_a_draft_answers_greedy_search_s_translations(pair):
@@ -270,3 +294,59 @@ def test_models_that_verify_no_faster_are_refused():
     assert "decode.shortlist" in refusal(
         model_of(**TRANSFORMERS[0]), DecodeConfig(beam=1, shortlist="s")
     )
+
+
+# --- decode.draft_adaptive's choice (decode/tuning.py) ---------------------------------------
+
+
+def test_the_tuner_s_ways_and_batch_sizes():
+    assert tuning.ways(4) == [0, 1, 2, 4] and tuning.ways(1) == [0, 1]
+    assert tuning.ways(3) == [0, 1, 2, 3] and tuning.ways(8) == [0, 1, 2, 4, 8]
+    sizes = [tuning.bucket(n) for n in (1, 2, 4, 5, 16, 17, 64, 65)]
+    assert sizes == [0, 1, 1, 2, 2, 3, 3, 4]
+
+
+class Clock:
+    """A clock that a fake search moves on, `cost[size][k]` seconds a token, noting each way
+    it is asked to run in `ran`."""
+
+    def __init__(self, cost: dict) -> None:
+        self.now, self.cost, self.ran = 0.0, cost, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def search(self, size: int, tokens: int = 10):
+        def run(k: int):
+            self.now += self.cost[size][k] * tokens
+            self.ran.append(k)
+            return [Hypothesis(list(range(tokens - 1)), 0.0, 0.0)]  # tokens, EOS included
+
+        return run
+
+
+def test_the_tuner_explores_then_takes_the_fastest_way_per_batch_size():
+    clock = Clock({1: {0: 1.0, 1: 0.8, 2: 0.5, 4: 0.7}, 32: {0: 1.0, 1: 1.4, 2: 1.8, 4: 2.5}})
+    tuner = tuning.DraftTuner(4, explore=2, revisit=10, clock=clock)
+    for _ in range(20):
+        for size in (1, 32):
+            tuner.run(size, clock.search(size))
+    alone, batched = clock.ran[0::2], clock.ran[1::2]
+    assert alone[:8] == [0, 0, 1, 1, 2, 2, 4, 4] and batched[:8] == alone[:8]
+    # then the fastest, but for the 10th and 20th batch: the way measured least recently
+    assert alone[8:] == [2, 0] + [2] * 9 + [1]
+    assert batched[8:] == [0, 1] + [0] * 9 + [2]
+
+
+def test_the_tuner_follows_a_way_that_becomes_faster():
+    """The rates are those of each way's last `window` runs: a way that becomes faster than
+    the one chosen is taken once a revisit has measured it."""
+    clock = Clock({1: {0: 1.0, 1: 0.5}})
+    tuner = tuning.DraftTuner(1, explore=1, window=1, revisit=3, clock=clock)
+    for _ in range(6):
+        tuner.run(1, clock.search(1))
+    assert clock.ran == [0, 1, 0, 1, 1, 0] and tuner.rate(0, 1) > tuner.rate(0, 0)
+    clock.cost[1][0] = 0.1  # greedy search alone turns fast (the host's load changed)
+    for _ in range(5):
+        tuner.run(1, clock.search(1))
+    assert clock.ran[6:] == [1, 1, 0, 0, 0]

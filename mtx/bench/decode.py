@@ -23,7 +23,9 @@ Face, CTranslate2 and CTranslate2 int8; named in --engines, mtx-static and mtx-g
 `decode.search` static and graphs, decode/static.py; graphs on CUDA only), mtx-shortlist and
 mtx-int8-shortlist (through --shortlist), mtx-draft and mtx-int8-draft (speculative greedy
 search with the draft model of --draft, --draft-tokens a call: beam 1 only; the table adds
-the share of drafted tokens accepted and how many a call).
+the share of drafted tokens accepted and how many a call) and mtx-adaptive-draft (the same
+with decode.draft_adaptive: as many drafts a call, none included, as have run fastest for the
+batch size, up to --draft-tokens; the table adds how many batches each draft length decoded).
 
 Several --checkpoint (a student and its teacher, say) race in the same rounds, on the same
 batches (they must share the SentencePiece model), each engine with each checkpoint, and each
@@ -68,6 +70,8 @@ SEARCHES["mtx-graphs"] = "graphs"
 SEARCHES |= {"mtx-shortlist": "shrinking", "mtx-int8-shortlist": "shrinking"}
 # mtx and mtx-int8 with the drafts of --draft (decode.draft: speculative greedy search, beam 1)
 SEARCHES |= {"mtx-draft": "shrinking", "mtx-int8-draft": "shrinking"}
+# mtx with the drafts of --draft and decode.draft_adaptive: as many a call as run fastest
+SEARCHES["mtx-adaptive-draft"] = "shrinking"
 # --dtype: torch's dtype (mtx, Hugging Face) and CTranslate2's compute type (its int8 engine
 # keeps int8 weights and computes the rest in this type)
 DTYPES = {
@@ -80,6 +84,7 @@ PEERS = {"mtx": ("hf", "ct2"), "mtx-int8": ("ct2-int8",), "mtx-static": ("mtx",)
 PEERS["mtx-graphs"] = ("mtx", "ct2")
 PEERS |= {"mtx-shortlist": ("mtx",), "mtx-int8-shortlist": ("mtx-int8",)}
 PEERS |= {"mtx-draft": ("mtx",), "mtx-int8-draft": ("mtx-int8",)}
+PEERS["mtx-adaptive-draft"] = ("mtx", "mtx-draft")
 
 
 @dataclass
@@ -126,6 +131,7 @@ def mtx_runner(name: str, o: Options, model: int, plan, ids, srcs):
     if name.endswith("-draft"):
         sets += ["decode.beam=1", f"decode.draft={o.draft}"]
         sets.append(f"decode.draft_tokens={o.draft_tokens}")
+        sets.append(f"decode.draft_adaptive={'true' if 'adaptive' in name else 'false'}")
     if o.batch_tokens:
         sets.append(f"decode.batch_tokens={o.batch_tokens}")
     tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
@@ -370,7 +376,8 @@ def table(rows: list[dict], left_out: list[str], o: Options, machine: dict) -> s
             d = r["drafts"]
             out.append(
                 f"{who}{r['engine']} drafts, beam {r['beam']}: {100 * d['acceptance']:.1f}% "
-                f"accepted, {d['mean_accepted']:.2f} a call"
+                f"accepted, {d['mean_accepted']:.2f} a call; batches by draft length: "
+                + ", ".join(f"{k}: {n}" for k, n in d["batches"].items())
             )
         if "speedup_vs_first" in r:
             out.append(
@@ -395,7 +402,9 @@ def run(o: Options) -> str:
     if o.shortlist is None and any(e.endswith("-shortlist") for e in engines):
         raise MtxError("--engines mtx-shortlist and mtx-int8-shortlist need --shortlist FILE")
     if o.draft is None and any(e.endswith("-draft") for e in engines):
-        raise MtxError("--engines mtx-draft and mtx-int8-draft need --draft CHECKPOINT")
+        raise MtxError(
+            "--engines mtx-draft, mtx-int8-draft and mtx-adaptive-draft need --draft CHECKPOINT"
+        )
     lines = list(read_lines(o.src))
     lines = lines[: o.lines] if o.lines else lines
     overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]

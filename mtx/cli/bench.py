@@ -105,7 +105,8 @@ EnginesOpt = Annotated[
     str,
     typer.Option(
         help="Comma-separated: mtx, mtx-int8, hf, ct2, ct2-int8 (the default), mtx-static, "
-        "mtx-graphs, mtx-shortlist, mtx-int8-shortlist, mtx-draft, mtx-int8-draft."
+        "mtx-graphs, mtx-shortlist, mtx-int8-shortlist, mtx-draft, mtx-int8-draft, "
+        "mtx-adaptive-draft."
     ),
 ]
 ShortlistOpt = Annotated[

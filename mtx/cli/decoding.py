@@ -343,7 +343,7 @@ def corpus_record(input: Path, paths, said: list[str], nbest: int, translator):
     decoding is exact), with the kind of device (which may)."""
     from mtx.jobs.corpus import Record
 
-    unrecorded = ("decode.batch_tokens=", "decode.draft=", "decode.draft_tokens=", "draft=")
+    unrecorded = ("decode.batch_tokens=", "decode.draft", "draft=")  # draft, _tokens, _adaptive
     settings = [x for x in said if not x.startswith(unrecorded)]
     settings.append(f"device={translator.device.type}")
     checkpoints = [str(Path(p).resolve()) for p in paths]

@@ -85,6 +85,12 @@ class DecodeConfig:
         "a call; greedy search's output exactly (beam 1, the shrinking search; empty: none)",
     )
     draft_tokens: int = setting(4, "speculative decoding: tokens drafted a call", POSITIVE)
+    draft_adaptive: bool = setting(
+        True,
+        "speculative decoding: per batch size, time greedy search without drafts and with 1, 2, "
+        "4... up to draft_tokens a call, and decode each batch the fastest way (decode/tuning.py;"
+        " the output is the same whichever); false: always draft_tokens",
+    )
 
     format: Literal["plain", "paragraphs", "html", "xml"] = setting(
         "plain",

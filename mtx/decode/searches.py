@@ -34,6 +34,7 @@ from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.decode.speculative import DraftStats, load_draft, speculative_search
 from mtx.decode.speculative import refusal as draft_refusal
 from mtx.decode.static import StaticSearch
+from mtx.decode.tuning import DraftTuner, ways
 from mtx.errors import MtxError
 from mtx.model.interface import Decodable
 
@@ -60,6 +61,7 @@ class Searches:
         self.shortlisted: dict[str, Shortlisted] = {}  # see `decoded`
         self.drafts: dict[tuple[str, str], Decodable] = {}  # see `drafter`
         self.draft_stats = DraftStats()  # what the drafts were worth, every batch's
+        self.tuner: DraftTuner | None = None  # decode.draft_adaptive's measurements
 
     @property
     def limit(self) -> int:
@@ -93,11 +95,26 @@ class Searches:
         if search in (dispatch.CONSTRAINED, dispatch.ALTERNATIVES):
             return self.controlled(batch, d, nbest, n)
         if search is dispatch.SPECULATIVE:
-            settings = SearchSettings.of(d, self.limit)
-            draft, k = self.drafter(d), d.draft_tokens
-            hyps = speculative_search(self.model, draft, batch, settings, k, self.draft_stats)
-            return [[h] for h in hyps]
+            return [[h] for h in self.speculative(batch, d)]
         return self.plain(batch, d, nbest)
+
+    def speculative(self, batch: SearchBatch, d: DecodeConfig) -> list[Hypothesis]:
+        """Greedy search's hypotheses, the draft of `decode.draft` proposing `draft_tokens`
+        a call, or with `draft_adaptive` as many (none included) as have run fastest for
+        batches of this size (tuning.py)."""
+        settings, draft, stats = SearchSettings.of(d, self.limit), self.drafter(d), self.draft_stats
+
+        def search(k: int) -> list[Hypothesis]:
+            stats.batches[k] = stats.batches.get(k, 0) + 1
+            if k == 0:
+                return [hyps[0] for hyps in self.plain(batch, d, 1)]
+            return speculative_search(self.model, draft, batch, settings, k, stats)
+
+        if not d.draft_adaptive:
+            return search(d.draft_tokens)
+        if self.tuner is None or self.tuner.ways != ways(d.draft_tokens):
+            self.tuner = DraftTuner(d.draft_tokens)
+        return self.tuner.run(len(batch.requests), search)
 
     def controlled(
         self, batch: SearchBatch, d: DecodeConfig, nbest: int, n: int

@@ -97,14 +97,17 @@ def load_draft(path: str, model: Decodable, spm_sha256: str, languages, pack: st
 @dataclass
 class DraftStats:
     """What the drafts were worth: per (sentence, verifying call) `checks`, the tokens drafted
-    and those the model accepted."""
+    and those the model accepted; `batches`, the batches decoded with each draft length (0: by
+    greedy search alone, as `decode.draft_adaptive` may choose: tuning.py)."""
 
     checks: int = 0
     drafted: int = 0
     accepted: int = 0
+    batches: dict[int, int] = field(default_factory=dict)  # draft length (0: none) -> batches
 
     def reset(self) -> None:
         self.checks = self.drafted = self.accepted = 0
+        self.batches = {}
 
     @property
     def acceptance(self) -> float:
@@ -123,6 +126,7 @@ class DraftStats:
             "accepted": self.accepted,
             "acceptance": round(self.acceptance, 4),
             "mean_accepted": round(self.mean_accepted, 3),
+            "batches": {str(k): n for k, n in sorted(self.batches.items())},
         }
 
 
