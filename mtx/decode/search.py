@@ -74,7 +74,7 @@ def next_log_probs(
         lprobs = out
     elif out.device.type == "cpu" and out.is_contiguous():
         # over the logits: a fresh (N, V) tensor a step costs the CPU page faults (BENCHMARKS.md,
-        # "The vocabulary's share of a step"); a strided view (several positions) gets its own
+        # "int8 and fp32 on the CPU"); a strided view (several positions) gets its own
         lprobs = torch.log_softmax(out, dim=-1, out=out)
     else:
         lprobs = torch.log_softmax(out, dim=-1)
