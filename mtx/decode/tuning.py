@@ -16,8 +16,9 @@ batches pays for the exploration (BENCHMARKS.md, "Speculative decoding"); a long
 server soon decodes every batch the fastest way.
 
 The output never depends on the choice: every way gives greedy search's hypotheses exactly
-(speculative.py), so the clock decides how fast a batch is decoded, never what it becomes.
-`choices` counts the batches each way decoded (`DraftStats.ways`).
+(speculative.py), so the clock decides how fast a batch is decoded, never what it becomes
+(which is also why processes of a torchrun job may choose differently). The searches count
+the batches each way decoded (`DraftStats.batches`).
 """
 
 from __future__ import annotations
