@@ -293,3 +293,23 @@ def test_different_inputs_or_no_output_are_one_line_on_every_process(toy_run, tm
     assert code != 0 and len(said) == 2, err[-3000:]
     assert all("mtx score under torchrun spreads a corpus over its processes: give --src, "
                "--tgt and --output" in x for x in said)  # fmt: skip
+
+
+def test_reports_are_summed_over_the_processes_counts_and_dicts_of_counts():
+    """A corpus job's reports (the glossary's counts, what the drafts were worth) on rank 0
+    become the sums of every process's, a dict of counts key by key."""
+    from mtx.decode.glossary import Report
+    from mtx.decode.speculative import DraftStats
+
+    class TwoProcesses:  # what Dist.gather gives: each process's object, in rank order
+        def gather(self, obj):
+            other = (Report(lines=2, constraints=3), DraftStats(4, 8, 6, {0: 1, 2: 5}))
+            return [obj, other]
+
+    mine = (Report(lines=1, constraints=1, terms=7), DraftStats(1, 2, 1, {0: 3, 1: 1}))
+    job = CorpusJob([], Record("in", 0, [], [], 1), 1, lambda *a: [], reports=mine)
+    shards.add_reports(TwoProcesses(), job)
+    glossary, drafts = job.reports
+    assert (glossary.lines, glossary.constraints, glossary.terms) == (3, 4, 7)
+    assert (drafts.checks, drafts.drafted, drafts.accepted) == (5, 10, 7)
+    assert drafts.batches == {0: 4, 1: 1, 2: 5}

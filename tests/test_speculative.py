@@ -202,6 +202,8 @@ def test_translate_with_a_draft_is_greedy_translation(pair, tmp_path):
     out = mtx("translate", "--checkpoint", teacher, "--beam", "1", "--draft", draft,
               "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")  # fmt: skip
     assert out.exit_code == 0, out.output
+    said = [x for x in out.stderr.splitlines() if x.startswith("drafts: ")]  # what they were worth
+    assert len(said) == 1 and said[0].startswith("drafts: batches decoded with 0"), said
     expected = mtx("translate", "--checkpoint", teacher, "--beam", "1", input="\n".join(lines))
     assert (tmp_path / "out.de").read_text() == expected.stdout
     # the record ignores the draft: the same output resumes without it

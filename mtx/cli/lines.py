@@ -101,10 +101,18 @@ class Output:
             return result.best.text + (f" ||| {result.best.pharaoh()}" if aligned else "") + "\n"
         return "".join(o.nbest_line(number, aligned) for o in result.outputs)
 
+    @property
+    def reports(self) -> tuple:
+        """What a corpus job sums over its processes (jobs/corpus.py): the count of
+        constraints and glossary terms, and what the drafts were worth."""
+        return self.report, self.translator.searches.draft_stats
+
     def say_report(self) -> None:
-        """The run's count of constraints and glossary terms on stderr, if it had any."""
-        if self.report.summary():
-            log(self.report.summary())
+        """The run's count of constraints and glossary terms, and what a draft model's drafts
+        were worth, on stderr, if it had any."""
+        for report in self.reports:
+            if report.summary():
+                log(report.summary())
 
     def count(self, number: int, item, translation: str, unmet: int) -> None:
         from mtx.decode.controls import needed

@@ -119,6 +119,20 @@ class DraftStats:
         """Drafted tokens accepted per verifying call of a sentence (each call adds its own)."""
         return self.accepted / self.checks if self.checks else 0.0
 
+    def summary(self) -> str:
+        """One line of what the drafts were worth ("" before any batch)."""
+        if not self.batches:
+            return ""
+        ks = sorted(self.batches)
+        counts = " / ".join(f"{self.batches[k]:,}" for k in ks)
+        line = f"drafts: batches decoded with {' / '.join(map(str, ks))} drafts a call: {counts}"
+        if self.drafted:
+            line += (
+                f"; {100 * self.acceptance:.1f}% of {self.drafted:,} drafted tokens accepted, "
+                f"{self.mean_accepted:.2f} a call"
+            )
+        return line
+
     def to_json(self) -> dict:
         return {
             "checks": self.checks,

@@ -109,7 +109,8 @@ class CorpusJob:
     """Work that turns each line of a corpus (`inputs`, read side by side) into its output
     text, in chunks: `render(first line number, rows)` gives each row's text (`per_line` output
     lines, each ending in a newline); `record` says what the job computes, `verb` and `unit`
-    its progress; `report`, if given, a dataclass of counts summed over the processes."""
+    its progress; `reports`, dataclasses of counts (ints, or dicts of ints) summed over the
+    processes."""
 
     inputs: list[Path]
     record: Record
@@ -117,7 +118,7 @@ class CorpusJob:
     render: Callable[[int, list[tuple[str, ...]]], list[str]]
     verb: str = "translated"
     unit: str = "lines"
-    report: Any = None
+    reports: tuple[Any, ...] = ()
 
 
 @dataclass

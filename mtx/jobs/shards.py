@@ -370,9 +370,23 @@ def _read(path: Path, b: Block) -> bytes:
 
 
 def add_reports(dist: Dist, job: CorpusJob) -> None:
-    """Rank 0's `job.report` becomes the sum of every process's."""
-    if job.report is None:
+    """Each of rank 0's `job.reports` becomes the sum of every process's: each count summed,
+    each dict of counts summed key by key."""
+    if not job.reports:
         return
-    every = dist.gather(job.report)
-    for f in fields(job.report):
-        setattr(job.report, f.name, sum(getattr(r, f.name) for r in every))
+    every = dist.gather(job.reports)  # each process's tuple of reports, in rank order
+    for i, report in enumerate(job.reports):
+        for f in fields(report):
+            values = [getattr(reports[i], f.name) for reports in every]
+            setattr(report, f.name, _summed(values))
+
+
+def _summed(values: list):
+    """The sum of counts, or of dicts of counts key by key."""
+    if not isinstance(values[0], dict):
+        return sum(values)
+    total: dict = {}
+    for value in values:
+        for key, n in value.items():
+            total[key] = total.get(key, 0) + n
+    return total

@@ -43,7 +43,7 @@ def translation_job(out, input: Path, record: Record, items=None) -> CorpusJob:
         return [out(first + i, hyps, item) for i, (hyps, item) in enumerate(zip(stream, got))]
 
     per_line = 1 if out.json_lines else record.nbest  # JSON: a line each
-    return CorpusJob([input], record, per_line, render, report=out.report)
+    return CorpusJob([input], record, per_line, render, reports=out.reports)
 
 
 def translate_corpus(
