@@ -232,6 +232,10 @@ def test_adaptive_drafts_try_every_length_per_batch_size_and_give_greedy_transla
     assert sum(stats.batches.values()) == 20
     assert all(stats.batches.get(k, 0) >= 2 for k in (0, 1, 2, 3)), stats.to_json()
     assert 0.2 < stats.acceptance < 1.0, stats.to_json()
+    # other settings (here a longest draft of 2) are measured afresh: greedy search alone first
+    stats.reset()
+    fast.with_decode(draft_tokens=2).search(pad([plain.encode(lines[0])]))
+    assert stats.batches == {0: 1}
 
 
 def test_serve_with_a_draft_answers_greedy_search_s_translations(pair):

@@ -34,7 +34,7 @@ from mtx.decode.shortlist import Shortlist, Shortlisted
 from mtx.decode.speculative import DraftStats, load_draft, speculative_search
 from mtx.decode.speculative import refusal as draft_refusal
 from mtx.decode.static import StaticSearch
-from mtx.decode.tuning import DraftTuner, ways
+from mtx.decode.tuning import DraftTuner
 from mtx.errors import MtxError
 from mtx.model.interface import Decodable
 
@@ -61,7 +61,7 @@ class Searches:
         self.shortlisted: dict[str, Shortlisted] = {}  # see `decoded`
         self.drafts: dict[tuple[str, str], Decodable] = {}  # see `drafter`
         self.draft_stats = DraftStats()  # what the drafts were worth, every batch's
-        self.tuner: DraftTuner | None = None  # decode.draft_adaptive's measurements
+        self.tuners: dict[tuple[str, str, int], DraftTuner] = {}  # decode.draft_adaptive's
 
     @property
     def limit(self) -> int:
@@ -112,9 +112,10 @@ class Searches:
 
         if not d.draft_adaptive:
             return search(d.draft_tokens)
-        if self.tuner is None or self.tuner.ways != ways(d.draft_tokens):
-            self.tuner = DraftTuner(d.draft_tokens)
-        return self.tuner.run(len(batch.requests), search)
+        key = (d.draft, d.dtype, d.draft_tokens)  # what the measurements are of
+        if key not in self.tuners:
+            self.tuners[key] = DraftTuner(d.draft_tokens)
+        return self.tuners[key].run(len(batch.requests), search)
 
     def controlled(
         self, batch: SearchBatch, d: DecodeConfig, nbest: int, n: int
