@@ -6,6 +6,7 @@ numbers; settings and drafts that cannot work are refused in one line."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,26 @@ def test_adaptive_drafts_try_every_length_per_batch_size_and_give_greedy_transla
     stats.reset()
     fast.with_decode(draft_tokens=2).search(pad([plain.encode(lines[0])]))
     assert stats.batches == {0: 1}
+
+
+# slow: three engines' processes (about 20 s); the drafts' searches run in make test above
+@pytest.mark.slow
+def test_the_decoding_race_runs_fixed_and_adaptive_drafts(pair, tmp_path):
+    """mtx bench decode's mtx-draft (k drafts a call, always) and mtx-adaptive-draft (the
+    fastest way per batch size, greedy search alone first) give mtx's outputs and say which
+    draft lengths decoded the timed round's batches."""
+    teacher, draft = pair
+    src = Path(__file__).parents[2] / "shared/data/multi30k/test2016.en"
+    (tmp_path / "src.en").write_text("\n".join(src.read_text().splitlines()[:24]) + "\n")
+    out = mtx("bench", "decode", "--checkpoint", teacher, "--src", tmp_path / "src.en",
+              "--engines", "mtx,mtx-draft,mtx-adaptive-draft", "--draft", draft,
+              "--draft-tokens", "2", "--beam", "1", "--batch", "8", "--rounds", "1", "--json")  # fmt: skip
+    rows = {r["engine"]: r for r in json.loads(out.stdout.splitlines()[-1])["results"]}
+    assert rows["mtx-draft"]["same_as_mtx"] == rows["mtx-adaptive-draft"]["same_as_mtx"] == 1.0
+    fixed, adaptive = rows["mtx-draft"]["drafts"], rows["mtx-adaptive-draft"]["drafts"]
+    assert set(fixed["batches"]) == {"2"} and fixed["drafted"] > 0
+    assert set(adaptive["batches"]) <= {"0", "1", "2"}
+    assert sum(fixed["batches"].values()) == sum(adaptive["batches"].values())
 
 
 def test_serve_with_a_draft_answers_greedy_search_s_translations(pair):
