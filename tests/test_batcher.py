@@ -1,6 +1,7 @@
 """The serve batcher (mtx/serve/batcher.py) with a fake engine: what goes in which batch."""
 
 import asyncio
+import signal
 import threading
 
 import pytest
@@ -298,3 +299,33 @@ def test_the_worker_idle_longest_takes_the_next_batch():
     assert turns[0] != turns[1] and turns[2:] == turns[:2]
     assert [batch for batch, _ in engines[turns[0]].batches] == [["t0"], ["t2"]]
     assert [batch for batch, _ in engines[turns[1]].batches] == [["t1"], ["t3"]]
+
+
+def test_a_signal_taken_by_another_thread_still_drains_the_main_thread_s_worker():
+    """As in `mtx serve`: the first worker runs in the main thread, stalled on a batch that
+    waits for more, and SIGTERM's handler drains the batcher. The kernel may deliver the
+    signal to another thread (here: sent to one); Python runs the handler in the main thread
+    once it looks up from its wait, within WAKE_S, and the queued batch is decoded rather
+    than left until max_wait_s (an hour) or a request's timeout."""
+    engine = Recorder()
+    b = Batcher(engine, batch_tokens=1000, max_wait_s=FOREVER, max_queue=10)
+    loop = asyncio.new_event_loop()
+    b.submit(Pending(loop, 1), ["a"], [8], GREEDY)
+
+    def signaller():
+        while not b.forming:  # the main thread's worker is waiting for its batch to fill
+            threading.Event().wait(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread
+        if not engine.started.wait(60):  # a failing run ends instead of hanging
+            b.stop()
+
+    before = signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=b.drain).start())
+    try:
+        thread = threading.Thread(target=signaller)
+        thread.start()
+        b.work()
+        thread.join()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        loop.close()
+    assert engine.batches == [(["a"], GREEDY)]

@@ -27,7 +27,11 @@ while batches decode.
 
 Stopping (SIGTERM): `drain()` refuses new requests (ShuttingDown), stops waiting for batches
 to fill, and lets the workers finish the queue; `stop()` fails what is still queued with
-ShuttingDown and ends the workers.
+ShuttingDown and ends the workers. Python runs a signal's handler in the main thread, which in
+`mtx serve` is a worker waiting here, but the kernel may deliver SIGTERM to any thread, and a
+main thread blocked in a wait would run the handler only once woken (a stalled batch: after
+`max_wait_s`, or a request's timeout). So no wait lasts longer than WAKE_S: the handler runs,
+and the drain begins, within WAKE_S whichever thread took the signal (tests/test_batcher.py).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from dataclasses import dataclass, field
 from mtx.decode.controls import Line
 from mtx.serve.front import Choices, Result
 from mtx.tokens import padded_length
+
+WAKE_S = 0.25  # the longest a worker waits before looking again (see above)
 
 __all__ = ["Batcher", "Choices", "Job", "QueueFull", "Request", "ShuttingDown"]
 
@@ -207,7 +213,7 @@ class Batcher:
                 ):
                     if self.draining and not self.queue:
                         return None
-                    self.cond.wait()
+                    self.cond.wait(WAKE_S)
                 if self.stopped:
                     return None
             finally:
@@ -239,7 +245,7 @@ class Batcher:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self.cond.wait(left)
+                self.cond.wait(min(left, WAKE_S))
             if self.stopped or not self.queue or self.queue[0] is not first:
                 return []  # stopped, or `first` was cancelled meanwhile: look again
         idle = len(self.engines) - self.busy
