@@ -377,3 +377,14 @@ def test_the_tuner_follows_a_way_that_becomes_faster():
     for _ in range(5):
         tuner.run(1, clock.search(1))
     assert clock.ran[6:] == [1, 1, 0, 0, 0]
+
+
+def test_draft_counts_survive_a_benchmark_worker_s_json():
+    """mtx bench decode's workers write DraftStats as JSON; the table reads them back."""
+    stats = DraftStats(checks=5, drafted=12, accepted=7, batches={0: 9, 2: 4})
+    back = DraftStats.from_json(json.loads(json.dumps(stats.to_json())))
+    assert back == stats
+    assert back.summary() == (
+        "drafts: batches decoded with 0 / 2 drafts a call: 9 / 4; "
+        "58.3% of 12 drafted tokens accepted, 1.40 a call"
+    )

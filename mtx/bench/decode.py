@@ -57,6 +57,7 @@ from mtx.data import vocab
 from mtx.data.batching import pad
 from mtx.data.sources import read_lines
 from mtx.decode import rules
+from mtx.decode.speculative import DraftStats
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
 from mtx.formats import export
@@ -373,12 +374,8 @@ def table(rows: list[dict], left_out: list[str], o: Options, machine: dict) -> s
                 ratio = r[f"speedup_vs_{peer}"]
                 out.append(f"{who}{r['engine']} / {peer} tokens/s, beam {r['beam']}: {ratio:.2f}x")
         if "drafts" in r:
-            d = r["drafts"]
-            out.append(
-                f"{who}{r['engine']} drafts, beam {r['beam']}: {100 * d['acceptance']:.1f}% "
-                f"accepted, {d['mean_accepted']:.2f} a call; batches by draft length: "
-                + ", ".join(f"{k}: {n}" for k, n in d["batches"].items())
-            )
+            said = DraftStats.from_json(r["drafts"]).summary().removeprefix("drafts: ")
+            out.append(f"{who}{r['engine']} drafts, beam {r['beam']}: {said}")
         if "speedup_vs_first" in r:
             out.append(
                 f"{r['model']} / {label(o, 0)} sentences/s, {r['engine']}, beam {r['beam']}: "

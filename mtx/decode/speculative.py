@@ -133,6 +133,12 @@ class DraftStats:
             )
         return line
 
+    @classmethod
+    def from_json(cls, values: dict) -> DraftStats:
+        """The counts `to_json` wrote (a benchmark's worker process: bench/decode.py)."""
+        batches = {int(k): n for k, n in values["batches"].items()}
+        return cls(values["checks"], values["drafted"], values["accepted"], batches)
+
     def to_json(self) -> dict:
         return {
             "checks": self.checks,
