@@ -24,6 +24,7 @@ from mtx.decode.align import Aligner
 from mtx.decode.score import Scorer
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
+from mtx.model.capture import capture_cross_attention
 from mtx.train.loss import alignment_loss
 from mtx.train.trainer import train
 
@@ -253,21 +254,22 @@ def test_corpus_translation_writes_alignments_and_resumes_with_them(tmp_path, ru
     assert out.exit_code == 2 and "alignments" in out.output
 
 
-def test_the_forced_pass_stops_at_the_layer_it_reads(runs):
+def test_the_forced_pass_stops_at_the_layer_it_reads(runs, monkeypatch):
     tr = Translator.from_checkpoint(runs / "plain" / "checkpoints" / "last.pt", device="cpu")
-    model, attn = tr.model, tr.model.cross_attention_modules()[0]
+    model = tr.model
     src = torch.tensor([tr.encode("the dog sleeps.")])
     tgt_in = torch.tensor([[2, 10, 11, 12, 13]])
     with torch.no_grad():
         memory, mask = model.encode(src)
-        attn.keep_weights = True
-        model.decode(tgt_in, memory, mask)
-        full = attn.weights
-        first = model.decode(tgt_in, memory, mask, project=False, layers=1)
-        upto = attn.weights
-        attn.keep_weights = False
-        by_hand = model.decoder_layers[0](model.embed_tokens(tgt_in), memory, mask)
-    assert torch.equal(first, by_hand) and torch.equal(upto, full)
+        with capture_cross_attention(model, [0]) as seen:
+            model.decode(tgt_in, memory, mask)
+        full = seen[0]
+        ran = []
+        monkeypatch.setattr(type(model), "output_projection", lambda *a: ran.append("out"))
+        model.decoder_layers[1].register_forward_pre_hook(lambda *a: ran.append(1))
+        with capture_cross_attention(model, [0], stop=True) as seen:
+            model.decode(tgt_in, memory, mask)
+    assert torch.equal(seen[0], full) and not ran  # layer 1 and the projection never ran
 
 
 def test_a_word_the_vocabulary_cannot_spell_is_still_a_word(runs):

@@ -15,6 +15,7 @@ from mtx.data import toy
 from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search
 from mtx.decode.translator import Translator
+from mtx.model.capture import capture_cross_attention
 from mtx.model.rnn import RNN, BidirectionalLayer, Cell
 from mtx.model.transformer import count_parameters
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
@@ -176,13 +177,12 @@ def test_initialisation():
     assert model.embed.weight[1:].std().item() == pytest.approx(256**-0.5, rel=0.02)
 
 
-def test_attention_weights_are_kept_per_step_when_asked():
+def test_attention_weights_are_read_per_step_from_beside_the_model():
     model = rnn_model("lstm", "additive")
     src, tgt = padded_src([5, 2]), torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 8]])
-    model.attention.keep_weights = True
-    with torch.no_grad():
+    with torch.no_grad(), capture_cross_attention(model) as seen:
         model(src, tgt)
-    w = model.attention.weights
+    (w,) = seen.values()
     assert w.shape == (2, 1, 3, 6)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 1, 3))
     assert torch.all(w[1, :, :, 3:] == 0)  # padding gets no attention

@@ -1,9 +1,9 @@
 """Word alignments from the model: which source word each output word came from.
 
 After the search, each output is read again by the model in one forced pass (as `mtx score`
-reads a pair: score.py's batches of one padded shape) up to one decoder layer (`Heads`),
-keeping its encoder-decoder attention; the layers above it and the output projection do not
-run. The attention when predicting target piece t, averaged over the
+reads a pair: score.py's batches of one padded shape) up to one decoder layer (model/
+capture.py's `Heads`), its encoder-decoder attention read from beside the model; the layers
+above it and the output projection do not run. The attention when predicting target piece t, averaged over the
 chosen heads, names one source piece: the most attended (Garg et al. 2019's hard alignment;
 fairseq's and Marian's too). A target piece whose most attended source piece is no text
 (EOS, a language tag) is unaligned. Piece links become word links when any pieces of the two
@@ -15,8 +15,8 @@ is read at the heads it was trained on (train.align_layer, its first train.align
 any other at every head of decode.align_layer (-1, the last layer: of every layer and head
 measured, on the toy corpus and on the RWTH gold set, the last averaged aligned best:
 BENCHMARKS.md, "Word alignment"); decode.align_heads names heads explicitly (with
-decode.align_layer). Negative layers count from the last; a layer past the decoder's is its
-nearest one (a recurrent model has one attention).
+decode.align_layer). Negative layers count from the last (a recurrent model has one
+attention: layer 0, or -1); a layer past the decoder's is refused in one line.
 
 Why a forced pass rather than the search's own attention: every search gives the same
 alignments for the same output (beam, sampling, static, shortlist, controls), the search pays
@@ -27,41 +27,14 @@ summed on the host in float64).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from mtx.align import pieces as P
 from mtx.align.links import Link
 from mtx.decode.score import Scorer
 from mtx.errors import MtxError
+from mtx.model.capture import Heads, capture_cross_attention
 from mtx.tokens import EOS_ID, UNK_ID
-
-
-@dataclass(frozen=True)
-class Heads:
-    """The decoder layer and heads alignments are read from."""
-
-    layer: int  # 0-based
-    heads: tuple[int, ...]  # () every head
-    guided: bool
-
-    @classmethod
-    def of(cls, cfg, layers: int) -> Heads:
-        t, d = cfg.train, cfg.decode
-        if d.align_heads:
-            return cls(_layer(d.align_layer, layers), tuple(d.align_heads), False)
-        if t.align_weight > 0:
-            return cls(_layer(t.align_layer, layers), tuple(range(t.align_heads)), True)
-        return cls(_layer(d.align_layer, layers), (), False)
-
-    def describe(self) -> str:
-        which = "every head" if not self.heads else f"heads {','.join(map(str, self.heads))}"
-        return f"decoder layer {self.layer}, {which}" + (" (guided)" if self.guided else "")
-
-
-def _layer(layer: int, layers: int) -> int:
-    return min(max(layer + layers if layer < 0 else layer, 0), layers - 1)
 
 
 class Aligner:
@@ -74,9 +47,8 @@ class Aligner:
                 "alignments read one model's attention: an ensemble has none (give one checkpoint)"
             )
         self.tr, self.scorer = translator, Scorer(translator)
-        modules = model.cross_attention_modules()
-        self.where = Heads.of(translator.cfg, len(modules))
-        self.module = modules[self.where.layer]
+        self.heads = Heads.of(translator.cfg)
+        self.layer = self.heads.index(len(model.cross_attention_modules()))
         self.n_prefix = len(translator.langs.source_prefix(translator.tgt_lang) or ())
 
     def word_links(self, src: list[list[int]], outputs: list[list[int]]) -> list[set[Link]]:
@@ -102,23 +74,14 @@ class Aligner:
     def piece_links(self, src: list[list[int]], tgt: list[list[int]]) -> list[list[Link]]:
         """Each target piece's (before EOS) most attended source position, per pair."""
         out: list[list[Link]] = [[] for _ in src]
-        model, attn = self.tr.model, self.module
+        model, layer = self.tr.model, self.layer
         for rows in self.scorer.batches(src, tgt):
             source, tgt_in, n = self.scorer.inputs(src, tgt, rows)
-            attn.keep_weights = True
-            try:
+            # the layers above the one read and the output projection do not run
+            with capture_cross_attention(model, [layer], stop=True) as seen:
                 memory, mask = model.encode(source)
-                model.decode(tgt_in, memory, mask, project=False, layers=self.where.layer + 1)
-                weights = attn.weights  # (B, H, n + T, S)
-            finally:
-                attn.keep_weights, attn.weights = False, None
-            if self.where.heads:
-                if max(self.where.heads) >= weights.size(1):
-                    raise MtxError(
-                        f"decode.align_heads: the layer has {weights.size(1)} heads (0 to "
-                        f"{weights.size(1) - 1})"
-                    )
-                weights = weights[:, list(self.where.heads)]
+                model.decode(tgt_in, memory, mask)
+            weights = self.heads.pick(seen[layer])  # (B, h, n + T, S)
             summed = weights[:, :, n:].double().cpu().sum(1)  # (B, T, S), in order of heads
             for r, i in enumerate(rows):
                 t, s = len(tgt[i]) - 1, len(src[i])

@@ -249,7 +249,7 @@ class Shortlisted(Lacks):
         """Decode a step; then for each bucket of sentences: the bucket, its beams' rows and
         candidates' ids, their log-probabilities (nb * K, length) normalised over each
         sentence's candidates, and where those go in the flat (N, vocab) log-probabilities."""
-        states = self.model.decode(tgt_in, memory, src_mask, cache.inner, project=False)
+        states = self.model.states(tgt_in, memory, src_mask, cache.inner)
         logits = cache.project(states[:, -1]).float()  # (N, union)
         N = logits.size(0)
         logits = torch.cat([logits, logits.new_full((N, 1), -torch.inf)], 1).view(-1)

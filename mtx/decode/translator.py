@@ -46,6 +46,7 @@ from mtx.device import auto_dtype, pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
 from mtx.model.build import load_model
+from mtx.model.capture import capture_cross_attention
 from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
 from mtx.tokens import encode_line
@@ -322,17 +323,10 @@ class Translator:
         src_ids = self.encode(line)
         src = torch.tensor([src_ids], device=self.device)
         tgt_in = torch.tensor([[self.model.specials.start, *tokens]], device=self.device)
-        layers = self.model.cross_attention_modules()
-        for attn in layers:
-            attn.keep_weights = True
-        try:
-            with torch.no_grad():
-                memory, src_mask = self.model.encode(src)
-                self.model.decode(tgt_in, memory, src_mask)
-            weights = torch.stack([attn.weights[0] for attn in layers]).float().cpu()
-        finally:
-            for attn in layers:
-                attn.keep_weights, attn.weights = False, None
+        with torch.no_grad(), capture_cross_attention(self.model) as seen:
+            memory, src_mask = self.model.encode(src)
+            self.model.decode(tgt_in, memory, src_mask)
+        weights = torch.stack([seen[i][0] for i in sorted(seen)]).float().cpu()
         piece = self.vocab.id_to_piece
         return Attention(
             source=[piece(i) for i in src_ids[:-1]] + ["</s>"],

@@ -26,13 +26,15 @@ has its own. These run written out in training too (the fused kernels have no va
 
 What only inference needs is applied from beside: incremental decoding's keys and values
 through a cache (model/cache.py: growing, or static for CUDA graphs), sources of several
-lengths in one batch (model/groups.py) and weights packed for the CPU (model/packed.py, through
-`project`). The recurrent baseline's attention is in model/rnn_attention.py.
+lengths in one batch (model/groups.py), weights packed for the CPU (model/packed.py, through
+`project`) and the reading of its weights (model/capture.py: `listeners` are told them). The
+recurrent baseline's attention is in model/rnn_attention.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -90,8 +92,8 @@ class MultiHeadAttention(Packable, nn.Module):
         if max_relative_position is not None:
             assert not cross, "relative positions are for self-attention"
             self.relative = RelativePositions(n_heads, self.d_k, max_relative_position)
-        self.weights: Tensor | None = None  # the last attention weights, when keep_weights
-        self.keep_weights = False
+        # told each forward's weights (B, H, T, S): what model/capture.py reads from beside
+        self.listeners: list[Callable[[Tensor], None]] = []
         self.linear_names = ("q", "kv", "out") if cross else ("qkv", "out")  # see Packable
         self.packed = {}
         self.reset_parameters()
@@ -178,8 +180,8 @@ class MultiHeadAttention(Packable, nn.Module):
         kernels, in inference `attention` written out; keys and values of sources of several
         lengths (`Groups`) group by group (model/groups.py)."""
         if isinstance(k, Groups):
-            if self.keep_weights:
-                raise ValueError("keep_weights takes sources of one length")
+            if self.listeners:
+                raise ValueError("the attention is read over sources of one length")
             if self.training:
                 return attend_groups(q, k, v, mask, lambda *part: self.attend(*part, False, 0))
             return attend_folded_groups(q, k, v, mask, lambda *part: attention(*part, False)[0])
@@ -189,18 +191,18 @@ class MultiHeadAttention(Packable, nn.Module):
             q = q.view(-1, G, H, T, d_k).transpose(1, 2).reshape(-1, H, G * T, d_k)
         if mask is not None and mask.dim() == 3:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S), broadcast over heads
-        if self.training and self.relative is None and not self.keep_weights:
+        if self.training and self.relative is None and not self.listeners:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout, is_causal=causal and mask is None
             )  # (B / G, H, G * T, d_k)
         else:
             dropout = self.dropout if self.training else 0.0
             out, weights = attention(q, k, v, mask, causal, self.relative, start, dropout)
-            if self.keep_weights:  # (B, H, T, S), a sentence's beams back as separate rows
+            if self.listeners:  # (B, H, T, S), a sentence's beams back as separate rows
                 S = weights.size(-1)
                 weights = weights.view(-1, H, G, T, S).transpose(1, 2).reshape(B, H, T, S)
-                # in training with their graph: guided alignment's loss (train/loss.py)
-                self.weights = weights if self.training else weights.detach()
+                for listener in self.listeners:  # in training with their graph (guided loss)
+                    listener(weights)
         out = out.view(-1, H, G, T, d_k).transpose(1, 2)  # (B / G, G, H, T, d_k)
         return out.transpose(2, 3).reshape(B, T, self.d_model)  # (B, T, d_model)
 

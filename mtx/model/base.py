@@ -55,7 +55,10 @@ class EncoderDecoder:
         (B, S), or (N, V) at the N flat positions `keep` of (B * T); with `project` False, the
         output states that `output_weight()` projects (for train/loss.py's output_loss)."""
         memory, src_mask = self.encode(src, src_padded)
-        return self.decode(tgt_in, memory, src_mask, keep=keep, project=project)
+        x = self.states(tgt_in, memory, src_mask)  # (B, T, d)
+        if keep is not None:
+            x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
+        return self.output_projection(x) if project else x
 
     def output_weight(self) -> Tensor:
         """(V, d) the pre-softmax projection: the shared embedding matrix."""

@@ -21,10 +21,12 @@ Shape legend: N hypothesis rows, S source length, T decoder inputs, V vocabulary
   speculative decoding verifies and drafts with (model/ragged.py; `capabilities.ragged`).
 - `continuations(...)`: the best 2K continuations of each sentence's K beams found among the
   model's own candidates (`capabilities.candidates`: a lexical shortlist).
-- `output_weight()`, `output_bias()`: the (V, d) pre-softmax projection a shortlist takes,
-  and its (V,) bias or None (`capabilities.output_matrix`: one model, not an ensemble).
-- `cross_attention_modules()`: the encoder-decoder attention to show
-  (`capabilities.attention`).
+- `output_weight()`, `output_bias()`, `states(tgt_in, memory, src_mask, cache)`: the (V, d)
+  pre-softmax projection a shortlist takes, its (V,) bias or None, and the (N, T, d) states
+  it projects (`decode` is their product; `capabilities.output_matrix`: one model, not an
+  ensemble).
+- `cross_attention_modules()`: the encoder-decoder attention of each decoder layer, which
+  model/capture.py reads from beside the model (`capabilities.attention`).
 - `members()`: the single models it decodes with, in order (itself, or an ensemble's).
 - `specials`: the token its decoder starts from and the ids it never outputs (mtx/tokens.py).
 
@@ -34,26 +36,13 @@ did not read the capability gets an error naming the model, not an AttributeErro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from mtx.errors import MtxError
+from mtx.model.capabilities import Capabilities
 from mtx.tokens import Specials
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a `Decodable` can do beyond encode, decode and a growing cache."""
-
-    log_probs: bool = False  # decode() gives normalised log-probabilities, not logits
-    mixed_lengths: bool = False  # encode() and decode() take a Groups of source lengths
-    static_cache: bool = False  # new_static_cache() and fill_memory(): the static search
-    candidates: bool = False  # continuations(): searches among its own candidates
-    output_matrix: bool = False  # output_weight(): one pre-softmax projection (a shortlist's)
-    attention: bool = False  # cross_attention_modules(): one attention to show
-    ragged: bool = False  # new_ragged_cache(): rows at positions of their own (speculative)
 
 
 @runtime_checkable
@@ -94,6 +83,8 @@ class Decodable(Protocol):
 
     def output_bias(self) -> Tensor | None: ...
 
+    def states(self, tgt_in: Tensor, memory: Any, src_mask: Any, cache: Any = None) -> Tensor: ...
+
     def cross_attention_modules(self) -> list[Any]: ...
 
 
@@ -125,5 +116,8 @@ class Lacks:
     def output_bias(self) -> Tensor | None:
         raise self._lacks("single output matrix")
 
+    def states(self, tgt_in: Tensor, memory: Any, src_mask: Any, cache: Any = None) -> Tensor:
+        raise self._lacks("single output matrix")
+
     def cross_attention_modules(self) -> list[Any]:
-        raise self._lacks("single attention to show")
+        raise self._lacks("single attention to read")

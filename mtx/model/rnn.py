@@ -203,13 +203,19 @@ class RNN(EncoderDecoder, Lacks, nn.Module):
         memory: Tensor | None,
         src_mask: Tensor | None,
         cache: RecurrentState | None = None,
-        keep: Tensor | None = None,
-        project: bool = True,
-        layers: int | None = None,  # a Transformer's; this model's one attention reads all
     ) -> Tensor:
-        """(N, T) decoder inputs -> logits (N, T, V), or (n, V) at the n flat positions `keep`
-        of (N * T); with `project` False, the output states (d wide) that the projection would
-        take. N may be a multiple G of memory's B rows: rows g * G .. g * G + G - 1 (a
+        """(N, T) decoder inputs -> logits (N, T, V): the output projection of `states`."""
+        return self.output_projection(self.states(tgt_in, memory, src_mask, cache))
+
+    def states(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor | None,
+        cache: RecurrentState | None = None,
+    ) -> Tensor:
+        """(N, T) decoder inputs -> the output states h~ (N, T, d) that the output projection
+        takes. N may be a multiple G of memory's B rows: rows g * G .. g * G + G - 1 (a
         sentence's beams) read memory row g.
 
         With `cache` (from `new_cache()`, model/cache.py's RecurrentState), `tgt_in` holds
@@ -241,12 +247,9 @@ class RNN(EncoderDecoder, Lacks, nn.Module):
             outputs.append(feed)
             weights.append(a)
         state.hs, state.cs, state.feed = hs, cs, feed
-        if self.attention.keep_weights:  # (N, 1 head, T, S)
-            self.attention.weights = torch.stack(weights, 1).unsqueeze(1).detach()
-        x = torch.stack(outputs, dim=1)  # (N, T, d)
-        if keep is not None:
-            x = x.flatten(0, 1).index_select(0, keep)
-        return self.output_projection(x) if project else x
+        for listener in self.attention.listeners:  # (N, 1 head, T, S): model/capture.py
+            listener(torch.stack(weights, 1).unsqueeze(1))
+        return torch.stack(outputs, dim=1)  # (N, T, d)
 
     def start_states(
         self, state: RecurrentState, src_mask: Tensor | None, N: int

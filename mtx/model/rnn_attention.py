@@ -7,6 +7,7 @@ Shape legend: N decoder rows (B sentences x G beams), B sentences, S source leng
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -44,8 +45,8 @@ class RecurrentAttention(nn.Module):
             self.v = nn.Parameter(torch.empty(d_model))
         if score == "location":
             self.location = nn.Linear(d_model, max_positions)
-        self.weights: Tensor | None = None  # (rows, 1, steps, S) when keep_weights
-        self.keep_weights = False
+        # told each decode's weights (rows, 1 head, steps, S): model/capture.py's reading
+        self.listeners: list[Callable[[Tensor], None]] = []
 
     def keys(self, memory: Tensor) -> Tensor:
         """The source side of the score for memory (B, S, d): (B, S, d)."""

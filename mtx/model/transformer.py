@@ -152,34 +152,34 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
     def decode(
         self,
         tgt_in: Tensor,
-        memory: Tensor,
-        src_mask: Tensor | None,
-        cache: GrowingCache | StaticCache | None = None,
-        keep: Tensor | None = None,
-        project: bool = True,
-        layers: int | None = None,
+        memory: Tensor | Groups,
+        src_mask: Tensor | Groups | None,
+        cache: GrowingCache | StaticCache | RaggedCache | None = None,
     ) -> Tensor:
-        """(B, T) decoder inputs -> logits (B, T, V), or (N, V) at the N flat positions `keep`
-        of (B * T) (the target tokens: padding then costs no output projection); with
-        `project` False, the output states (d wide) that the projection would take. With
-        `layers`, only the first `layers` decoder layers run and their output is returned
-        (what reading one layer's attention needs: decode/align.py).
+        """(B, T) decoder inputs -> logits (B, T, V): the output projection of `states`.
 
         With `cache` (`new_cache()` or `new_static_cache()`, model/cache.py), `tgt_in` holds
         only the positions not yet decoded, and the cache is extended in place: incremental
         decoding gives the same logits as decoding the whole prefix at once.
         """
+        return self.output_projection(self.states(tgt_in, memory, src_mask, cache))
+
+    def states(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor | Groups,
+        src_mask: Tensor | Groups | None,
+        cache: GrowingCache | StaticCache | RaggedCache | None = None,
+    ) -> Tensor:
+        """(B, T) decoder inputs -> the decoder's output states (B, T, d), which the output
+        projection takes (`decode`); `cache` as there."""
         start = 0 if cache is None else cache.length
         x = self.embed_tokens(tgt_in, start)  # (B, T, d)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, memory, src_mask, None if cache is None else cache.layers[i])
-            if layers is not None and i + 1 == layers:
-                return x
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        if keep is not None:
-            x = x.flatten(0, 1).index_select(0, keep)  # (N, d)
-        return self.output_projection(x) if project else x
+        return x
 
     def new_cache(self) -> GrowingCache:
         return GrowingCache(len(self.decoder_layers))
@@ -204,7 +204,7 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
             layer.write_memory(*attn.project_kv(memory))
 
     def cross_attention_modules(self) -> list[MultiHeadAttention]:
-        """The encoder-decoder attention of each decoder layer (for `keep_weights`)."""
+        """The encoder-decoder attention of each decoder layer (read by model/capture.py)."""
         return [layer.cross_attn for layer in self.decoder_layers]
 
 

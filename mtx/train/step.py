@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -29,6 +30,7 @@ from mtx.config import Config
 from mtx.data.batching import Batch
 from mtx.device import auto_dtype
 from mtx.model.base import EncoderDecoder
+from mtx.model.capture import Heads, capture_cross_attention
 from mtx.tokens import PAD_ID
 from mtx.train import compiled
 from mtx.train.loss import alignment_loss, label_smoothed_nll, output_loss
@@ -102,22 +104,19 @@ class LossModel(torch.nn.Module):
         # batches and one for unpadded ones (src_padded is then never read, so not guarded)
         self.mask_always = False
 
-    def forward(self, src, tgt_in, tgt_out, tgt_index, src_padded: bool, align=None):
-        """(smoothed loss sum, NLL sum); with `align` (a batch's align_index and align_weight,
-        guided alignment), (smoothed loss sum + weight x alignment loss, NLL sum, alignment
-        loss sum)."""
+    def forward(self, src, tgt_in, tgt_out, tgt_index, src_padded: bool, align=None) -> Losses:
+        """The batch's `Losses`; with `align` (a batch's align_index and align_weight, guided
+        alignment), the loss adds the guide's weight x the alignment loss of its heads'
+        encoder-decoder attention (read beside the model: model/capture.py)."""
         padded = True if self.mask_always else src_padded
         if align is None:
-            return self.token_loss(src, tgt_in, tgt_out, tgt_index, padded)
-        attn = self.model.cross_attention_modules()[self.guide.layer]
-        attn.keep_weights = True  # written-out attention, its weights kept with their graph
-        try:
+            return Losses(*self.token_loss(src, tgt_in, tgt_out, tgt_index, padded), None)
+        heads = self.guide.heads
+        layer = heads.index(len(self.model.cross_attention_modules()))
+        with capture_cross_attention(self.model, [layer], graph=True) as seen:
             loss, nll = self.token_loss(src, tgt_in, tgt_out, tgt_index, padded)
-            weights = attn.weights[:, : self.guide.heads]
-        finally:
-            attn.keep_weights, attn.weights = False, None
-        aligned = alignment_loss(weights, *align)
-        return loss + self.guide.weight * aligned, nll, aligned.detach()
+        aligned = alignment_loss(heads.pick(seen[layer]), *align)
+        return Losses(loss + self.guide.weight * aligned, nll, aligned.detach())
 
     def token_loss(self, src, tgt_in, tgt_out, tgt_index, padded: bool):
         hidden = self.model(src, tgt_in, tgt_index, padded, project=False)  # (N, d)
@@ -129,24 +128,31 @@ class LossModel(torch.nn.Module):
         return label_smoothed_nll(logits, target, self.eps, PAD_ID)
 
 
+class Losses(NamedTuple):
+    """What the loss model gives for a batch, summed over its target tokens (on the device)."""
+
+    loss: torch.Tensor  # () label-smoothed loss (+ the weighted alignment loss, if guided)
+    nll: torch.Tensor  # () negative log-likelihood
+    align: torch.Tensor | None  # () the alignment loss, detached (None: not guided)
+
+
 @dataclass(frozen=True)
 class Guide:
-    """Guided alignment (train.align_*): the decoder layer and first heads trained to align,
-    and the weight of their loss."""
+    """Guided alignment (train.align_*): the heads trained to align (model/capture.py's
+    `Heads`, as decoding reads them), and the weight of their loss."""
 
-    layer: int
-    heads: int
+    heads: Heads
     weight: float
 
     @classmethod
     def of(cls, cfg: Config) -> Guide | None:
         t = cfg.train
-        return cls(t.align_layer, t.align_heads, t.align_weight) if t.align_weight else None
+        return cls(Heads.guide(cfg), t.align_weight) if t.align_weight else None
 
 
-def forward_loss(loss_model, batch: Batch, precision: Precision) -> tuple:
-    """Summed label-smoothed loss and NLL of a batch (still on the host when passed in); the
-    output projection runs only at target tokens, and a source without padding goes unmasked."""
+def forward_loss(loss_model, batch: Batch, precision: Precision) -> Losses:
+    """The `Losses` of a batch (still on the host when passed in); the output projection runs
+    only at target tokens, and a source without padding goes unmasked."""
     src, tgt_in, tgt_out, tgt_index = (
         x.to(precision.device, non_blocking=True)
         for x in (batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index)
@@ -233,11 +239,11 @@ def backward(loss_model, batches: list[Batch], precision: Precision, factor: flo
         last = i == len(batches) - 1
         no_sync = getattr(loss_model, "no_sync", None)
         with no_sync() if no_sync is not None and not last else contextlib.nullcontext():
-            loss, nll, *aligned = forward_loss(loss_model, b, precision)
+            loss, nll, aligned = forward_loss(loss_model, b, precision)
             (scaler.scale(loss * factor) if scaler else loss * factor).backward()
         loss_sum, nll_sum = loss_sum + loss.detach(), nll_sum + nll.detach()
-        if aligned:
-            align_sum = aligned[0] if align_sum is None else align_sum + aligned[0]
+        if aligned is not None:
+            align_sum = aligned if align_sum is None else align_sum + aligned
     return loss_sum, nll_sum, align_sum
 
 

@@ -83,7 +83,7 @@ def validate(model, valid_ds, cfg: Config, precision: Precision, dist: Dist) -> 
     mine, start = batches[dist.rank :: dist.world], SPECIALS[cfg.model.decoder_start].start
     for b in BatchDataset(valid_ds, mine, t.pad_to, start=start):
         ntokens += b.tgt_tokens
-        loss, nll = forward_loss(loss_model, b, precision)
+        loss, nll, _ = forward_loss(loss_model, b, precision)
         loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
     model.train()
     loss_sum, nll_sum, ntokens = dist.sum([loss_sum.item(), nll_sum.item(), float(ntokens)])
