@@ -200,15 +200,15 @@ def cost(work: Path) -> dict:
     torch.set_num_threads(2)
     ckpt = work / "guided" / "checkpoints" / "last.pt"
     lines = (work / "data" / "test2016.de").read_text(encoding="utf-8").splitlines()
-    plain = Translator.from_checkpoint(ckpt, device="cpu").with_decode(beam=4)
-    aligned = plain.with_decode(alignments=True)
+    tr = Translator.from_checkpoints(ckpt, device="cpu")
+    asked = {"plain": tr.options(beam=4), "alignments": tr.options(beam=4, alignments=True)}
     times: dict[str, list[float]] = {"plain": [], "alignments": []}
     outputs: dict[str, list] = {}
     for _ in range(3):  # alternately, one timed call each a round
-        for key, tr in (("plain", plain), ("alignments", aligned)):
-            took, hyps = timed(lambda tr=tr: tr.translate_ids(lines), repeats=1, warmup=0)
+        for key, options in asked.items():
+            took, done = timed(lambda o=options: tr.translate(lines, o), repeats=1, warmup=0)
             times[key].append(took.best)
-            outputs[key] = [h[0].tokens for h in hyps]
+            outputs[key] = [t.best.tokens for t in done]
     same = outputs["plain"] == outputs["alignments"]
     best = {k: min(v) for k, v in times.items()}
     return {

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from mtx.bench.harness import ROOT, result
+from mtx.decode.controls import fits
 
 M30K = Path(os.environ.get("M30K", ROOT / "data" / "multi30k"))  # mtx fetch multi30k
 SEED = 1
@@ -49,15 +50,20 @@ def lines_of(path: Path, n: int) -> list[str]:
 
 
 def decode(translator, items: list) -> tuple[list, float]:
-    """The hypotheses of every item (a string or a `Line`) and the seconds it took."""
+    """The outputs of every item (a string or a `Line`), best first, and the seconds it took."""
     start = time.perf_counter()
-    requests = [translator.request(x, i) for i, x in enumerate(items)]
-    hyps = translator.translate_requests(requests)
-    return hyps, time.perf_counter() - start
+    done = translator.translate(items)
+    return [t.outputs for t in done], time.perf_counter() - start
 
 
 def texts(translator, hyps) -> list[str]:
-    return [translator.detokenize(h[0].tokens) for h in hyps]
+    return [h[0].text for h in hyps]
+
+
+def longest(tr, item) -> int:
+    """An item's longest output, EOS included (decode.max_len_a/b, the model's limit)."""
+    d, limit = tr.parts.config.decode, tr.parts.model.max_positions - 1
+    return tr.requests([item])[0].longest(d.max_len_a, d.max_len_b, limit)
 
 
 def prefixes(tr, sources, refs, plain_out) -> dict:
@@ -85,7 +91,7 @@ def prefixes(tr, sources, refs, plain_out) -> dict:
 
 def counted(tr, items: list) -> tuple[tuple[list, float], list[int]]:
     """`decode`, and the rows and the steps the model's decoder ran (summed over batches)."""
-    model = tr.searches.model
+    model = tr.parts.model
     work, plain = [0, 0], model.decode
 
     def decode_counting(last, *args):
@@ -115,15 +121,15 @@ def alternatives(tr, sources, refs) -> dict:
         beam_times.append(decode(tr, beam)[1])
     ok = sum(
         len(h) == 4
-        and all(tr.detokenize(x.tokens).startswith(p) for x in h)
-        and len({tuple(x.tokens[: len(tr.request(a, 0).controls.prefix) + 1]) for x in h}) == 4
+        and all(x.text.startswith(p) for x in h)
+        and len({tuple(x.tokens[: len(tr.requests([a])[0].controls.prefix) + 1]) for x in h}) == 4
         for h, p, a in zip(hyps, prefix, asked)
     )
     best, best_beam = min(times), min(beam_times)
-    longest = [tr.longest(tr.request(a, 0)) for a in asked]
+    limits = [longest(tr, a) for a in asked]
 
     def at_limit(found) -> int:  # lines with a hypothesis at its longest output (EOS counted)
-        return sum(max(len(x.tokens) + 1 for x in h) >= n for h, n in zip(found, longest))
+        return sum(max(len(x.tokens) + 1 for x in h) >= n for h, n in zip(found, limits))
 
     return {
         "lines": len(asked),
@@ -175,9 +181,9 @@ def constraints(tr, sources, refs, plain_out, plain_s) -> dict:
         got = texts(tr, hyps)
         fit = met = words = total = 0
         for x, h, g in zip(items, hyps, got):
-            request = tr.request(x, 0)
+            request = tr.requests([x])[0]
             total += len(request.controls.constraints)
-            if tr.fits(request):
+            if fits(request.controls, longest(tr, x)):
                 fit += len(request.controls.constraints)
                 met += len(request.controls.constraints) - h[0].unmet
                 words += sum(contains(g, c) for c in x.controls.constraints)
@@ -267,7 +273,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from mtx.decode.translator import Translator
 
-    tr = Translator.from_checkpoint(args.checkpoint, ["decode.beam=4"], "cpu")
+    tr = Translator.from_checkpoints(args.checkpoint, ["decode.beam=4"], "cpu")
     sources = lines_of(M30K / "test2016.en", args.lines)
     refs = lines_of(M30K / "test2016.de", args.lines)
     decode(tr, sources[:50])  # warm-up

@@ -179,7 +179,7 @@ def translator(work: Path, **decode):
     from mtx.decode.translator import Translator
 
     torch.set_num_threads(2)
-    return Translator.from_checkpoint(checkpoint(work), device="cpu", decode=decode)
+    return Translator.from_checkpoints(checkpoint(work), device="cpu", decode=decode)
 
 
 TAGS = [("b", ""), ("i", ""), ("a", ' href="/x?a=1&amp;b=2"'), ("span", ' class="hl"'),
@@ -248,13 +248,11 @@ def markup(args) -> dict:
     import lxml.html
 
     from mtx.align.statistical import align_pairs
-    from mtx.decode import documents
     from mtx.evaluate import score
 
     sources = tagged_set()
     tr = translator(args.work, format="html")
-    took, done = timed(lambda: documents.translate(tr, sources, say=lambda _: None), repeats=1,
-                       warmup=0)  # fmt: skip
+    took, done = timed(lambda: tr.translate(sources), repeats=1, warmup=0)
     outputs = [t.best.text for t in done]
     plain_took, plain = timed(lambda: translator(args.work).translate(test_lines("de")),
                               repeats=1, warmup=0)  # fmt: skip
@@ -319,7 +317,6 @@ def _placement(pairs, links) -> dict:
 def paragraphs(args) -> dict:
     """test2016 in paragraphs of 3 to 6 sentences: translated as paragraphs (split again by
     sentencex) and line by line, alternately three times each; BLEU on the paragraphs."""
-    from mtx.decode import documents
     from mtx.documents.sentences import split
     from mtx.evaluate import score
 
@@ -330,9 +327,9 @@ def paragraphs(args) -> dict:
     for _ in range(3):
         took, by_line = timed(lambda: lines_tr.translate(test_lines("de")), repeats=1, warmup=0)
         times["lines"].append(took.best)
-        took, done = timed(lambda: documents.translate(para_tr, texts), repeats=1, warmup=0)
+        took, done = timed(lambda: para_tr.translate(texts), repeats=1, warmup=0)
         times["paragraphs"].append(took.best)
-    it = iter(by_line)
+    it = iter(t.best.text for t in by_line)
     joined = [" ".join(next(it) for _ in g) for g in groups]
     refs = [" ".join(g) for g in paragraphs_of(test_lines("en"))]
     best = {k: min(v) for k, v in times.items()}
@@ -351,12 +348,9 @@ def html_pages(args) -> dict:
     (or kept, where marked), the script and style byte for byte."""
     import lxml.html
 
-    from mtx.decode import documents
-
     built = pages()
     tr = translator(args.work, format="html")
-    took, done = timed(lambda: documents.translate(tr, built, say=lambda _: None), repeats=1,
-                       warmup=0)  # fmt: skip
+    took, done = timed(lambda: tr.translate(built), repeats=1, warmup=0)
     out = [t.best.text for t in done]
     checks = {"pages": len(built), "parse": 0, "same_text_blocks": 0, "blocks_translated": 0,
               "blocks_kept": 0, "blocks": 0, "script_and_style_identical": 0,

@@ -335,18 +335,6 @@ def decode_lines(args, sizes: Sizes) -> list[str]:
     ]
 
 
-def source_batches(tr, ids: list[list[int]], size: int) -> list:
-    """Batches of `size` sources (sorted by length), each padded to its longest's bucket."""
-    from mtx.data.batching import pad
-    from mtx.tokens import padded_length
-
-    srcs = []
-    for i in range(0, len(ids), size):
-        group = ids[i : i + size]
-        srcs.append(pad(group, length=padded_length(max(len(x) for x in group))).to(tr.device))
-    return srcs
-
-
 def part_decode(args, sizes: Sizes) -> dict:
     """Each search at each batch size, beam 4 and greedy; outputs compared with the same
     search's at the smallest batch, and with the shrinking search's at the same batch."""
@@ -355,16 +343,18 @@ def part_decode(args, sizes: Sizes) -> dict:
 
     device = "cpu" if sizes.smoke else "cuda"
     ckpt = args.checkpoint or RunDir(args.work / "train").best
-    sets = [f"decode.dtype={sizes.precision}"]
-    tr = Translator.from_checkpoint(ckpt, sets, device=device)
-    ids = sorted((tr.encode(x) for x in decode_lines(args, sizes)), key=len)
+    sets = [f"decode.dtype={sizes.precision}", f"decode.batch_tokens={1 << 30}"]
     searches = ["shrinking", "static"] + ([] if sizes.smoke else ["graphs"])
+    by_search = {s: Translator.from_checkpoints(ckpt, [*sets, f"decode.search={s}"], device=device)
+                 for s in searches}  # fmt: skip
+    codec = by_search["shrinking"].parts.codec
+    ids = sorted((codec.encode(x) for x in decode_lines(args, sizes)), key=len)
     out, first, shrinking = {}, {}, {}
     for beam in (4, 1):
-        for search in searches:
-            searcher = tr.with_decode(beam=beam, search=search)
+        for search, tr in by_search.items():
             for size in sizes.batches:
-                hyps, timing = decode_timed(searcher, source_batches(tr, ids, size), device)
+                groups = [ids[i : i + size] for i in range(0, len(ids), size)]
+                hyps, timing = decode_timed(tr, tr.options(beam=beam), groups, search, device)
                 key = (beam, search)
                 same = None
                 if key in first:
@@ -390,19 +380,21 @@ def part_decode(args, sizes: Sizes) -> dict:
     return out
 
 
-def decode_timed(tr, srcs: list, device: str):
-    """Every batch's best hypothesis, timed after a warm-up: the shortest and longest shapes,
-    or with CUDA graphs every batch once (each shape's graph is then captured: steady state,
-    as in a server that has seen its shapes)."""
+def decode_timed(tr, options, groups: list, search: str, device: str):
+    """Every line's best output ids, a group of ids at a time (the translator batches each
+    as its search takes it), timed after a warm-up: the shortest and longest groups, or with
+    CUDA graphs every group once (each shape's graph is then captured: steady state, as in a
+    server that has seen its shapes)."""
     import torch
 
     sync = torch.cuda.synchronize if device == "cuda" else None
-    warm = srcs if tr.cfg.decode.search == "graphs" else srcs[:2] + srcs[-1:]
-    for src in warm:
-        tr.search(src)
+    warm = groups if search == "graphs" else groups[:2] + groups[-1:]
+    for group in warm:
+        tr.translate(group, options)
     timing, hyps = timed(
-        lambda s=srcs: [h[0].tokens for src in s for h in tr.search(src)], 1, 0, sync
-    )
+        lambda g=groups: [list(t.best.tokens) for group in g for t in tr.translate(group, options)],
+        1, 0, sync,
+    )  # fmt: skip
     return hyps, timing
 
 

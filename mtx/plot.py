@@ -14,7 +14,7 @@ from mtx.files import atomic_write, atomic_write_text
 from mtx.train.metrics import read_metrics
 
 if TYPE_CHECKING:
-    from mtx.decode.translator import Attention
+    from mtx.decode.result import Attention
 
 # panel title -> (metrics.jsonl key, kind of record); BLEU appears only where a run logs it
 CURVES = [

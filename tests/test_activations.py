@@ -72,5 +72,5 @@ def relabelled(request, toy_run, tmp_path_factory):
 def test_both_exports_compute_what_mtx_computes_with_each_activation(relabelled):
     name, root = relabelled
     translator = check_exports(root / "model.pt", root / "hf", root / "ct2")
-    assert translator.model.cfg.activation == name
+    assert translator.parts.model.cfg.activation == name
     assert MarianMTModel.from_pretrained(root / "hf").config.activation_function == name

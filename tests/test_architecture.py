@@ -236,9 +236,9 @@ PROTOCOL_KEYS = {
         {"grad_norm", "compiled_graphs", "compile_seconds", "compilations"},
         {"mtx.train.compiled", "mtx.bench.train", *METRICS_READERS},
     ),
-    "an attention record (mtx/decode/translator.py's Attention)": (
+    "an attention record (mtx/decode/result.py's Attention)": (
         {"weights", "output", "alignment"},
-        {"mtx.decode.translator", "mtx.plot"},  # the server's answer; --attention-dir's files
+        {"mtx.decode.result", "mtx.plot"},  # the server's answer; --attention-dir's files
     ),
     "the manifest (mtx/checkpoint.py's Manifest)": (
         {"splits", "spm_sha256", "spm_source", "pairs_sha256", "file_sha256"},

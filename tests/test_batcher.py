@@ -6,12 +6,13 @@ import threading
 
 import pytest
 
+from mtx.decode.options import Options
 from mtx.decode.result import Output, Translation
-from mtx.serve.batcher import Batcher, Choices, QueueFull, ShuttingDown
+from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
 from mtx.serve.front import Result
 
-GREEDY, BEAM = Choices(1, 1), Choices(4, 1)
+GREEDY, BEAM = Options(beam=1), Options(beam=4)
 FOREVER = 3600.0  # a batch never goes for want of waiting: only a full budget or a drain sends it
 
 
@@ -19,21 +20,21 @@ class Recorder:
     """A fake engine that records its batches; `gate` holds each batch until released."""
 
     def __init__(self, gated: bool = False) -> None:
-        self.batches: list[tuple[list[str], Choices]] = []
+        self.batches: list[tuple[list[str], Options]] = []
         self.gate = threading.Semaphore(0) if gated else None
         self.started = threading.Event()
 
-    def __call__(self, texts: list[str], choices: Choices) -> list[Result]:
+    def __call__(self, texts: list[str], options: Options) -> list[Result]:
         self.started.set()
         if self.gate is not None:
             self.gate.acquire()
-        self.batches.append((list(texts), choices))
+        self.batches.append((list(texts), options))
         return [answer(t.upper(), float(len(t))) for t in texts]
 
 
-async def submit(batcher, texts, choices=GREEDY, length=8):
+async def submit(batcher, texts, options=GREEDY, length=8):
     pending = Pending(asyncio.get_running_loop(), len(texts))
-    batcher.submit(pending, texts, [length] * len(texts), choices)
+    batcher.submit(pending, texts, [length] * len(texts), options)
     return pending
 
 
@@ -62,14 +63,14 @@ def test_a_long_request_spans_batches_and_comes_back_in_order():
     assert [len(batch) for batch, _ in engine.batches] == [3, 3, 3, 1]  # 24 tokens: 3 of 8
 
 
-def test_requests_with_the_same_choices_share_a_batch_and_others_wait_their_turn():
+def test_requests_with_the_same_options_share_a_batch_and_others_wait_their_turn():
     engine = Recorder()
 
     async def main():
         b = Batcher(engine, batch_tokens=32, max_wait_s=FOREVER, max_queue=100)
         b.start()
         a = await submit(b, ["a1", "a2"])
-        c = await submit(b, ["c1"], BEAM)  # other choices: not in a greedy batch
+        c = await submit(b, ["c1"], BEAM)  # other options: not in a greedy batch
         d = await submit(b, ["d1", "d2"])  # the greedy budget is full now: a1 a2 d1 d2 go
         first = await asyncio.gather(a.future, d.future)
         b.drain()  # stop waiting to fill: c goes alone
@@ -161,7 +162,7 @@ def test_a_worker_waiting_on_a_cancelled_request_waits_for_the_next_one_instead(
 def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on():
     calls = []
 
-    def engine(texts, choices):
+    def engine(texts, options):
         calls.append(texts)
         if texts == ["bad"]:
             raise RuntimeError("boom")

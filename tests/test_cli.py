@@ -80,7 +80,7 @@ def test_translate_nbest_sampling_and_stopping_options(toy_run):
     bad = invoke("translate", "--checkpoint", ckpt, "--nbest", "9", input="x\n")
     assert bad.exit_code == 2 and "needs a beam of at least 9" in bad.output
     bad = invoke("translate", "--checkpoint", ckpt, "--top-p", "0", input="x\n")
-    assert bad.exit_code == 2 and "decode.top_p must be in (0, 1]" in bad.output
+    assert bad.exit_code == 2 and "top_p must be in (0, 1], got 0.0" in bad.output
 
 
 def test_evaluate_scores_a_hypothesis_file(tmp_path):

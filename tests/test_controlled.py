@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from helpers.translating import Engines
 from test_search import ARCHS, random_model, random_src
 
 from mtx.config import DecodeConfig
@@ -15,7 +16,6 @@ from mtx.decode.controls import Segmented
 from mtx.decode.request import Request, SearchBatch
 from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
-from mtx.decode.searches import Searches
 from mtx.tokens import EOS_ID
 
 V = 40
@@ -199,7 +199,7 @@ def test_alternatives_are_the_best_next_tokens_each_continued_greedily():
     """N alternatives after a prefix: the N most probable tokens there (EOS and the specials
     aside), best first, each continued as greedy search continues the prefix and that token."""
     model, src = random_model(vocab=V), random_src(batch=4, vocab=V)
-    searches = Searches(model, torch.device("cpu"))
+    searches = Engines(model, torch.device("cpu"))
     d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
     plain = SearchBatch.of(src).requests
     requests = [
@@ -232,7 +232,7 @@ def test_alternatives_are_the_same_alone_and_among_others_and_avoid_what_they_ar
     """A sentence's alternatives (with its prefix and phrases to avoid) are the same alone and
     in a batch of other requests, controlled or not."""
     model, src = random_model(vocab=V), random_src(batch=8, vocab=V)
-    searches = Searches(model, torch.device("cpu"))
+    searches = Engines(model, torch.device("cpu"))
     d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
     plain = searches(SearchBatch.of(src), dataclasses.replace(d, beam=1), 1)
     requests = []
@@ -270,7 +270,7 @@ def test_a_prefix_is_decoded_once_and_each_alternative_costs_its_own_steps(monke
     row an alternative until that alternative ends (ended rows leaving at once)."""
     monkeypatch.setattr(search, "COMPACT", 10**6)
     model, src = random_model(vocab=V), random_src(batch=6, vocab=V)
-    searches = Searches(model, torch.device("cpu"))
+    searches = Engines(model, torch.device("cpu"))
     d = DecodeConfig(beam=4, max_len_b=10, search="shrinking")
     requests = [
         Request(

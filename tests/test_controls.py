@@ -7,6 +7,7 @@ import random
 import pytest
 from conftest import MULTI30K
 from helpers.common import invoke, mtx
+from helpers.translating import outputs
 
 from mtx.decode.controls import Controls, Line, parse_line
 from mtx.decode.glossary import Glossary, contains
@@ -24,7 +25,7 @@ def checkpoint(multi30k_run):
 
 @pytest.fixture(scope="module")
 def translator(checkpoint):
-    return Translator.from_checkpoint(checkpoint, device="cpu")
+    return Translator.from_checkpoints(checkpoint, device="cpu")
 
 
 def steered_lines(seed: int) -> list[Line]:
@@ -80,10 +81,10 @@ def test_json_lines_and_glossaries_are_read_or_refused_naming_the_line(tmp_path)
 
 def test_every_control_is_honoured_and_lines_without_controls_are_unchanged(translator):
     lines = steered_lines(seed=1)
-    hyps = translator.translate_ids(lines)
-    plain = translator.translate_ids(LINES)
+    hyps = outputs(translator, lines)
+    plain = outputs(translator, LINES)
     for line, h, p in zip(lines, hyps, plain):
-        text = translator.detokenize(h[0].tokens)
+        text = h[0].text
         assert text.startswith(line.controls.prefix)
         assert all(contains(text, c) for c in line.controls.constraints), (line, text)
         assert h[0].unmet == 0
@@ -91,23 +92,28 @@ def test_every_control_is_honoured_and_lines_without_controls_are_unchanged(tran
             assert (h[0].tokens, h[0].score) == (p[0].tokens, p[0].score)
 
 
-def test_a_lines_output_with_its_controls_is_the_same_alone_and_in_any_batch(translator):
+def test_a_lines_output_with_its_controls_is_the_same_alone_and_in_any_batch(
+    translator, checkpoint
+):
     lines = steered_lines(seed=2)
-    together = translator.translate_ids(lines)
-    small = translator.with_decode(batch_tokens=40).translate_ids(lines[::-1])[::-1]
+    together = outputs(translator, lines)
+    again = Translator.from_checkpoints(checkpoint, ["decode.batch_tokens=40"], device="cpu")
+    small = outputs(again, lines[::-1])[::-1]
     for i, line in enumerate(lines):
-        alone = translator.translate_ids([line], first_line=i)[0][0]
+        alone = outputs(translator, [line], i)[0][0]
         assert (alone.tokens, alone.score) == (together[i][0].tokens, together[i][0].score)
         assert (small[i][0].tokens, small[i][0].score) == (alone.tokens, alone.score)
 
 
 def test_an_avoided_phrase_never_appears(translator):
-    plain = [translator.detokenize(h[0].tokens) for h in translator.translate_ids(LINES[:20])]
+    plain = [h[0].text for h in outputs(translator, LINES[:20])]
     lines = [Line(s, Controls(avoid=(p.split()[0],))) for s, p in zip(LINES[:20], plain)]
-    for line, h in zip(lines, translator.translate_ids(lines)):
-        ids = translator.vocab.target.encode(line.controls.avoid[0])
+    for line, h in zip(lines, outputs(translator, lines)):
+        ids = tuple(translator.parts.codec.vocab.target.encode(line.controls.avoid[0]))
         n = len(ids)
         assert not any(h[0].tokens[i : i + n] == ids for i in range(len(h[0].tokens)))
+        # the phrase is what the unsteered output began with, and it is gone
+        assert not h[0].text.startswith(line.controls.avoid[0] + " ")
 
 
 def test_translate_json_glossary_and_their_report(checkpoint, tmp_path):
@@ -183,4 +189,4 @@ def test_corpus_translation_with_controls_resumes_to_the_same_file(checkpoint, t
     assert cut.read_bytes() == whole.read_bytes()
     glossary.write_text("dog\tRüde\n")  # another glossary: not what the run began with
     r = invoke(*args, "--output", cut, "--resume")
-    assert r.exit_code != 0 and "--resume: settings" in r.output
+    assert r.exit_code != 0 and "--resume: reads.glossary is" in r.output

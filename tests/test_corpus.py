@@ -84,12 +84,15 @@ def test_a_corpus_translation_killed_and_resumed_writes_the_uninterrupted_file(t
 def test_resume_cuts_what_a_kill_left_of_an_n_best_block(toy_run, tmp_path):
     """A kill can leave a line cut short or part of an input line's n-best block: resuming
     keeps the complete blocks only and goes on from the next input line."""
-    tr = Translator.from_checkpoint(toy_run / "checkpoints" / "best.pt", ["decode.beam=3"], "cpu")
+    tr = Translator.from_checkpoints(toy_run / "checkpoints" / "best.pt", ["decode.beam=3"], "cpu")
     src = tmp_path / "few.en"
     src.write_text("".join(s + "\n" for s, _ in toy.split_pairs("test")[:30]))
-    record = Record(str(src), src.stat().st_size, ["model"], ["beam=3"], 2)
+    options = tr.options(nbest=2)
+    record = Record.of(src, tr.parts, options, [])
+    assert record.options["nbest"] == 2 and record.options["beam"] == 3
+    assert "draft" not in record.options and "batch_tokens" not in record.settings  # neutral
 
-    fmt = Output(tr, 2, json_lines=False)  # 'LINE ||| TEXT ||| SCORE ||| LOG-PROBABILITY'
+    fmt = Output(tr, options, json_lines=False)  # 'LINE ||| TEXT ||| SCORE ||| LOG-PROBABILITY'
 
     ref = tmp_path / "ref.de"
     assert translate_corpus(fmt, src, ref, record, chunk_lines=4) == 30
@@ -102,11 +105,11 @@ def test_resume_cuts_what_a_kill_left_of_an_n_best_block(toy_run, tmp_path):
     out.write_bytes(b"".join(lines[:21]) + lines[21][:7])
     assert translate_corpus(fmt, src, out, record, resume=True, chunk_lines=4) == 20
     assert out.read_bytes() == ref.read_bytes()
-    bigger = Record(str(src), src.stat().st_size, ["model"], ["beam=3"], 3)  # another nbest
+    bigger = Record.of(src, tr.parts, tr.options(nbest=3), [])  # another nbest
     out.write_bytes(b"")
     Record.path(out).write_text(json.dumps(asdict(record)))
-    with pytest.raises(MtxError, match="--resume: nbest is 3 but .* was begun with 2"):
-        translate_corpus(fmt, src, out, bigger, resume=True)
+    with pytest.raises(MtxError, match="--resume: options.nbest is 3 but .* was begun with 2"):
+        translate_corpus(Output(tr, tr.options(nbest=3), False), src, out, bigger, resume=True)
 
 
 def test_lines_are_counted_as_they_are_read(tmp_path):

@@ -43,8 +43,8 @@ def test_distill_keeps_all_but_the_worst_fraction_of_the_teachers_translations(t
     kept_src = (out / "distilled.en").read_text().splitlines()
     kept_tgt = (out / "distilled.de").read_text().splitlines()
     # what was dropped: the 12 pairs the teacher gives the highest cross-entropy
-    tr = Translator.from_checkpoint(toy_run / "checkpoints" / "best.pt", [], device="cpu")
-    xent = [-s.mean for s in Scorer(tr).score(sources, teacher)]
+    tr = Translator.from_checkpoints(toy_run / "checkpoints" / "best.pt", [], device="cpu")
+    xent = [-s.mean for s in Scorer(tr.parts).score(sources, teacher)]
     keep = kept_lines(xent, 0.1)
     assert kept_src == [s for s, k in zip(sources, keep) if k]
     assert kept_tgt == [t for t, k in zip(teacher, keep) if k]
@@ -145,7 +145,7 @@ def test_distill_refuses_bad_references_in_one_line_before_writing(toy_run, tmp_
             ["--ref", str(ref), "--nbest", "1"],
             "--ref needs --nbest 2 or more to choose from, got 1",
         ),
-        (["--ref", str(paired), "--nbest", "8"], "--nbest 8 needs a beam of at least 8"),
+        (["--ref", str(paired), "--nbest", "8"], "nbest 8 needs a beam of at least 8"),
         (["--ref", str(ref), "--select", "ter"], "--select must be one of bleu, chrf, got 'ter'"),
         (["--ref", str(tmp_path / "none.de")], "file not found"),
     ]

@@ -107,16 +107,30 @@ def test_a_bad_placeholder_pattern_is_refused_in_one_line(patterns, message):
 
 
 def test_what_a_format_cannot_give_is_refused_naming_what_would_give_it():
-    from mtx.decode.documents import check
+    """The engine table's refusals (decode/engines.py): a model without one attention (an
+    ensemble) or an engine that gives no alignment cannot put marks back."""
+    from mtx.decode import engines
+    from mtx.decode.controls import Controls
+    from mtx.decode.languages import Languages
+    from mtx.decode.options import Options
+    from mtx.model.capabilities import Capabilities
 
-    check(DecodeConfig(format="paragraphs", placeholders=[]), 1, attention=False)  # no marks
+    one = Languages("one", {}, ("de",), "en", "de")
+
+    def check(d, nbest, attention=False):
+        setup = engines.Setup.of(d, Capabilities(attention=attention), one)
+        engines.check(Controls(), Options.of(d, nbest=nbest), setup)
+
+    check(DecodeConfig(format="paragraphs", placeholders=[]), 1)  # no marks to put back
+    check(DecodeConfig(format="html"), 1, attention=True)
     for d, nbest, message in (
-        (DecodeConfig(format="html"), 2, "no n-best"),
+        (DecodeConfig(format="html", beam=2), 2, "no n-best"),
         (DecodeConfig(format="xml", alignments=True), 1, "alignments are a sentence's"),
-        (DecodeConfig(format="paragraphs"), 1, "give --engine mtx"),
+        (DecodeConfig(format="paragraphs"), 1, "give one checkpoint"),
+        (DecodeConfig(format="html", engine="ctranslate2"), 1, "another engine than ctranslate2"),
     ):
         with pytest.raises(MtxError, match=message):
-            check(d, nbest, attention=False, needs="--engine mtx")
+            check(d, nbest, attention=d.engine == "ctranslate2")
 
 
 def test_a_documents_controls_are_those_of_each_sentence_the_others_refused():
@@ -130,7 +144,7 @@ def test_a_documents_controls_are_those_of_each_sentence_the_others_refused():
         line = Line("One. Two.", Controls({name: values[name]}))
         if control.each_sentence:
             read = documents.read([line], s)
-            assert [x.controls for x in read.items] == [line.controls] * 2
+            assert [x.item.controls for x in read.sentences] == [line.controls] * 2
         else:
             with pytest.raises(MtxError, match=f"line 1: {name} is one sentence's"):
                 documents.read([line], s)

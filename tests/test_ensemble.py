@@ -144,11 +144,11 @@ def test_translator_ensemble_through_the_api():
     cfg.decode.batch_tokens = 16
     translator = Translator(Ensemble(list(models(size))), cfg, proto, device="cpu")
     lines = ["the dog sleeps.", "", "a cat sees the bird.", "the dog sleeps."]
-    out = translator.translate(lines)
+    out = [t.best.text for t in translator.translate(lines)]
     assert len(out) == 4 and out[0] == out[3]
-    assert out == [translator.translate([line])[0] for line in lines]
-    with pytest.raises(MtxError, match="Ensemble has no single attention"):
-        translator.cross_attention(lines[0], [5])
+    assert out == [translator.translate([line])[0].best.text for line in lines]
+    with pytest.raises(MtxError, match="decode.attention reads one model's attention"):
+        translator.options(attention=True)
 
 
 def test_cli_ensemble_of_checkpoints_and_refusals(toy_run, tmp_path):

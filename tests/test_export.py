@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import tiny_model_config
 from helpers.common import mtx
+from helpers.translating import outputs, texts
 from transformers import MarianMTModel, MarianTokenizer
 
 from mtx.checkpoint import Checkpoint
@@ -53,7 +54,7 @@ def ct2_dir(toy_run, tmp_path_factory):
 def translator(toy_run):
     # alpha 0: every engine then ranks hypotheses by their summed log-probability (Marian and
     # CTranslate2 normalise by length ** alpha, mtx by ((5 + length) / 6) ** alpha)
-    return Translator.from_checkpoint(
+    return Translator.from_checkpoints(
         toy_run / "checkpoints" / "best.pt", ["decode.alpha=0"], device="cpu"
     )
 
@@ -63,7 +64,7 @@ def by_length_limit(translator, lines):
     + 50), so that engines with one limit per batch get the same limit as mtx."""
     groups = defaultdict(list)
     for i, line in enumerate(lines):
-        groups[len(translator.encode(line)) - 1 + 50].append(i)
+        groups[len(translator.parts.codec.encode(line)) - 1 + 50].append(i)
     return groups.items()
 
 
@@ -78,9 +79,9 @@ def test_marian_position_table_is_ours_permuted():
 
 def test_hf_export_gives_mtx_logits(hf_dir, translator, toy_test):
     hf = MarianMTModel.from_pretrained(hf_dir).eval()
-    model = translator.model
+    model = translator.parts.model
     src = torch.nn.utils.rnn.pad_sequence(
-        [torch.tensor(translator.encode(line)) for line in toy_test[:16]],
+        [torch.tensor(translator.parts.codec.encode(line)) for line in toy_test[:16]],
         batch_first=True,
         padding_value=PAD_ID,
     )
@@ -96,7 +97,7 @@ def test_hf_export_gives_mtx_logits(hf_dir, translator, toy_test):
 def test_hf_tokenizer_gives_mtx_token_ids(hf_dir, translator, toy_test):
     tokenizer = MarianTokenizer.from_pretrained(hf_dir)
     for line in toy_test:
-        assert tokenizer(line).input_ids == translator.encode(line)
+        assert tokenizer(line).input_ids == translator.parts.codec.encode(line)
 
 
 def test_hf_generate_translates_as_mtx_does(hf_dir, translator, toy_test):
@@ -104,7 +105,7 @@ def test_hf_generate_translates_as_mtx_does(hf_dir, translator, toy_test):
     tokenizer = MarianTokenizer.from_pretrained(hf_dir)
     assert hf.generation_config.num_beams == 4
     assert hf.generation_config.early_stopping is True  # mtx's stopping rule
-    ours = translator.translate(toy_test)
+    ours = texts(translator, toy_test)
     theirs = [""] * len(toy_test)
     for limit, lines in by_length_limit(translator, toy_test):
         batch = tokenizer([toy_test[i] for i in lines], return_tensors="pt", padding=True)
@@ -116,24 +117,24 @@ def test_hf_generate_translates_as_mtx_does(hf_dir, translator, toy_test):
 
 
 def test_ct2_export_scores_and_translates_as_mtx_does(ct2_dir, translator, toy_test):
-    sp, model = translator.vocab.sp, translator.model
+    sp, model = translator.parts.codec.vocab.sp, translator.parts.model
     proto = sp.serialized_model_proto()
     ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu")
     pieces = [sp.encode(line, out_type=str) for line in toy_test]
     # Scores of forced outputs: CTranslate2's log-probabilities equal the model's.
-    ours = translator.translate_ids(toy_test[:20])
+    ours = outputs(translator, toy_test[:20])
     targets = [[sp.id_to_piece(i) for i in h[0].tokens] for h in ours]
     scored = ct2.score_batch(pieces[:20], targets)
     with torch.no_grad():
         for line, hyp, result in zip(toy_test, ours, scored):
-            src = torch.tensor([translator.encode(line)])
+            src = torch.tensor([translator.parts.codec.encode(line)])
             tgt = torch.tensor([[BOS_ID, *hyp[0].tokens]])
             lprobs = torch.log_softmax(model(src, tgt)[0], -1)
             expected = lprobs[torch.arange(tgt.size(1)), [*hyp[0].tokens, EOS_ID]]
             torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
     # Greedy search: the same translations.
-    greedy = Translator(model, replace(translator.cfg, decode=DecodeConfig(beam=1)), proto)
-    mine = greedy.translate(toy_test)
+    greedy = Translator(model, replace(translator.parts.config, decode=DecodeConfig(beam=1)), proto)
+    mine = texts(greedy, toy_test)
     theirs = [""] * len(toy_test)
     for limit, lines in by_length_limit(translator, toy_test):
         results = ct2.translate_batch(
@@ -151,9 +152,9 @@ def test_ct2_beam_search_differs_only_where_it_searches_longer(ct2_dir, translat
     """CTranslate2 ends a sentence's beam search when its best candidate ends; mtx (like
     fairseq and Hugging Face's early_stopping=True) when it has K finished hypotheses. Where
     the two differ, CTranslate2 must have found an output the model scores higher."""
-    sp = translator.vocab.sp
+    sp = translator.parts.codec.vocab.sp
     ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu")
-    mine = translator.translate_ids(toy_test)
+    mine = outputs(translator, toy_test)
     differ = 0
     for limit, lines in by_length_limit(translator, toy_test):
         results = ct2.translate_batch(
@@ -165,7 +166,7 @@ def test_ct2_beam_search_differs_only_where_it_searches_longer(ct2_dir, translat
         )
         for i, result in zip(lines, results):
             ids = [sp.piece_to_id(p) for p in result.hypotheses[0]]
-            if ids != mine[i][0].tokens:
+            if ids != list(mine[i][0].tokens):
                 differ += 1
                 assert result.scores[0] > mine[i][0].score
     assert differ <= 0.05 * len(toy_test)

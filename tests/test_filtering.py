@@ -245,11 +245,11 @@ def both_ways(prepared_both_ways, tmp_path_factory):
 def test_the_dual_score_is_junczys_dowmunts_formula(both_ways):
     sources = ["the dog sleeps.", "the child sees the beautiful bread.", "x"]
     targets = ["der hund schläft.", "das kind sieht das schöne brot.", "das kind"]
-    tr = Translator.from_checkpoint(both_ways, device="cpu")
-    forward = Scorer(tr.into("de")).cross_entropies(sources, targets)
-    backward = Scorer(tr.into("en")).cross_entropies(targets, sources)
+    tr = Translator.from_checkpoints(both_ways, device="cpu")
+    forward = Scorer(tr.parts, "de").cross_entropies(sources, targets)
+    backward = Scorer(tr.parts, "en").cross_entropies(targets, sources)
     for f, b, pair in zip(forward, backward, zip(sources, targets)):
-        fwd = Scorer(tr.into("de")).score([pair[0]], [pair[1]])[0]
+        fwd = Scorer(tr.parts, "de").score([pair[0]], [pair[1]])[0]
         assert f == pytest.approx(-fwd.total / fwd.tokens)
         assert b > 0 and f > 0
     got = DualCrossEntropy(load_config(None, [f"data.clean.dual_forward={both_ways}"]).data.clean)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import run_config
 from helpers.common import assert_same_parameters, invoke, mtx, records
+from helpers.translating import encode, load, outputs
 
 from mtx.align import aer
 from mtx.align.links import Alignments
@@ -58,12 +59,12 @@ def runs(tmp_path_factory, aligned):
 
 def toy_aer(checkpoint, *overrides: str) -> float:
     """AER of the model's forced alignments of the toy test pairs against their gold links."""
-    tr = Translator.from_checkpoint(checkpoint, overrides=list(overrides), device="cpu")
+    tr = Translator.from_checkpoints(checkpoint, overrides=list(overrides), device="cpu")
     pairs, gold = toy.split_pairs("test"), toy.alignments("test")
-    scorer = Scorer(tr)
-    src = [tr.encode(en) for en, _ in pairs]
+    scorer = Scorer(tr.parts)
+    src = [encode(tr, en) for en, _ in pairs]
     tgt = [scorer.target_ids(de, n)[:-1] for n, (_, de) in enumerate(pairs)]
-    links = Aligner(tr).word_links(src, tgt)
+    links = Aligner(tr.parts).word_links(src, tgt)
     return aer.score(links, Alignments(list(gold), list(gold))).aer
 
 
@@ -154,13 +155,14 @@ def test_impossible_guidance_settings_are_refused(tmp_path, extra, message):
 
 def test_a_sentences_alignment_is_the_same_alone_and_in_any_batch(runs):
     ckpt = runs / "guided" / "checkpoints" / "last.pt"
-    tr = Translator.from_checkpoint(ckpt, device="cpu").with_decode(alignments=True)
+    tr = load(ckpt)
     lines = [en for en, _ in toy.split_pairs("test")[:48]]
-    together = [[h.links for h in hyps] for hyps in tr.translate_ids(lines, nbest=2)]
-    small = tr.with_decode(batch_tokens=40)
-    assert [[h.links for h in hyps] for hyps in small.translate_ids(lines, nbest=2)] == together
+    asked = dict(alignments=True, nbest=2)
+    together = [[h.links for h in hyps] for hyps in outputs(tr, lines, **asked)]
+    small = load(ckpt, batch_tokens=40)
+    assert [[h.links for h in hyps] for hyps in outputs(small, lines, **asked)] == together
     for k in (0, 7, 31):
-        assert [h.links for h in tr.translate_ids([lines[k]], nbest=2)[0]] == together[k]
+        assert [h.links for h in outputs(tr, [lines[k]], **asked)[0]] == together[k]
     assert all(links for hyps in together for links in hyps)
 
 
@@ -225,17 +227,16 @@ def test_an_ensemble_gives_no_alignments(runs):
         ({}, {"alternatives": 2}),
     ],
 )
-def test_every_search_gives_alignments(runs, decode, controls):
+def test_every_engine_gives_alignments(runs, decode, controls):
     from mtx.decode.controls import Controls, Line
 
     ckpt = runs / "guided" / "checkpoints" / "last.pt"
-    tr = Translator.from_checkpoint(ckpt, device="cpu").with_decode(alignments=True, **decode)
+    tr = load(ckpt, **decode, alignments=True)
     lines = [en for en, _ in toy.split_pairs("test")[:8]]
     items = [Line(x, Controls(**controls)) if controls else x for x in lines]
-    requests = [tr.request(x, n) for n, x in enumerate(items)]
-    for line, hyps in zip(lines, tr.translate_requests(requests)):
+    for line, hyps in zip(lines, outputs(tr, items)):
         for h in hyps:
-            words = len(tr.detokenize(h.tokens).split())
+            words = len(h.text.split())
             assert h.links and all(i < len(line.split()) and j < words for i, j in h.links)
 
 
@@ -255,9 +256,9 @@ def test_corpus_translation_writes_alignments_and_resumes_with_them(tmp_path, ru
 
 
 def test_the_forced_pass_stops_at_the_layer_it_reads(runs, monkeypatch):
-    tr = Translator.from_checkpoint(runs / "plain" / "checkpoints" / "last.pt", device="cpu")
-    model = tr.model
-    src = torch.tensor([tr.encode("the dog sleeps.")])
+    tr = Translator.from_checkpoints(runs / "plain" / "checkpoints" / "last.pt", device="cpu")
+    model = tr.parts.model
+    src = torch.tensor([encode(tr, "the dog sleeps.")])
     tgt_in = torch.tensor([[2, 10, 11, 12, 13]])
     with torch.no_grad():
         memory, mask = model.encode(src)
@@ -273,11 +274,11 @@ def test_the_forced_pass_stops_at_the_layer_it_reads(runs, monkeypatch):
 
 
 def test_a_word_the_vocabulary_cannot_spell_is_still_a_word(runs):
-    tr = Translator.from_checkpoint(runs / "guided" / "checkpoints" / "last.pt", device="cpu")
+    tr = Translator.from_checkpoints(runs / "guided" / "checkpoints" / "last.pt", device="cpu")
     line = "the dog ☃ sees a cat."  # the snowman is no piece of the toy vocabulary
-    ids = tr.encode(line)
+    ids = encode(tr, line)
     assert 1 in ids  # UNK
-    words = Aligner(tr).words(ids)
+    words = Aligner(tr.parts).words(ids)
     assert max(w for w in words if w is not None) + 1 == len(line.split())
-    links = tr.with_decode(alignments=True).translate_ids([line])[0][0].links
+    links = outputs(tr, [line], alignments=True)[0][0].links
     assert all(i < len(line.split()) for i, _ in links)

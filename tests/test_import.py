@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import opus
 from helpers.common import assert_same_parameters, invoke, mtx, perturbed, records
+from helpers.translating import encode, outputs, texts, tokens
 
 from mtx.checkpoint import Checkpoint
 from mtx.data import toy
@@ -40,7 +41,7 @@ def marian(tmp_path_factory):
 
 
 def translator(path, *overrides) -> Translator:
-    return Translator.from_checkpoint(path, ["decode.alpha=0", *overrides], device="cpu")
+    return Translator.from_checkpoints(path, ["decode.alpha=0", *overrides], device="cpu")
 
 
 def lines(n: int) -> list[str]:
@@ -59,17 +60,18 @@ def test_an_imported_model_with_a_draft_gives_its_greedy_translations(marian, tm
     _, path, _, _ = marian
     draft = perturbed(path, tmp_path / "draft.pt", 0.2)
     greedy = translator(path, "decode.beam=1")
-    fast = greedy.with_decode(draft=str(draft), draft_tokens=3, draft_adaptive=False)
-    assert fast.translate_ids(lines(120)) == greedy.translate_ids(lines(120))
-    assert 0.0 < fast.searches.draft_stats.acceptance < 1.0
+    drafts = ["decode.beam=1", f"decode.draft={draft}", "decode.draft_tokens=3"]
+    fast = translator(path, *drafts, "decode.draft_adaptive=false")
+    assert outputs(fast, lines(120), draft=True) == outputs(greedy, lines(120))
+    assert 0.0 < fast.stats.drafts.acceptance < 1.0
 
 
 def test_the_tokenizers_give_transformers_ids(marian):
     directory, path, _, tokenizer = marian
     tr = translator(path)
-    v = tr.vocab
+    v = tr.parts.codec.vocab
     for line in lines(1000):
-        assert [v.origin[i] for i in tr.encode(line)] == tokenizer(line).input_ids
+        assert [v.origin[i] for i in encode(tr, line)] == tokenizer(line).input_ids
     for line in targets(1000):
         ours = [v.origin[i] for i in v.target.encode(line)] + [v.origin[3]]
         assert ours == tokenizer(text_target=line).input_ids, line
@@ -81,7 +83,8 @@ def test_every_piece_is_detokenized_as_transformers_does(marian):
     writes a line: runs of it one space)."""
     _, path, _, tokenizer = marian
     tr = translator(path)
-    v, target = tr.vocab, tr.vocab.target.sp
+    v = tr.parts.codec.vocab
+    target = v.target.sp
     ids = [i for i in range(v.get_piece_size()) if i not in v.specials]
     lacked = [i for i in ids if target.piece_to_id(v.pieces[i]) == target.unk_id()]
     assert any("\u2581" in v.pieces[i] for i in lacked)  # what left a literal ▁ before
@@ -90,7 +93,7 @@ def test_every_piece_is_detokenized_as_transformers_does(marian):
     runs += [[*rng.sample(ids, 2), i, *rng.sample(lacked, 2)] for i in lacked]
     for run in runs:
         want = tokenizer.decode([v.origin[i] for i in run], skip_special_tokens=True)
-        assert tr.detokenize(run) == " ".join(want.split()), [v.pieces[i] for i in run]
+        assert tr.parts.codec.detokenize(run) == " ".join(want.split()), [v.pieces[i] for i in run]
 
 
 def assert_logits_equal(path, hf, tokenizer) -> None:
@@ -98,17 +101,18 @@ def assert_logits_equal(path, hf, tokenizer) -> None:
     (the source as mtx reads it; the decoder reading the start token, then the labels but the
     last: an NLLB model's target code among them, read after the start as mtx does)."""
     tr = translator(path)
-    origin = tr.vocab.origin
+    codec, model = tr.parts.codec, tr.parts.model
+    origin = codec.vocab.origin
     for src, tgt in zip(lines(100), targets(100)):
         labels = tokenizer(text_target=tgt).input_ids
         with torch.no_grad():
             theirs = hf(
-                input_ids=torch.tensor([[origin[i] for i in tr.encode(src)]]),
+                input_ids=torch.tensor([[origin[i] for i in codec.encode(src)]]),
                 decoder_input_ids=torch.tensor([[hf.config.decoder_start_token_id, *labels[:-1]]]),
             ).logits[0]
-            ours_in = [tr.model.specials.start, *tr.start(), *tr.vocab.target.encode(tgt)]
-            memory, mask = tr.model.encode(torch.tensor([tr.encode(src)]))
-            ours = tr.model.decode(torch.tensor([ours_in]), memory, mask)[0]
+            ours_in = [model.specials.start, *codec.start(), *codec.vocab.target.encode(tgt)]
+            memory, mask = model.encode(torch.tensor([codec.encode(src)]))
+            ours = model.decode(torch.tensor([ours_in]), memory, mask)[0]
         torch.testing.assert_close(ours, theirs[:, origin], atol=1e-4, rtol=0)
 
 
@@ -120,7 +124,7 @@ def test_the_logits_equal_transformers(marian):
 def test_scores_equal_the_sum_of_transformers_log_probabilities(marian):
     _, path, hf, tokenizer = marian
     sources, refs = lines(60), targets(60)
-    scores = Scorer(translator(path)).score(sources, refs)
+    scores = Scorer(translator(path).parts).score(sources, refs)
     for src, tgt, score in zip(sources, refs, scores):
         labels = torch.tensor([tokenizer(text_target=tgt).input_ids])
         with torch.no_grad():
@@ -168,9 +172,10 @@ def generate(hf, tokenizer, sources: list[str], beam: int) -> list[list[int]]:
 def assert_translations_equal(path, generated, beam: int, varied: int) -> None:
     """mtx's outputs equal `generated(sources, beam)` (transformers' ids) on at least 99% of
     300 lines, and more than `varied` of them differ (the comparison is not of one output)."""
-    sources = lines(300)
+    sources = [x for x in lines(300) if x.split()]  # a line with no words is not decoded
     tr = translator(path, f"decode.beam={beam}", "decode.max_len_a=0", f"decode.max_len_b={N}")
-    ours = [[tr.vocab.origin[i] for i in h[0].tokens] for h in tr.translate_ids(sources)]
+    origin = tr.parts.codec.vocab.origin
+    ours = [[origin[i] for i in t] for t in tokens(tr, sources)]
     theirs = generated(sources, beam)
     same = sum(a == b for a, b in zip(ours, theirs))
     assert same >= 0.99 * len(sources), f"{same} of {len(sources)}"
@@ -215,18 +220,19 @@ def test_the_ctranslate2_export_scores_and_translates_as_mtx(marian, tmp_path):
     _, path, _, _ = marian
     mtx("export", path, "--format", "ctranslate2", "--output", tmp_path / "ct2")
     tr = translator(path, "decode.beam=1", "decode.max_len_a=0", f"decode.max_len_b={N}")
-    sources = lines(200)
+    sources = [x for x in lines(200) if x.split()]  # a line with no words is not decoded
     ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
-    piece, v = tr.vocab.id_to_piece, tr.vocab
-    pieces = [[piece(i) for i in tr.encode(s)[:-1]] for s in sources]
+    v = tr.parts.codec.vocab
+    piece = v.id_to_piece
+    pieces = [[piece(i) for i in encode(tr, s)[:-1]] for s in sources]
     results = ct2.translate_batch(
         pieces, beam_size=1, max_decoding_length=N - 1, suppress_sequences=[["<pad>"], ["<unk>"]]
     )
     theirs = [[v.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
-    ours = [h[0].tokens for h in tr.translate_ids(sources)]
+    ours = tokens(tr, sources)
     same = sum(a == b for a, b in zip(ours, theirs))
     assert same >= 0.99 * len(sources), f"{same} of {len(sources)}"
-    beam = [h[0] for h in tr.with_decode(beam=4).translate_ids(sources[:30])]
+    beam = [h[0] for h in outputs(tr, sources[:30], beam=4)]
     scored = ct2.score_batch(pieces[:30], [[piece(i) for i in h.tokens] for h in beam])
     for hyp, result in zip(beam, scored):
         assert sum(result.log_probs) == pytest.approx(hyp.log_prob, abs=1e-3)
@@ -236,7 +242,7 @@ def test_the_commands_take_an_imported_model(marian, tmp_path):
     _, path, _, _ = marian
     src, tgt = lines(12)[8:], targets(12)[8:]
     out = mtx("translate", "--checkpoint", path, "--set", "decode.alpha=0", input="\n".join(src))
-    assert out.stdout.splitlines() == translator(path).translate(src)
+    assert out.stdout.splitlines() == texts(translator(path), src)
     (tmp_path / "src").write_text("\n".join(src) + "\n")
     (tmp_path / "tgt").write_text("\n".join(tgt) + "\n")
     scored = mtx(
@@ -251,13 +257,13 @@ def test_serve_and_distill_take_an_imported_model(marian, tmp_path):
     from mtx.bench.server import Server
 
     _, path, _, _ = marian
-    texts = lines(20)[8:]
-    expected = translator(path, "decode.alpha=0.6").translate(texts)
+    sources = lines(20)[8:]
+    expected = texts(translator(path, "decode.alpha=0.6"), sources)
     with Server(path, "serve.workers=1") as server:
-        status, answer = server.translate(texts)
+        status, answer = server.translate(sources)
         assert (status, answer["translations"]) == (200, expected)
         assert server.stop() == 0
-    (tmp_path / "src").write_text("\n".join(texts) + "\n")
+    (tmp_path / "src").write_text("\n".join(sources) + "\n")
     mtx("distill", "--checkpoint", path, "--src", tmp_path / "src", "--output-dir", tmp_path / "d")
     assert (tmp_path / "d" / "teacher.de").read_text().splitlines() == expected
 
@@ -339,11 +345,11 @@ def assert_first_loss_is_transformers(tr, hf, prepared) -> None:
     from mtx.train.step import LossModel
 
     ds = datasets.load_from_disk(str(prepared / "train"))
-    batch = BatchDataset(ds, [np.arange(16)], start=tr.model.specials.start)[0]
-    origin = torch.tensor(tr.vocab.origin)
+    batch = BatchDataset(ds, [np.arange(16)], start=tr.parts.model.specials.start)[0]
+    origin = torch.tensor(tr.parts.codec.vocab.origin)
     with torch.no_grad():
         ours = (
-            LossModel(tr.model, 0.1)(
+            LossModel(tr.parts.model, 0.1)(
                 batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_index, batch.src_padded
             )[0]
             / batch.tgt_tokens
@@ -393,7 +399,7 @@ def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(marian, tmp
     cfg = load_config(None, fine_tuning(tmp_path / "student", path, *student))
     cfg.model.decoder_start = "pad"
     train(cfg, **quiet)
-    assert Translator.from_checkpoint(tmp_path / "student/checkpoints/last.pt").translate(["a"])
+    assert Translator.from_checkpoints(tmp_path / "student/checkpoints/last.pt").translate(["a"])
 
 
 @pytest.mark.slow  # two processes fine-tune on Multi30k
@@ -448,18 +454,18 @@ def test_a_multilingual_model_takes_its_target_token_from_tgt_lang(tmp_path):
         tokenizer = MarianTokenizer.from_pretrained(directory)
     hf = MarianMTModel.from_pretrained(directory).eval()
     tr = translator(tmp_path / "model.pt", "decode.max_len_a=0", f"decode.max_len_b={N}")
-    assert tr.languages == ["deu", "nld"]
+    assert tr.parts.codec.languages.targets == ("deu", "nld")
     with pytest.raises(MtxError, match="name the target language"):
         tr.translate(["a dog"])
     sources = lines(40)[8:]
-    into = tr.into("deu").with_decode(beam=1)
+    origin = tr.parts.codec.vocab.origin
     for line in sources:
-        ours = [tr.vocab.origin[i] for i in into.encode(line)]
+        ours = [origin[i] for i in encode(tr, line, "deu")]
         assert ours == tokenizer(">>deu<< " + line).input_ids
-    ours = [[tr.vocab.origin[i] for i in h[0].tokens] for h in into.translate_ids(sources)]
+    ours = [[origin[i] for i in t] for t in tokens(tr, sources, tgt_lang="deu", beam=1)]
     theirs = generate(hf, tokenizer, [">>deu<< " + line for line in sources], 1)
     assert ours == theirs
     out = mtx(
         "translate", "--checkpoint", tmp_path / "model.pt", "--tgt-lang", "nld", input="a dog"
     )
-    assert out.stdout.strip() == tr.into("nld").translate(["a dog"])[0]
+    assert out.stdout.strip() == texts(tr, ["a dog"], tgt_lang="nld")[0]

@@ -8,6 +8,7 @@ import ctranslate2
 import pytest
 from conftest import ROOT
 from helpers.common import invoke, mtx, write_pair
+from helpers.translating import encode, texts
 from transformers import MarianMTModel, MarianTokenizer
 
 from mtx.bench.server import Server
@@ -49,7 +50,7 @@ def best(run):
 
 @pytest.fixture(scope="module")
 def greedy(best):
-    return Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
+    return Translator.from_checkpoints(best, ["decode.beam=1"], device="cpu")
 
 
 def test_translate_needs_a_target_language_and_the_tag_decides_it(best, greedy):
@@ -63,7 +64,7 @@ def test_translate_needs_a_target_language_and_the_tag_decides_it(best, greedy):
     )
     into_de = mtx("translate", "--checkpoint", best, "--tgt-lang", "de", input=src).output
     into_de = into_de.splitlines()
-    assert into_de == Translator.from_checkpoint(best, device="cpu").into("de").translate(ENGLISH)
+    assert into_de == texts(Translator.from_checkpoints(best, device="cpu"), ENGLISH, tgt_lang="de")
     # the tag decides the language: German output is far closer to the German references
     assert score(into_de, GERMAN).chrf > score(into_de, ENGLISH).chrf + 20
     de_src = "\n".join(GERMAN) + "\n"
@@ -74,6 +75,8 @@ def test_translate_needs_a_target_language_and_the_tag_decides_it(best, greedy):
     assert len(nbest) == 2 and all(line.startswith("0 ||| ") for line in nbest)
     with pytest.raises(MtxError, match="name the target language"):
         greedy.translate(ENGLISH[:1])
+    with pytest.raises(MtxError, match="name the target language"):
+        greedy.options()
 
 
 def test_evaluate_scores_each_direction(best, run):
@@ -90,8 +93,8 @@ def test_evaluate_scores_each_direction(best, run):
     (run / "en.txt").write_text("\n".join(ENGLISH) + "\n")
     files = ["--src", run / "de.txt", "--ref", run / "en.txt", "--json"]
     one = json.loads(mtx("evaluate", "--checkpoint", best, *files, "--tgt-lang", "en").output)
-    tr = Translator.from_checkpoint(best, device="cpu").into("en")
-    assert one["bleu"] == score(tr.translate(GERMAN), ENGLISH).bleu
+    tr = Translator.from_checkpoints(best, device="cpu")
+    assert one["bleu"] == score(texts(tr, GERMAN, tgt_lang="en"), ENGLISH).bleu
 
 
 def test_info_lists_the_directions(best):
@@ -105,11 +108,12 @@ def test_info_lists_the_directions(best):
 
 def test_an_ensemble_takes_the_tag_too(best, run):
     last = run / "checkpoints" / "last.pt"
-    pair = Translator.from_checkpoints([best, last], device="cpu").into("en")
-    alone = Translator.from_checkpoint(best, device="cpu").into("en")
-    twice = Translator.from_checkpoints([best, best], device="cpu").into("en")
-    assert twice.translate(GERMAN[:10]) == alone.translate(GERMAN[:10])
-    assert score(pair.translate(GERMAN), ENGLISH).chrf > score(pair.translate(GERMAN), GERMAN).chrf
+    pair = Translator.from_checkpoints([best, last], device="cpu")
+    alone = Translator.from_checkpoints(best, device="cpu")
+    twice = Translator.from_checkpoints([best, best], device="cpu")
+    assert texts(twice, GERMAN[:10], tgt_lang="en") == texts(alone, GERMAN[:10], tgt_lang="en")
+    out = texts(pair, GERMAN, tgt_lang="en")
+    assert score(out, ENGLISH).chrf > score(out, GERMAN).chrf
 
 
 def test_the_server_takes_tgt_lang_and_lists_the_directions(best):
@@ -121,10 +125,10 @@ def test_the_server_takes_tgt_lang_and_lists_the_directions(best):
         assert status == 422 and "this model translates into de, en" in answer["error"]
         status, answer = s.translate(ENGLISH[:3], tgt_lang="fr")
         assert status == 422 and "'fr'" in answer["error"]
-        tr = Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
-        for lang, texts in (("de", ENGLISH), ("en", GERMAN)):
-            status, answer = s.translate(texts, tgt_lang=lang)
-            assert status == 200 and answer["translations"] == tr.into(lang).translate(texts)
+        tr = Translator.from_checkpoints(best, ["decode.beam=1"], device="cpu")
+        for lang, lines in (("de", ENGLISH), ("en", GERMAN)):
+            status, answer = s.translate(lines, tgt_lang=lang)
+            assert status == 200 and answer["translations"] == texts(tr, lines, tgt_lang=lang)
         page = s.get("/")[2]
         assert 'id="lang"' in page and "tgt_lang" in page  # the page lets one choose
         assert s.stop() == 0
@@ -132,9 +136,10 @@ def test_the_server_takes_tgt_lang_and_lists_the_directions(best):
 
 def test_the_ctranslate2_engine_takes_tgt_lang(best, greedy):
     engine = make_engine("ctranslate2", [best], ["decode.beam=1"], "cpu", None)
-    for lang, texts in (("de", ENGLISH[:10]), ("en", GERMAN[:10])):
-        results = engine.translate(texts, 1, 1, lang)
-        assert [r.translation.best.text for r in results] == greedy.into(lang).translate(texts)
+    for lang, lines in (("de", ENGLISH[:10]), ("en", GERMAN[:10])):
+        options = engine.translator.options(beam=1, tgt_lang=lang)
+        results = engine.translate(lines, options)
+        assert [r.translation.best.text for r in results] == texts(greedy, lines, tgt_lang=lang)
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +152,7 @@ def exports(best, tmp_path_factory):
 
 def limit(translator, text: str) -> int:
     """mtx's longest output for `text` (EOS included): source tokens (the tag too) + 50."""
-    return len(translator.encode(text)) - 1 + 50
+    return len(encode(translator, text, "de")) - 1 + 50
 
 
 def test_the_hf_export_keeps_marians_language_tags(exports, greedy):
@@ -156,43 +161,42 @@ def test_the_hf_export_keeps_marians_language_tags(exports, greedy):
     tokenizer = MarianTokenizer.from_pretrained(exports / "hf")
     assert sorted(tokenizer.supported_language_codes) == [">>de<<", ">>en<<"]
     for line in ENGLISH:
-        assert tokenizer(">>de<< " + line).input_ids == greedy.into("de").encode(line)
+        assert tokenizer(">>de<< " + line).input_ids == encode(greedy, line, "de")
     hf = MarianMTModel.from_pretrained(exports / "hf").eval()
     assert hf.generation_config.num_beams == 1  # a greedy model's export (beam 1) saves too
-    for lang, texts in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
-        into = greedy.into(lang)
+    for lang, lines in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
         theirs = []
-        for text in texts:
+        for text in lines:
             batch = tokenizer([f">>{lang}<< {text}"], return_tensors="pt")
-            out = hf.generate(**batch, num_beams=1, max_new_tokens=limit(into, text))
+            out = hf.generate(**batch, num_beams=1, max_new_tokens=limit(greedy, text))
             theirs += tokenizer.batch_decode(out, skip_special_tokens=True)
-        assert theirs == into.translate(texts)
+        assert theirs == texts(greedy, lines, tgt_lang=lang)
 
 
 def test_the_ctranslate2_export_translates_with_the_tag_as_a_prefix(exports, greedy):
     ct2 = ctranslate2.Translator(str(exports / "ct2"), device="cpu")
-    sp = greedy.vocab.sp
+    sp = greedy.parts.codec.vocab.sp
     suppress = [[sp.id_to_piece(i)] for i in (PAD_ID, UNK_ID, BOS_ID)]
-    for lang, texts in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
-        into = greedy.into(lang)
+    for lang, lines in (("de", ENGLISH[:20]), ("en", GERMAN[:20])):
         theirs = []
-        for text in texts:
+        for text in lines:
             pieces = [f">>{lang}<<", *sp.encode(text, out_type=str)]
             (result,) = ct2.translate_batch(
                 [pieces],
                 beam_size=1,
-                max_decoding_length=limit(into, text) - 1,
+                max_decoding_length=limit(greedy, text) - 1,
                 suppress_sequences=suppress,
             )  # fmt: skip (CTranslate2 does not count the EOS)
             theirs.append(" ".join(sp.decode(result.hypotheses[0]).split()))
-        assert theirs == into.translate(texts)
+        assert theirs == texts(greedy, lines, tgt_lang=lang)
 
 
 def test_a_model_of_one_target_language_takes_that_one_only(toy_run):
     best = toy_run / "checkpoints" / "best.pt"
-    tr = Translator.from_checkpoint(best, ["decode.beam=1"], device="cpu")
-    assert tr.languages == ["de"] and tr.langs.scheme == "one"
-    assert tr.into("de").translate(ENGLISH[:5]) == tr.translate(ENGLISH[:5])
+    tr = Translator.from_checkpoints(best, ["decode.beam=1"], device="cpu")
+    languages = tr.parts.codec.languages
+    assert languages.targets == ("de",) and languages.scheme == "one"
+    assert texts(tr, ENGLISH[:5], tgt_lang="de") == texts(tr, ENGLISH[:5])
     out = invoke("translate", "--checkpoint", best, "--tgt-lang", "en", input="a dog\n")
     assert out.exit_code == 2 and "'en' is not one this model translates into (de)" in out.output
 
@@ -203,14 +207,15 @@ def test_the_language_scheme_is_one_object_that_the_translator_and_the_server_sh
     from mtx.decode.languages import Languages
     from mtx.serve.front import About, Front
 
-    tr = Translator.from_checkpoint(best, device="cpu")
-    assert tr.langs == Languages.of(tr.vocab, tr.cfg.data)
-    assert tr.langs.scheme == "tags" and tr.langs.targets == ("de", "en")
-    assert tr.langs.source_prefix("en") == [tr.vocab.piece_to_id(">>en<<")]
-    assert tr.langs.start("en") == ()  # a tag is read in the source, not after the start
-    assert "name the target language" in tr.langs.refusal(None)
-    assert "'fr' is not one this model translates into (de, en)" in tr.langs.refusal("fr")
-    about = About("mtx", tr.cfg, tr.vocab.blob, tr.model.max_positions, True, "cpu", [])
-    front = Front(about)
-    assert front.langs == tr.langs
-    assert front.length("a dog runs .") == len(tr.into("de").encode("a dog runs ."))
+    tr = Translator.from_checkpoints(best, device="cpu")
+    p = tr.parts
+    languages, vocab = p.codec.languages, p.codec.vocab
+    assert languages == Languages.of(vocab, p.config.data)
+    assert languages.scheme == "tags" and languages.targets == ("de", "en")
+    assert languages.source_prefix("en") == [vocab.piece_to_id(">>en<<")]
+    assert languages.start("en") == ()  # a tag is read in the source, not after the start
+    assert "name the target language" in languages.refusal(None)
+    assert "'fr' is not one this model translates into (de, en)" in languages.refusal("fr")
+    front = Front(About(p.config, vocab.blob, p.model.max_positions, p.setup, []))
+    assert front.codec.languages == languages
+    assert front.length("a dog runs .") == len(encode(tr, "a dog runs .", "de"))

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import tiny_model_config
 from helpers.exports import check_exports
+from helpers.translating import texts
 from transformers import MarianMTModel
 
 from mtx.checkpoint import Checkpoint
@@ -54,7 +55,7 @@ def biased(toy_run, tmp_path_factory):
 def test_both_exports_hold_the_bias(biased):
     translator = check_exports(biased / "model.pt", biased / "hf", biased / "ct2")
     hf = MarianMTModel.from_pretrained(biased / "hf")
-    bias = translator.model.output_bias()
+    bias = translator.parts.model.output_bias()
     assert bias.abs().max() > 1  # a bias that matters
     torch.testing.assert_close(hf.final_logits_bias[0], bias, atol=0, rtol=0)
 
@@ -63,19 +64,19 @@ def test_a_shortlist_keeps_the_bias_of_its_candidates(biased, tmp_path):
     """Greedy and beam search through a shortlist of every piece give the full model's
     outputs: the candidates' bias rows go with their weight rows (without them, the outputs
     differ: the bias is large)."""
-    plain = Translator.from_checkpoint(biased / "model.pt", device="cpu")
-    vocab = plain.model.vocab_size
+    plain = Translator.from_checkpoints(biased / "model.pt", device="cpu")
+    vocab = plain.parts.model.vocab_size
     everything = Shortlist(
         np.tile(np.arange(4, vocab, dtype=np.int32), (vocab, 1)),
         np.arange(4, 4, dtype=np.int32),
-        vocabulary_sha256(plain.vocab.sp.serialized_model_proto()),
+        vocabulary_sha256(plain.parts.codec.vocab.sp.serialized_model_proto()),
     )
     everything.save(tmp_path / "all.npz")
     lines = [src for src, _ in toy.split_pairs("test")[:20]]
     for beam in (1, 4):
         sets = [f"decode.beam={beam}"]
-        full = Translator.from_checkpoint(biased / "model.pt", sets, device="cpu")
-        listed = Translator.from_checkpoint(
+        full = Translator.from_checkpoints(biased / "model.pt", sets, device="cpu")
+        listed = Translator.from_checkpoints(
             biased / "model.pt", [*sets, f"decode.shortlist={tmp_path / 'all.npz'}"], device="cpu"
         )
-        assert listed.translate(lines) == full.translate(lines)
+        assert texts(listed, lines) == texts(full, lines)

@@ -6,6 +6,7 @@ import matplotlib.image
 import pytest
 import torch
 from helpers.common import invoke
+from helpers.translating import outputs
 
 from mtx.data import toy
 from mtx.decode.translator import Translator
@@ -69,14 +70,14 @@ def test_attention_dir_writes_a_heatmap_and_the_weights_the_model_returned(
     assert sorted(p.name for p in out.iterdir()) == [
         f"00000{i}.{ext}" for i in (1, 2, 3) for ext in ("json", "png")
     ]
-    tr = Translator.from_checkpoint(best)
-    for number, (line, hyps) in enumerate(zip(lines, tr.translate_ids(lines)), 1):
+    tr = Translator.from_checkpoints(best)
+    for number, (line, hyps) in enumerate(zip(lines, outputs(tr, lines)), 1):
         about = json.loads((out / f"{number:06d}.json").read_text())
-        record = tr.cross_attention(line, hyps[0].tokens)
+        record = tr.translate([line], tr.options(attention=True))[0].attention
         want = record.weights.mean(dim=(0, 1))  # (outputs, sources)
         got = torch.tensor(about["attention"])
         assert about["source"] == record.source and about["output"] == record.output
-        assert got.shape == (len(hyps[0].tokens) + 1, len(tr.encode(line)))
+        assert got.shape == (len(hyps[0].tokens) + 1, len(tr.parts.codec.encode(line)))
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
         torch.testing.assert_close(got.sum(1), torch.ones(len(got)))
         assert about["alignment"] == want.argmax(1).tolist()
@@ -94,8 +95,8 @@ def test_attention_of_every_layer_and_head(toy_run, lines, tmp_path):
         "translate", "--checkpoint", best, "--attention-dir", out, "--every-head", input=lines[0]
     )
     assert result.exit_code == 0, result.output
-    tr = Translator.from_checkpoint(best)
-    L, H = tr.model.cfg.decoder_layers, tr.model.cfg.n_heads
+    tr = Translator.from_checkpoints(best)
+    L, H = tr.parts.model.cfg.decoder_layers, tr.parts.model.cfg.n_heads
     names = {p.name for p in out.iterdir()}
     assert len(names) == 2 + L + L * H
     assert f"000001.layer{L}.head{H}.png" in names

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import run_overrides
 from helpers.common import mtx
+from helpers.translating import outputs
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -217,14 +218,17 @@ def test_the_pipeline_trains_decodes_and_describes_an_rnn(prepared, tmp_path):
     text = "\n".join(lines) + "\n"
     out = cli("translate", "--checkpoint", best, "--attention-dir", tmp_path / "att", input=text)
     assert len(out.splitlines()) == 4
-    assert out.splitlines() == Translator.from_checkpoint(best).translate(lines)
+    assert out.splitlines() == [
+        t.best.text for t in Translator.from_checkpoints(best).translate(lines)
+    ]
     greedy = cli("translate", "--checkpoint", best, "--set", "decode.beam=1", input=text)
     assert len(greedy.splitlines()) == 4
-    tr = Translator.from_checkpoint(best)
-    hyps = tr.translate_ids(lines[:1])[0][0]
+    tr = Translator.from_checkpoints(best)
+    hyps = outputs(tr, lines[:1])[0][0]
     about = json.loads((tmp_path / "att" / "000001.json").read_text())
-    want = tr.cross_attention(lines[0], hyps.tokens).weights  # (1 layer, 1 head, T, S)
-    assert want.shape == (1, 1, len(hyps.tokens) + 1, len(tr.encode(lines[0])))
+    # (1 layer, 1 head, T, S)
+    want = tr.translate(lines[:1], tr.options(attention=True))[0].attention.weights
+    assert want.shape == (1, 1, len(hyps.tokens) + 1, len(tr.parts.codec.encode(lines[0])))
     torch.testing.assert_close(torch.tensor(about["attention"]), want[0, 0], atol=1e-6, rtol=0)
     assert (tmp_path / "att" / "000001.png").is_file()
     scores = json.loads(cli("evaluate", *sets, "--split", "test", "--json").splitlines()[-1])

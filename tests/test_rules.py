@@ -19,13 +19,13 @@ from mtx.data import vocab
 from mtx.decode import rules
 from mtx.decode.controlled import Alternatives, ConstrainedBeam
 from mtx.decode.controls import Segmented
+from mtx.decode.ct2 import ct2_options
 from mtx.decode.request import SearchBatch
 from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch
 from mtx.decode.translator import Translator
 from mtx.model.transformer import Transformer
-from mtx.serve.engine import ct2_options
 from mtx.tokens import EOS_ID, PAD_ID, SPECIALS
 
 VOCAB, K, ALPHA, B_LEN, LIMIT = 40, 4, 0.6, 30, 100
@@ -203,19 +203,27 @@ def test_the_peer_benchmark_and_the_ctranslate2_engine_take_the_limit_from_the_r
     model = Transformer(tiny_model_config(), vocab.load(proto).get_piece_size())
     tr = Translator(model, Config(), proto, device="cpu")
     lines = ["a dog runs .", "the cat sleeps on the mat ."]
-    lengths = [len(tr.encode(line)) - 1 for line in lines]  # EOS excluded
-    pieces = [[tr.vocab.id_to_piece(i) for i in tr.encode(line)[:-1]] for line in lines]
+    lengths = [len(tr.parts.codec.encode(line)) - 1 for line in lines]  # EOS excluded
+    pieces = [
+        [tr.parts.codec.vocab.id_to_piece(i) for i in tr.parts.codec.encode(line)[:-1]]
+        for line in lines
+    ]
     # mtx's own limit: source tokens + 50, EOS included; CTranslate2 counts no EOS
     assert [limit for limit, _ in batches(tr, lines, 8)] == sorted(n + 50 for n in lengths)
-    options = ct2_options(tr, pieces, 4, 2)
-    assert options["max_decoding_length"] == max(lengths) + 50 - 1
-    assert [p for [p] in options["suppress_sequences"]] == ["<pad>", "<unk>", "<s>"]
+    parts = tr.parts
+    limit = parts.model.max_positions - 1
+
+    def options():
+        asked = tr.options(beam=4, nbest=2)
+        return ct2_options(pieces, asked, limit, parts.model.specials, parts.codec.piece)
+
+    assert options()["max_decoding_length"] == max(lengths) + 50 - 1
+    assert [p for [p] in options()["suppress_sequences"]] == ["<pad>", "<unk>", "<s>"]
     monkeypatch.setattr(rules, "max_lengths", lambda n, a, b, limit: 2 * n + 1)
     monkeypatch.setattr(rules, "never_produced", lambda specials: [0])
     assert [limit for limit, _ in batches(tr, lines, 8)] == sorted(2 * n + 1 for n in lengths)
-    options = ct2_options(tr, pieces, 4, 2)
-    assert options["max_decoding_length"] == 2 * max(lengths)
-    assert options["suppress_sequences"] == [["<pad>"]]
+    assert options()["max_decoding_length"] == 2 * max(lengths)
+    assert options()["suppress_sequences"] == [["<pad>"]]
 
 
 @pytest.mark.parametrize("start", ["bos", "pad", "eos"])

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from helpers.common import invoke
+from helpers.translating import outputs
 
 from mtx.decode import score
 from mtx.decode.score import Scorer
@@ -32,8 +33,8 @@ def translator(run, *sets: str, paths=None) -> Translator:
 
 def test_a_pairs_score_is_the_same_alone_and_in_any_batch(multi30k_run):
     src, tgt = pairs()
-    together = Scorer(translator(multi30k_run)).score(src, tgt)
-    small = Scorer(translator(multi30k_run, "decode.batch_tokens=200"))
+    together = Scorer(translator(multi30k_run).parts).score(src, tgt)
+    small = Scorer(translator(multi30k_run, "decode.batch_tokens=200").parts)
     reverse = small.score(src[::-1], tgt[::-1])[::-1]
     alone = [small.score([s], [t])[0] for s, t in zip(src[:40], tgt[:40])]
     assert [s.per_token for s in together] == [s.per_token for s in reverse]
@@ -48,8 +49,11 @@ def test_the_score_of_the_search_output_is_its_log_probability(multi30k_run):
     accumulated for it, token by token (incremental decoding and one pass: up to rounding)."""
     tr = translator(multi30k_run, "decode.beam=1")
     src, _ = pairs(60)
-    hyps = [h[0] for h in tr.translate_ids(src)]
-    scores = Scorer(tr).score_ids([tr.encode(x) for x in src], [h.tokens + [EOS_ID] for h in hyps])
+    hyps = [h[0] for h in outputs(tr, src)]
+    codec = tr.parts.codec
+    scores = Scorer(tr.parts).score_ids(
+        [codec.encode(x) for x in src], [[*h.tokens, EOS_ID] for h in hyps]
+    )
     for h, s in zip(hyps, scores):
         assert s.tokens == len(h.tokens) + 1
         assert abs(s.total - h.log_prob) < 1e-3 * s.tokens, (s.total, h.log_prob)
@@ -58,13 +62,13 @@ def test_the_score_of_the_search_output_is_its_log_probability(multi30k_run):
 def test_an_ensemble_of_copies_scores_as_its_model_and_two_models_in_between(multi30k_run):
     ckpts = multi30k_run / "checkpoints"
     src, tgt = pairs(40)
-    one = Scorer(translator(multi30k_run)).score(src, tgt)
-    copies = Scorer(translator(multi30k_run, paths=[ckpts / "best.pt"] * 2)).score(src, tgt)
+    one = Scorer(translator(multi30k_run).parts).score(src, tgt)
+    copies = Scorer(translator(multi30k_run, paths=[ckpts / "best.pt"] * 2).parts).score(src, tgt)
     for a, b in zip(one, copies):
         assert max(abs(x - y) for x, y in zip(a.per_token, b.per_token)) < 1e-5
     step = sorted(ckpts.glob("step-*.pt"))[0]  # another model: a mean of probabilities
-    other = Scorer(translator(multi30k_run, paths=[step])).score(src, tgt)
-    both = Scorer(translator(multi30k_run, paths=[ckpts / "best.pt", step])).score(src, tgt)
+    other = Scorer(translator(multi30k_run, paths=[step]).parts).score(src, tgt)
+    both = Scorer(translator(multi30k_run, paths=[ckpts / "best.pt", step]).parts).score(src, tgt)
     for a, b, m in zip(one, other, both):
         for x, y, z in zip(a.per_token, b.per_token, m.per_token):
             assert abs(z - math.log((math.exp(x) + math.exp(y)) / 2)) < 1e-4
@@ -94,7 +98,7 @@ def test_mtx_score_reads_files_or_stdin_and_writes_tsv_or_json(multi30k_run, tmp
         assert (
             abs(r["total"] - float(row[0])) < 1e-5 and abs(r["total"] - sum(r["per_token"])) < 1e-9
         )
-    scorer = Scorer(translator(multi30k_run))
+    scorer = Scorer(translator(multi30k_run).parts)
     direct = scorer.score(src, tgt)
     assert [round(s.total, 6) for s in direct] == [float(r[0]) for r in rows]
 
@@ -139,7 +143,7 @@ def test_mtx_score_output_holds_stdouts_lines_resumes_and_refuses_before_writing
     again = mtx_score(*files, "--output", str(out), "--chunk-lines", "16", "--resume")
     assert again.returncode == 0 and out.read_text() == stdout, again.stderr
     assert "scored 23 pairs" in again.stderr and "17 done before" in again.stderr
-    long = " ".join(["Hund"] * (Scorer(translator(multi30k_run)).limit + 5))
+    long = " ".join(["Hund"] * (Scorer(translator(multi30k_run).parts).limit + 5))
     (tmp_path / "long.de").write_text("\n".join(tgt[:2] + [long] + tgt[3:]) + "\n")
     (tmp_path / "short.de").write_text("\n".join(tgt[:39]) + "\n")
     for bad, message in (
@@ -158,7 +162,7 @@ def test_mtx_score_output_holds_stdouts_lines_resumes_and_refuses_before_writing
 
 
 def test_a_target_longer_than_the_model_takes_is_refused_with_its_line(multi30k_run):
-    scorer = Scorer(translator(multi30k_run))
+    scorer = Scorer(translator(multi30k_run).parts)
     long = " ".join(["Hund"] * (scorer.limit + 5))
     with pytest.raises(Exception, match="line 2: the target has"):
         scorer.score(["a", "b"], ["ein", long])
@@ -167,7 +171,7 @@ def test_a_target_longer_than_the_model_takes_is_refused_with_its_line(multi30k_
 def test_cross_entropies_score_a_too_long_target_inf_and_chunk_alike(multi30k_run, monkeypatch):
     """Scorer.cross_entropies, the one scoring API of distillation and dual filtering: a
     target longer than the model takes is +inf (never an error); chunks change nothing."""
-    scorer = Scorer(translator(multi30k_run))
+    scorer = Scorer(translator(multi30k_run).parts)
     long = " ".join(["Hund"] * (scorer.limit + 5))
     src, tgt = ["a man", "two dogs", "a cat"], ["ein Mann", long, "eine Katze"]
     xent = scorer.cross_entropies(src, tgt)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MULTI30K
+from helpers import translating
 from helpers.common import invoke
 
 from mtx.bench.server import Server
@@ -43,8 +44,8 @@ def reference(checkpoint):
         [sys.executable, "-m", "mtx", "translate", "--checkpoint", str(checkpoint)],
         input="\n".join(LINES) + "\n", capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
-    tr = Translator.from_checkpoint(checkpoint, device="cpu")
-    scores = [tr.translate_ids([line])[0][0].score for line in LINES]
+    tr = Translator.from_checkpoints(checkpoint, device="cpu")
+    scores = [translating.outputs(tr, [line])[0][0].score for line in LINES]
     return dict(zip(LINES, zip(out, scores)))
 
 
@@ -100,11 +101,11 @@ def test_an_empty_text_gets_an_empty_translation_in_its_place(server, reference)
 def test_nbest_and_beam_choices_are_the_searchs(server, checkpoint):
     status, answer = server.translate(LINES[2], beam=3, nbest=3)
     assert status == 200
-    tr = Translator.from_checkpoint(checkpoint, ["decode.beam=3"], device="cpu")
-    hyps = tr.translate_ids([LINES[2]], nbest=3)[0]
-    assert answer["nbest"][0] == [{"text": tr.detokenize(h.tokens), "score": h.score} for h in hyps]
+    tr = Translator.from_checkpoints(checkpoint, ["decode.beam=3"], device="cpu")
+    hyps = translating.outputs(tr, [LINES[2]], nbest=3)[0]
+    assert answer["nbest"][0] == [{"text": h.text, "score": h.score} for h in hyps]
     status, greedy = server.translate(LINES[2], beam=1)
-    assert greedy["translations"] == tr.with_decode(beam=1).translate([LINES[2]])
+    assert greedy["translations"] == translating.texts(tr, [LINES[2]], beam=1)
 
 
 BAD = [  # (what, body, status, words in the error)
@@ -119,8 +120,11 @@ BAD = [  # (what, body, status, words in the error)
     ("a string for beam", {"text": "a", "beam": "4"}, 422, "beam"),
     ("beam 0", {"text": "a", "beam": 0}, 422, "beam must be in 1..8"),
     ("beam over serve.max_beam", {"text": "a", "beam": 99}, 422, "serve.max_beam"),
-    ("nbest over the beam", {"text": "a", "beam": 2, "nbest": 3}, 422, "nbest must be in 1..2"),
-    ("nbest 0", {"text": "a", "nbest": 0}, 422, "nbest"),
+    ("nbest over the beam", {"text": "a", "beam": 2, "nbest": 3}, 422,
+     "nbest 3 needs a beam of at least 3"),
+    ("nbest 0", {"text": "a", "nbest": 0}, 422, "nbest must be at least 1, got 0"),
+    ("an unknown format", {"text": "a", "format": "pdf"}, 422,
+     "format must be plain, paragraphs, html or xml, got 'pdf'"),
     ("an empty list", {"text": []}, 422, "empty list"),
     ("a lone surrogate", b'{"text": "a \\ud800 b"}', 422, "lone surrogate"),
     ("a string for attention", {"text": "a", "attention": "yes"}, 422, "attention"),
@@ -223,8 +227,9 @@ def test_attention_for_the_page(server, reference):
 
 
 def lines_of_padded_length(checkpoint, length: int, n: int) -> list[str]:
-    tr = Translator.from_checkpoint(checkpoint, device="cpu")
-    same = [x for x in LINES if -(-len(tr.encode(x)) // SOURCE_BUCKET) * SOURCE_BUCKET == length]
+    tr = Translator.from_checkpoints(checkpoint, device="cpu")
+    encode = tr.parts.codec.encode
+    same = [x for x in LINES if -(-len(encode(x)) // SOURCE_BUCKET) * SOURCE_BUCKET == length]
     assert len(same) >= n
     return same[:n]
 
@@ -358,14 +363,15 @@ def test_the_ctranslate2_engine_serves_an_export_made_once(checkpoint, tmp_path)
     ct2_dir = tmp_path / "model.ct2"
     engine = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)
     assert (ct2_dir / "model.bin").is_file()
-    results = engine.translate(LINES[:4], beam=2, nbest=2)
+    asked = engine.translator.options(beam=2, nbest=2)
+    results = engine.translate(LINES[:4], asked)
     assert [len(r.translation.outputs) for r in results] == [2, 2, 2, 2]
     outputs = [r.translation.outputs for r in results]
     assert all(o[0].text and o[0].score >= o[1].score for o in outputs)
     stamp = (ct2_dir / "model.bin").stat().st_mtime_ns
     again = make_engine("ctranslate2", [checkpoint], [], "cpu", ct2_dir)  # reused, not redone
     assert (ct2_dir / "model.bin").stat().st_mtime_ns == stamp
-    assert [r.translation for r in again.translate(LINES[:4], 2, 2)] == [
+    assert [r.translation for r in again.translate(LINES[:4], asked)] == [
         r.translation for r in results
     ]
 
@@ -381,14 +387,15 @@ def test_a_cached_ctranslate2_export_of_a_changed_checkpoint_is_made_again_or_re
     ckpt = tmp_path / "model.pt"
     shutil.copy(checkpoint, ckpt)
     first = make_engine("ctranslate2", [ckpt], [], "cpu", None)
-    assert first.dir == tmp_path / "model.ct2"
-    before = [r.translation for r in first.translate(LINES[:8], 1, 1)]
+    assert (tmp_path / "model.ct2" / "model.bin").is_file()
+    greedy = first.translator.options(beam=1)
+    before = [r.translation for r in first.translate(LINES[:8], greedy)]
     changed = Checkpoint.load(ckpt)
     changed.model = {k: v.flip(0) if k == "embed.weight" else v for k, v in changed.model.items()}
     changed.save(ckpt)
     again = make_engine("ctranslate2", [ckpt], [], "cpu", None)
-    assert exported_from(again.dir) == sha256_file(ckpt)
-    assert [r.translation for r in again.translate(LINES[:8], 1, 1)] != before
+    assert exported_from(tmp_path / "model.ct2") == sha256_file(ckpt)
+    assert [r.translation for r in again.translate(LINES[:8], greedy)] != before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ct2", "model.pt"]
     shutil.copy(checkpoint, ckpt)  # the export is now of another checkpoint again
     with pytest.raises(MtxError, match=r"model.ct2 was exported from another checkpoint"):
@@ -407,13 +414,13 @@ def test_the_first_decoding_process_describes_its_engine_so_the_server_counts_to
     about = describe_engine(engine, [checkpoint], ["decode.beam=3"])
     front = Front(pickle.loads(pickle.dumps(about)))  # as it travels over the pipe
     assert not hasattr(front, "translator") and not hasattr(front, "model")
-    assert front.cfg.decode.beam == 3 and front.single_model and about.device == "cpu"
+    assert front.cfg.decode.beam == 3 and front.attention and about.setup.device == "cpu"
     assert about.checkpoints[0]["config"]["decode"]["beam"] == 3  # `mtx info` with the --set
     tr = engine.translator
     for text in LINES[:50] + ["", "  spaced   out  ", "word " * 400]:
-        assert front.length(text) == len(tr.encode(text))
+        assert front.length(text) == len(tr.parts.codec.encode(text))
     ensemble = make_engine("mtx", [checkpoint, checkpoint], [], "cpu", None)
-    assert not describe_engine(ensemble, [checkpoint, checkpoint], []).single_model
+    assert not Front(describe_engine(ensemble, [checkpoint, checkpoint], [])).attention
     with pytest.raises(MtxError, match="decode.sampling=false"):
         make_engine("mtx", [checkpoint], ["decode.sampling=true"], "cpu", None)
 

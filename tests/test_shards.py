@@ -137,7 +137,7 @@ def upper_job(src: Path, calls: list) -> CorpusJob:
         calls.append((first, len(rows)))
         return [f"{first + i} {row[0].upper()}\n" for i, row in enumerate(rows)]
 
-    record = Record(str(src), src.stat().st_size, [], ["upper"], 1)
+    record = Record(str(src), src.stat().st_size, [], {}, {}, reads={"job": "upper"})
     return CorpusJob([src], record, 1, render)
 
 
@@ -295,21 +295,24 @@ def test_different_inputs_or_no_output_are_one_line_on_every_process(toy_run, tm
                "--tgt and --output" in x for x in said)  # fmt: skip
 
 
-def test_reports_are_summed_over_the_processes_counts_and_dicts_of_counts():
-    """A corpus job's reports (the glossary's counts, what the drafts were worth) on rank 0
-    become the sums of every process's, a dict of counts key by key."""
+def test_what_a_job_counted_is_summed_over_the_processes_by_its_merge():
+    """A corpus job's counts (a translator's Stats: the glossary's counts, what the drafts were
+    worth) on rank 0 become the sums of every process's, the drafts' batches by length."""
     from mtx.decode.glossary import Report
     from mtx.decode.speculative import DraftStats
+    from mtx.decode.translator import Stats
 
     class TwoProcesses:  # what Dist.gather gives: each process's object, in rank order
+        main = True
+
         def gather(self, obj):
-            other = (Report(lines=2, constraints=3), DraftStats(4, 8, 6, {0: 1, 2: 5}))
+            other = Stats(Report(lines=2, constraints=3), DraftStats(4, 8, 6, {0: 1, 2: 5}))
             return [obj, other]
 
-    mine = (Report(lines=1, constraints=1, terms=7), DraftStats(1, 2, 1, {0: 3, 1: 1}))
-    job = CorpusJob([], Record("in", 0, [], [], 1), 1, lambda *a: [], reports=mine)
-    shards.add_reports(TwoProcesses(), job)
-    glossary, drafts = job.reports
+    mine = Stats(Report(lines=1, constraints=1, terms=7), DraftStats(1, 2, 1, {0: 3, 1: 1}))
+    job = CorpusJob([], Record("in", 0, [], {}, {}), 1, lambda *a: [], counted=mine)
+    shards.add_counts(TwoProcesses(), job)
+    glossary, drafts = mine.terms, mine.drafts
     assert (glossary.lines, glossary.constraints, glossary.terms) == (3, 4, 7)
     assert (drafts.checks, drafts.drafted, drafts.accepted) == (5, 10, 7)
     assert drafts.batches == {0: 4, 1: 1, 2: 5}

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.common import invoke, mtx
+from helpers.translating import outputs
 
 from mtx.data import toy
 from mtx.decode import rules
@@ -72,7 +73,7 @@ def toy_shortlist(toy_run):
 
 def translator(run, path, *sets) -> Translator:
     sets = [f"decode.shortlist={path}", *sets] if path else list(sets)
-    return Translator.from_checkpoint(run / "checkpoints" / "best.pt", sets, device="cpu")
+    return Translator.from_checkpoints(run / "checkpoints" / "best.pt", sets, device="cpu")
 
 
 @pytest.mark.parametrize("sets", [["decode.beam=4"], ["decode.beam=1"], ["decode.dtype=int8"]])
@@ -81,20 +82,20 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_batch_through_a_shortlist(
 ):
     tr = translator(toy_run, toy_shortlist, *sets)
     lines = [s for s, _ in toy.split_pairs("test")[:40]]
-    together = tr.translate_ids(lines, nbest=1)
+    together = outputs(tr, lines, nbest=1)
     for i, line in enumerate(lines):
-        alone = tr.translate_ids([line])[0]
+        alone = outputs(tr, [line])[0]
         assert [(h.tokens, h.score) for h in alone] == [(h.tokens, h.score) for h in together[i]]
     # every output piece is one of the sentence's candidates
     table = Shortlist.load(toy_shortlist)
     for line, hyps in zip(lines, together):
-        allowed = set(table.candidates(torch.tensor(tr.encode(line))).tolist())
+        allowed = set(table.candidates(torch.tensor(tr.parts.codec.encode(line))).tolist())
         assert set(hyps[0].tokens) <= allowed
 
 
 def test_a_shortlist_of_the_whole_vocabulary_translates_as_none(toy_run, tmp_path):
     plain = translator(toy_run, None)
-    vocab = plain.model.vocab_size
+    vocab = plain.parts.model.vocab_size
     spm_proto = load_model(toy_run / "checkpoints" / "best.pt")[2]
     everything = np.arange(vocab, dtype=np.int32)
     whole = Shortlist(np.zeros((vocab, 0), np.int32), everything, vocabulary_sha256(spm_proto))
@@ -102,8 +103,8 @@ def test_a_shortlist_of_the_whole_vocabulary_translates_as_none(toy_run, tmp_pat
     listed = translator(toy_run, tmp_path / "all.npz")
     lines = [s for s, _ in toy.split_pairs("test")[:60]]
     for beam in (4, 1):
-        a = plain.with_decode(beam=beam).translate_ids(lines)
-        b = listed.with_decode(beam=beam).translate_ids(lines)
+        a = outputs(plain, lines, beam=beam)
+        b = outputs(listed, lines, beam=beam)
         assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
         assert np.allclose([h[0].score for h in a], [h[0].score for h in b], atol=1e-4)
 
@@ -113,7 +114,7 @@ def test_a_shortlisted_search_rules_out_what_the_rules_rule_out(
 ):
     tr = translator(toy_run, toy_shortlist)
     lines = [s for s, _ in toy.split_pairs("test")[:20]]
-    before = [h[0].tokens for h in tr.translate_ids(lines)]
+    before = [h[0].tokens for h in outputs(tr, lines)]
     common = max({t for out in before for t in out}, key=lambda t: sum(t in o for o in before))
     real = rules.mask_never_produced
 
@@ -123,11 +124,11 @@ def test_a_shortlisted_search_rules_out_what_the_rules_rule_out(
 
     monkeypatch.setattr(rules, "mask_never_produced", also_common)
     for beam in (4, 1):
-        after = [h[0].tokens for h in tr.with_decode(beam=beam).translate_ids(lines)]
+        after = [h[0].tokens for h in outputs(tr, lines, beam=beam)]
         assert not any(common in out for out in after)
     real_max = rules.max_lengths
     monkeypatch.setattr(rules, "max_lengths", lambda n, a, b, limit: real_max(n, 0.0, 3, limit))
-    assert all(len(h[0].tokens) + 1 <= 3 for h in tr.translate_ids(lines))  # EOS counts
+    assert all(len(h[0].tokens) + 1 <= 3 for h in outputs(tr, lines))  # EOS counts
 
 
 def test_translate_takes_a_shortlist_and_refuses_a_bad_one_in_one_line(toy_run, toy_shortlist):

@@ -13,17 +13,20 @@ import pytest
 import torch
 from helpers.capability_check import VOCAB, architectures, mixed_lengths, sources
 from helpers.common import invoke, mtx, perturbed
+from helpers.translating import load, outputs, texts
 
 from mtx.bench.server import Server
 from mtx.checkpoint import Checkpoint
 from mtx.config import DecodeConfig, ModelConfig
-from mtx.data.batching import pad
-from mtx.decode import tuning
+from mtx.decode import engines, tuning
+from mtx.decode.controls import Controls
+from mtx.decode.languages import Languages
+from mtx.decode.options import Options
+from mtx.decode.parts import setup_of
 from mtx.decode.request import SearchBatch
 from mtx.decode.rules import Hypothesis, SearchSettings
 from mtx.decode.search import greedy_search
-from mtx.decode.speculative import DraftStats, refusal, speculative_search
-from mtx.decode.translator import Translator
+from mtx.decode.speculative import DraftStats, speculative_search
 from mtx.errors import MtxError
 from mtx.model import packed
 from mtx.model.build import make_model
@@ -195,10 +198,10 @@ def test_translate_with_a_draft_is_greedy_translation(pair, tmp_path):
     src = (Path(__file__).parents[2] / "shared/data/multi30k/test2016.en").read_text()
     lines = src.splitlines()[:60]
     (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
-    plain = Translator.from_checkpoint(teacher, decode={"beam": 1})
-    fast = plain.with_decode(draft=str(draft), draft_tokens=3, draft_adaptive=False)
-    assert fast.translate_ids(lines) == plain.translate_ids(lines)
-    stats = fast.searches.draft_stats
+    plain = load(teacher, beam=1)
+    fast = load(teacher, beam=1, draft=str(draft), draft_tokens=3, draft_adaptive=False)
+    assert outputs(fast, lines, draft=True) == outputs(plain, lines)
+    stats = fast.stats.drafts
     assert 0.2 < stats.acceptance < 1.0, stats.to_json()
     out = mtx("translate", "--checkpoint", teacher, "--beam", "1", "--draft", draft,
               "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")  # fmt: skip
@@ -221,22 +224,20 @@ def test_adaptive_drafts_try_every_length_per_batch_size_and_give_greedy_transla
     teacher, draft = pair
     src = Path(__file__).parents[2] / "shared/data/multi30k/test2016.en"
     lines = src.read_text().splitlines()[:90]
-    plain = Translator.from_checkpoint(teacher, decode={"beam": 1})
-    fast = plain.with_decode(draft=str(draft), draft_tokens=3)
+    plain = load(teacher, beam=1)
+    fast = load(teacher, beam=1, draft=str(draft), draft_tokens=3)
     for size in (1, 8):
-        for i in range(0, size * 10, size):  # a batch of `size` sentences a search
-            src = pad([plain.encode(line) for line in lines[i : i + size]])
-            assert hypotheses(h for [h] in fast.search(src)) == hypotheses(
-                h for [h] in plain.search(src)
-            )
-    stats = fast.searches.draft_stats
+        for i in range(0, size * 10, size):  # a batch of `size` sentences a call
+            group = lines[i : i + size]
+            assert outputs(fast, group) == outputs(plain, group)
+    stats = fast.stats.drafts
     assert sum(stats.batches.values()) == 20
     assert all(stats.batches.get(k, 0) >= 2 for k in (0, 1, 2, 3)), stats.to_json()
     assert 0.2 < stats.acceptance < 1.0, stats.to_json()
     # other settings (here a longest draft of 2) are measured afresh: greedy search alone first
-    stats.reset()
-    fast.with_decode(draft_tokens=2).search(pad([plain.encode(lines[0])]))
-    assert stats.batches == {0: 1}
+    other = load(teacher, beam=1, draft=str(draft), draft_tokens=2)
+    other.translate(lines[:1])
+    assert other.stats.drafts.batches == {0: 1}
 
 
 # slow: three engines' processes (about 20 s); the drafts' searches run in make test above
@@ -265,9 +266,8 @@ def test_serve_with_a_draft_answers_greedy_search_s_translations(pair):
     teacher, draft = pair
     src = Path(__file__).parents[2] / "shared/data/multi30k/test2016.en"
     lines = src.read_text().splitlines()[100:130]
-    greedy = Translator.from_checkpoint(teacher, decode={"beam": 1})
-    expected = [greedy.translation(h) for h in greedy.translate_ids(lines)]
-    beam = Translator.from_checkpoint(teacher, decode={"beam": 4}).translate(lines[:4])
+    expected = load(teacher, beam=1).translate(lines)
+    beam = texts(load(teacher, beam=4), lines[:4])
     with Server(teacher, "decode.beam=1", f"decode.draft={draft}", "serve.workers=1") as s:
         status, answer = s.translate(lines)
         assert status == 200, answer
@@ -288,38 +288,46 @@ def test_serve_with_a_draft_answers_greedy_search_s_translations(pair):
 )
 def test_settings_a_draft_cannot_run_with_are_refused(pair, change, message):
     teacher, draft = pair
-    translator = Translator.from_checkpoint(teacher, decode={"beam": 1})
+    settings = {"beam": 1, "draft": str(draft), **change}
     with pytest.raises(MtxError, match=message):
-        translator.with_decode(draft=str(draft), **change)
+        load(teacher, **settings).options(draft=True)
 
 
 def test_drafts_that_do_not_fit_are_refused(pair, toy_run, tmp_path):
     teacher, draft = pair
-    translator = Translator.from_checkpoint(teacher, decode={"beam": 1})
     other = toy_run / "checkpoints" / "best.pt"  # another vocabulary
     with pytest.raises(MtxError, match="another vocabulary"):
-        translator.with_decode(draft=str(other))
+        load(teacher, beam=1, draft=str(other))
     ckpt = Checkpoint.load(draft)
     flipped = dataclasses.replace(ckpt.config.data, src_lang="de", tgt_lang="en")
     cfg = dataclasses.replace(ckpt.config, data=flipped)
     dataclasses.replace(ckpt, config=cfg).save(tmp_path / "de-en.pt")
     with pytest.raises(MtxError, match=r"translates de->en .*, the model en->de"):
-        translator.with_decode(draft=str(tmp_path / "de-en.pt"))
+        load(teacher, beam=1, draft=str(tmp_path / "de-en.pt"))
     with pytest.raises(MtxError, match="checkpoint not found"):
-        translator.with_decode(draft=str(tmp_path / "missing.pt"))
+        load(teacher, beam=1, draft=str(tmp_path / "missing.pt"))
     result = invoke("translate", "--checkpoint", teacher, "--draft", draft, input="A dog.\n")
     assert result.exit_code != 0
     assert result.output.strip().splitlines()[-1].endswith("set decode.beam 1 (not 4)")
+
+
+def refusal(model, d: DecodeConfig) -> str:
+    """Why the engine table's drafts engine refuses to decode `model` with settings `d`."""
+    languages = Languages("one", {}, ("de",), "en", "de")
+    ask = engines.Ask(Controls(), Options.of(d, draft=True), setup_of(model, d, languages, "cpu"))
+    return engines.ENGINES["drafts"].supports(ask)
 
 
 def test_models_that_verify_no_faster_are_refused():
     d = DecodeConfig(beam=1, draft="student.pt")
     assert "a recurrence (an SSRU)" in refusal(model_of(**STUDENT), d)
     rnn = next(a for a in architectures() if a["arch"] == "rnn")
-    assert refusal(model_of(**rnn), d) == "the model must be one Transformer, not RNN"
+    assert refusal(model_of(**rnn), d) == (
+        "decode.draft: RNN has no cache of rows at positions of their own (one Transformer has)"
+    )
     assert refusal(model_of(**TRANSFORMERS[0]), d) == ""
     assert "decode.shortlist" in refusal(
-        model_of(**TRANSFORMERS[0]), DecodeConfig(beam=1, shortlist="s")
+        model_of(**TRANSFORMERS[0]), DecodeConfig(beam=1, draft="s.pt", shortlist="s")
     )
 
 

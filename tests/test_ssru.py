@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from conftest import tiny_model_config
+from helpers.translating import outputs
 
 from mtx.checkpoint import Checkpoint
 from mtx.config import Config, load_config
@@ -189,12 +190,12 @@ def test_a_student_trains_translates_scores_and_is_refused_by_the_exports(runs, 
     best = runs["student"]
     assert Checkpoint.load(best).config.model.decoder_self == "ssru"
     lines = ["a b c", "d e"]
-    shrinking = Translator.from_checkpoint(best, ["decode.search=shrinking"], device="cpu")
-    static = Translator.from_checkpoint(best, ["decode.search=static"], device="cpu")
+    shrinking = Translator.from_checkpoints(best, ["decode.search=shrinking"], device="cpu")
+    static = Translator.from_checkpoints(best, ["decode.search=static"], device="cpu")
     assert shrinking.translate(lines) == static.translate(lines)
-    int8 = Translator.from_checkpoint(best, ["decode.dtype=int8"], device="cpu")
+    int8 = Translator.from_checkpoints(best, ["decode.dtype=int8"], device="cpu")
     assert len(int8.translate(lines)) == 2
-    assert int8.model.decoder_layers[0].self_attn.packed  # its product runs packed too
+    assert int8.parts.model.decoder_layers[0].self_attn.packed  # its product runs packed too
     scored = mtx("score", "--checkpoint", best, input="a b c\tx y\n").stdout.split("\t")
     assert len(scored) == 3 and float(scored[0]) < 0  # total, mean, tokens
     assert "SSRU decoder layers" in mtx("info", best).stdout
@@ -208,18 +209,20 @@ def test_the_narrow_decoder_exports_to_ctranslate2_with_the_same_scores(runs, tm
     import ctranslate2
 
     export(runs["narrow"], "ctranslate2", tmp_path / "ct2")
-    tr = Translator.from_checkpoint(runs["narrow"], device="cpu")
-    assert tr.model.decoder_layers[0].ffn.fc1.out_features == 16
+    tr = Translator.from_checkpoints(runs["narrow"], device="cpu")
+    assert tr.parts.model.decoder_layers[0].ffn.fc1.out_features == 16
     ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
     lines = ["a b c", "d e f g", "h"]
-    ours = tr.translate_ids(lines)
-    targets = [[tr.vocab.sp.id_to_piece(i) for i in h[0].tokens] for h in ours]
-    scored = ct2.score_batch([tr.vocab.sp.encode(line, out_type=str) for line in lines], targets)
+    ours = outputs(tr, lines)
+    targets = [[tr.parts.codec.vocab.sp.id_to_piece(i) for i in h[0].tokens] for h in ours]
+    scored = ct2.score_batch(
+        [tr.parts.codec.vocab.sp.encode(line, out_type=str) for line in lines], targets
+    )
     with torch.no_grad():
         for line, hyp, result in zip(lines, ours, scored):
-            src = torch.tensor([tr.encode(line)])
+            src = torch.tensor([tr.parts.codec.encode(line)])
             tgt = torch.tensor([[BOS_ID, *hyp[0].tokens]])
-            lprobs = torch.log_softmax(tr.model(src, tgt)[0], -1)
+            lprobs = torch.log_softmax(tr.parts.model(src, tgt)[0], -1)
             expected = lprobs[torch.arange(tgt.size(1)), [*hyp[0].tokens, EOS_ID]]
             torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=1e-4, rtol=0)
 

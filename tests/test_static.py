@@ -3,7 +3,10 @@
 import pytest
 import torch
 from conftest import MULTI30K, tiny_model_config
+from helpers.translating import outputs
 
+from mtx.decode import engines
+from mtx.decode.controls import Controls
 from mtx.decode.rules import SearchSettings
 from mtx.decode.search import beam_search, greedy_search
 from mtx.decode.static import StaticSearch, rows_bucket
@@ -127,14 +130,15 @@ def test_decode_search_refuses_what_the_static_search_cannot_do(multi30k_run):
         ("decode.search=static", "decode.stopping=exact"): "stopping exact runs in the",
     }
     for sets, message in cases.items():
-        tr = Translator.from_checkpoint(ckpt, list(sets), device="cpu")
+        tr = Translator.from_checkpoints(ckpt, list(sets), device="cpu")
         with pytest.raises(MtxError, match=message):
             tr.translate(["A dog."])
     # auto on the CPU is the shrinking search, whatever the settings
-    tr = Translator.from_checkpoint(
+    tr = Translator.from_checkpoints(
         ckpt, ["decode.search=auto", "decode.sampling=true"], device="cpu"
     )
-    assert tr.static_search() is None and len(tr.translate(["A dog."])) == 1
+    chosen = engines.choose(Controls(), tr.options(), tr.parts.setup)
+    assert chosen.name == "sampling" and len(tr.translate(["A dog."])) == 1
 
 
 def translate_test2016(
@@ -143,12 +147,12 @@ def translate_test2016(
     """The best hypothesis (tokens, score) of test2016's first `n` lines with `decode.search`."""
     lines = (MULTI30K / "test2016.en").read_text(encoding="utf-8").splitlines()[:n]
     sets = [f"decode.beam={beam}", f"decode.search={search}", f"decode.batch_tokens={batch_tokens}"]
-    tr = Translator.from_checkpoint(multi30k_run / "checkpoints" / "best.pt", sets, device="cpu")
+    tr = Translator.from_checkpoints(multi30k_run / "checkpoints" / "best.pt", sets, device="cpu")
     if not full:  # the static search attending over the written positions only
-        d = tr.cfg.decode
-        limit = tr.model.cfg.max_positions - 1
+        d = tr.parts.config.decode
+        limit = tr.parts.model.cfg.max_positions - 1
         prefix = StaticSearch(
-            tr.model,
+            tr.parts.model,
             SearchSettings(
                 beam=d.beam,
                 alpha=d.alpha,
@@ -158,8 +162,8 @@ def translate_test2016(
             ),
             full=False,
         )
-        tr.searches.static = lambda d: prefix
-    return [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
+        tr._run.static = lambda options, graphs: prefix  # the runtime's static search
+    return [(h[0].tokens, h[0].score) for h in outputs(tr, lines)]
 
 
 @pytest.mark.parametrize(

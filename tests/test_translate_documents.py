@@ -20,7 +20,6 @@ from conftest import MULTI30K
 from helpers.common import invoke, mtx
 
 from mtx.bench.server import Server
-from mtx.decode import documents
 from mtx.decode.translator import Translator
 from mtx.documents.sentences import split
 
@@ -92,10 +91,13 @@ def test_html_keeps_every_element_and_its_text_is_the_plain_translation(checkpoi
 def test_a_lines_translation_is_the_same_alone_and_in_any_batch(checkpoint):
     rng = random.Random(3)
     items = [f"<p>{tagged(a, rng)} {{name}} {b}</p>" for a, b in zip(LINES[:12], LINES[12:24])]
-    together = Translator.from_checkpoint(checkpoint, device="cpu", decode={"format": "html"})
-    small = together.with_decode(batch_tokens=40)
-    all_at_once = [t.best.text for t in documents.translate(together, items)]
-    alone = [documents.translate(small, [x], i)[0].best.text for i, x in enumerate(items)]
+    html = {"format": "html"}
+    together = Translator.from_checkpoints(checkpoint, device="cpu", decode=html)
+    small = Translator.from_checkpoints(
+        checkpoint, device="cpu", decode=html | {"batch_tokens": 40}
+    )
+    all_at_once = [t.best.text for t in together.translate(items)]
+    alone = [small.translate([x], first=i)[0].best.text for i, x in enumerate(items)]
     assert all_at_once == alone
     assert all(x.count("{name}") == 1 for x in all_at_once)
 
@@ -167,7 +169,7 @@ def test_bad_input_is_repaired_and_said_or_refused_in_one_line(checkpoint, tmp_p
     said = [x for x in result.stderr.splitlines() if "repaired" in x]
     assert said and all(x.startswith("line ") for x in said)
     for args, message in (
-        (("--format", "htm"), "decode.format must be plain, paragraphs, html or xml"),
+        (("--format", "htm"), "format must be plain, paragraphs, html or xml, got 'htm'"),
         (("--format", "xml", "--set", "decode.placeholders=[re:(]"), "decode.placeholders"),
         (("--format", "html", "--nbest", "2", "--beam", "2"), "no n-best"),
         (("--format", "html", "--alignments"), "alignments are a sentence's"),
@@ -198,7 +200,7 @@ def test_corpus_translation_with_broken_lines_resumes_to_the_same_file(checkpoin
     mtx(*base, "--output", part, "--resume", "--chunk-lines", "4")
     assert part.read_bytes() == expected
     other = invoke(*base[:4], "xml", *base[5:], "--output", part, "--resume")
-    assert other.exit_code != 0 and "format=xml" in other.output
+    assert other.exit_code != 0 and "options.format is 'xml' but" in other.output
     refused = invoke(*base, "--output", tmp_path / "nbest.html", "--nbest", "2", "--beam", "2")
     assert refused.exit_code != 0 and "no n-best" in refused.output
     assert not (tmp_path / "nbest.html").exists()  # nothing begun
@@ -228,7 +230,7 @@ def test_the_server_translates_documents_as_mtx_translate_does(server, checkpoin
     status, answer = server.translate(f"{LINES[0]} {LINES[1]}", format="paragraphs")
     assert status == 200 and answer["translations"][0].count(".") >= 2
     for options, message in (
-        ({"format": "htm"}, "format: must be one of"),
+        ({"format": "htm"}, "format must be plain, paragraphs, html or xml, got 'htm'"),
         ({"format": "html", "nbest": 2, "beam": 2}, "no n-best"),
         ({"format": "html", "attention": True}, "attention is a sentence's"),
     ):

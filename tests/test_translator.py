@@ -9,10 +9,12 @@ import pytest
 import sentencepiece as spm
 import torch
 from conftest import MULTI30K, tiny_model_config
+from helpers.translating import outputs
 
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode.batches import source_batches
+from mtx.decode.result import Translation
 from mtx.decode.stream import chunks
 from mtx.decode.translator import Translator
 from mtx.errors import MtxError
@@ -37,11 +39,13 @@ def test_translator_keeps_order_and_one_output_per_input(spm_proto):
     translator = Translator(model, cfg, spm_proto, device="cpu")
     lines = ["the dog sleeps.", "", "a cat sees the bird. " * 30, "the dog sleeps.", "  "]
     out = translator.translate(lines)
-    assert len(out) == len(lines) and all("\n" not in o for o in out)
+    assert len(out) == len(lines) and all("\n" not in t.best.text for t in out)
     assert out[0] == out[3]
     assert out == [translator.translate([line])[0] for line in lines]
-    streamed = list(translator.translate_stream(iter(lines), chunk_lines=2))
+    streamed = list(translator.stream(iter(lines), chunk_lines=2))
     assert streamed == out
+    # a line with no words gets the empty translation, not decoded (as from mtx serve)
+    assert out[1] == out[4] == Translation.empty() and out[1].best.score is None
 
 
 def test_a_model_and_vocabulary_that_do_not_match_are_refused(spm_proto):
@@ -145,8 +149,8 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
             f"decode.batch_tokens={batch_tokens}",
             f"decode.dtype={dtype}",
         ]
-        tr = Translator.from_checkpoint(ckpt, sets, device="cpu")
-        return [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
+        tr = Translator.from_checkpoints(ckpt, sets, device="cpu")
+        return [(h[0].tokens, h[0].score) for h in outputs(tr, lines)]
 
     for beam, small in ((4, 1), (1, 64)):
         together = hypotheses(beam, 8000, lines)
@@ -179,8 +183,8 @@ def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
             for threads, batch_tokens in ((3, 8000), (1, 8000), (1, 64), (3, 64)):
                 torch.set_num_threads(threads)
                 sets = [f"decode.dtype={dtype}", f"decode.batch_tokens={batch_tokens}"]
-                tr = Translator.from_checkpoint(ckpt, sets, device="cpu")
-                hyps = [(h[0].tokens, h[0].score) for h in tr.translate_ids(lines)]
+                tr = Translator.from_checkpoints(ckpt, sets, device="cpu")
+                hyps = [(h[0].tokens, h[0].score) for h in outputs(tr, lines)]
                 out[threads, batch_tokens] = hyps
             first = out[3, 8000]
             assert len({tuple(tokens) for tokens, _ in first}) > 20  # something to compare
@@ -223,18 +227,16 @@ def test_nbest_sampling_and_dtype_through_the_api(spm_proto):
     cfg = Config()
     cfg.decode.beam = 3
     translator = Translator(model, cfg, spm_proto, device="cpu")
-    nbest = translator.translate_ids(lines, nbest=3)
+    nbest = outputs(translator, lines, nbest=3)
     assert all(len(h) == 3 and h[0].score >= h[1].score >= h[2].score for h in nbest)
     with pytest.raises(MtxError, match="needs a beam of at least 4"):
-        translator.translate_ids(lines, nbest=4)
-    cfg.decode.sampling, cfg.decode.seed = True, 3
-    samples = translator.translate_ids(lines, nbest=4)
+        translator.options(nbest=4)
+    samples = outputs(translator, lines, nbest=4, sampling=True, seed=3)
     assert all(len(h) == 4 for h in samples)
     # line i's samples depend on (seed, i) only, not on the lines around it
-    assert translator.translate_ids(lines[1:], nbest=4, first_line=1) == samples[1:]
-    cfg.decode.seed = 4
-    assert translator.translate_ids(lines, nbest=4) != samples
-    cfg.decode.sampling, cfg.decode.dtype = False, "bf16"
+    assert outputs(translator, lines[1:], 1, nbest=4, sampling=True, seed=3) == samples[1:]
+    assert outputs(translator, lines, nbest=4, sampling=True, seed=4) != samples
+    cfg.decode.dtype = "bf16"
     half = Translator(model, cfg, spm_proto, device="cpu")
-    assert half.model.embed.weight.dtype == torch.bfloat16
+    assert half.parts.model.embed.weight.dtype == torch.bfloat16
     assert len(half.translate(lines)) == 3

@@ -36,7 +36,8 @@ def test_valid_bleu_is_that_of_the_checkpoint_translating_the_split(tmp_path, pr
     ds = load_prepared(cfg, "valid").select(range(40))
     for r in valid[3:]:  # steps 80 and 90: step-80.pt, last.pt
         path = run / "checkpoints" / ("last.pt" if r["step"] == 90 else "step-80.pt")
-        hyps = Translator.from_checkpoint(path, device="cpu").translate(ds["src"])
+        done = Translator.from_checkpoints(path, device="cpu").translate(ds["src"])
+        hyps = [t.best.text for t in done]
         expected = score(hyps, ds["tgt"])
         assert (r["valid_bleu"], r["valid_chrf"]) == (expected.bleu, expected.chrf)
         assert 0 < r["bleu_seconds"] <= r["valid_seconds"]

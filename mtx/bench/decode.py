@@ -121,7 +121,7 @@ class Options:
         return out | {"checkpoints": [str(p) for p in self.checkpoints]}
 
 
-def mtx_runner(name: str, o: Options, model: int, plan, ids, srcs):
+def mtx_runner(name: str, o: Options, model: int, plan, ids):
     """`runner` of an mtx engine (SEARCHES): its function, inputs and dtype's name."""
     int8 = name.startswith("mtx-int8")
     dtype = "int8" if int8 else o.dtype
@@ -135,23 +135,18 @@ def mtx_runner(name: str, o: Options, model: int, plan, ids, srcs):
         sets.append(f"decode.draft_adaptive={'true' if 'adaptive' in name else 'false'}")
     if o.batch_tokens:
         sets.append(f"decode.batch_tokens={o.batch_tokens}")
-    tr = Translator.from_checkpoint(o.checkpoints[model], sets, device=o.device)
-    if o.batch_tokens:  # the plan is every line in order: translate's own batches
+    # without --batch-tokens, each batch of the plan is decoded as one batch
+    sets.append(f"decode.batch_tokens={o.batch_tokens or 1 << 30}")
+    tr = Translator.from_checkpoints(o.checkpoints[model], sets, device=o.device)
+    asked = {beam: tr.options(beam=beam) for beam in o.beams}  # drafts where given: beam 1
 
-        def run_translate(sources, limit, beam):
-            tr.cfg.decode.beam = beam
-            return [h[0].tokens for h in tr.translate_ids(sources)]
+    def run_mtx(sources, limit, beam):
+        return [list(t.best.tokens) for t in tr.translate(sources, asked[beam])]
 
-        inputs = [([ids[i] for i in idx], limit) for limit, idx in plan]
-        run_translate.stats = tr.searches.draft_stats
-        return run_translate, inputs, "int8" if int8 else str(tr.dtype)[6:]
-
-    def run_mtx(src, limit, beam):
-        tr.cfg.decode.beam = beam
-        return [h[0].tokens for h in tr.search(src.to(tr.device))]
-
-    run_mtx.stats = tr.searches.draft_stats  # what the drafts were worth (-draft engines)
-    return run_mtx, srcs, "int8" if int8 else str(tr.dtype)[6:]
+    run_mtx.stats = tr.stats.drafts  # what the drafts were worth (-draft engines)
+    inputs = [([ids[i] for i in idx], limit) for limit, idx in plan]
+    dtype = next(tr.parts.model.parameters()).dtype
+    return run_mtx, inputs, "int8" if int8 else str(dtype)[6:]
 
 
 def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
@@ -163,7 +158,7 @@ def runner(name: str, o: Options, work_dir: Path, work: dict, model: int):
     srcs = [(pad([ids[i] for i in idx]), limit) for limit, idx in plan]
     torch_dtype, ct2_type, ct2_int8_type = DTYPES[o.dtype]
     if name in SEARCHES:
-        return mtx_runner(name, o, model, plan, ids, srcs)
+        return mtx_runner(name, o, model, plan, ids)
     if name == "hf":
         from transformers import MarianMTModel
         from transformers.utils import logging as hf_logging
@@ -262,18 +257,19 @@ def race(o: Options, engines: list[str], tr: Translator, lines: list[str], plan)
     outputs: dict[tuple[int, str, int], list[list[int]]] = {}
     dtypes: dict[tuple[int, str], str] = {}
     drafts: dict[tuple[int, str, int], dict] = {}
+    codec = tr.parts.codec
     with tempfile.TemporaryDirectory() as tmp:
         work = {
             "plan": plan,
-            "ids": [tr.encode(line) for line in lines],
-            "origin": tr.vocab.origin,
-            "never": rules.never_produced(tr.model.specials),
-            "pieces": [list(map(tr.vocab.id_to_piece, tr.vocab.source.encode(x))) for x in lines],
+            "ids": [codec.encode(line) for line in lines],
+            "origin": codec.vocab.origin,
+            "never": rules.never_produced(tr.parts.model.specials),
+            "pieces": [list(map(codec.piece, codec.vocab.source.encode(x))) for x in lines],
         }
         (Path(tmp) / "work.json").write_text(json.dumps(work))
         (Path(tmp) / "options.json").write_text(json.dumps(o.to_json()))
-        (Path(tmp) / "spm.model").write_bytes(tr.vocab.blob)
-        runs, left_out = exported(o, engines, Path(tmp), tr.langs.scheme == "codes")
+        (Path(tmp) / "spm.model").write_bytes(codec.vocab.blob)
+        runs, left_out = exported(o, engines, Path(tmp), codec.languages.codes)
         for r in range(o.rounds):  # every other round in reverse: noise falls on all
             for model, name in runs if r % 2 == 0 else runs[::-1]:
                 command = [sys.executable, "-m", "mtx.bench.decode", tmp, name, str(model)]
@@ -297,7 +293,7 @@ def score(tr: Translator, order: list[int], refs, timing: Timing, outputs, refer
     if refs is not None:
         hyps = [""] * len(order)
         for i, ids in zip(order, outputs):
-            hyps[i] = tr.detokenize(ids)
+            hyps[i] = tr.parts.codec.detokenize(ids)
         bleu = sacrebleu.corpus_bleu(hyps, [refs]).score
     same = None
     if reference is not None and reference is not outputs:
@@ -322,7 +318,7 @@ def label(o: Options, model: int) -> str:
 
 def results(o: Options, engines, tr, lines, plan) -> tuple[list[dict], list[str]]:
     order = [i for _, idx in plan for i in idx]
-    ref = o.ref or o.src.with_suffix("." + tr.cfg.data.tgt_lang)
+    ref = o.ref or o.src.with_suffix("." + tr.parts.config.data.tgt_lang)
     refs = list(read_lines(ref))[: len(lines)] if ref.exists() else None
     raced = race(o, engines, tr, lines, plan)
     rows = []
@@ -405,12 +401,13 @@ def run(o: Options) -> str:
     lines = list(read_lines(o.src))
     lines = lines[: o.lines] if o.lines else lines
     overrides = ["decode.alpha=0", f"decode.dtype={o.dtype}"]
-    tr = Translator.from_checkpoint(o.checkpoints[0], overrides, device="cpu")
+    tr = Translator.from_checkpoints(o.checkpoints[0], overrides, device="cpu")
     for path in o.checkpoints[1:]:
-        if Translator.from_checkpoint(path, device="cpu").vocab.blob != tr.vocab.blob:
+        theirs = Translator.from_checkpoints(path, device="cpu").parts.codec.vocab.blob
+        if theirs != tr.parts.codec.vocab.blob:
             raise MtxError(f"{path}: another vocabulary than {o.checkpoints[0]}'s")
     plan, skipped = batches(tr, lines, o.batch), []
-    if o.batch_tokens:  # every line in one call of translate_ids, which batches them
+    if o.batch_tokens:  # every line in one call of translate, which batches them
         plan = [(0, list(range(len(lines))))]
         skipped = [f"{e}: --batch-tokens races mtx's own batching only" for e in engines
                    if e not in SEARCHES]  # fmt: skip

@@ -22,10 +22,11 @@ from mtx.tokens import EOS_ID, PAD_ID
 def batches(tr: Translator, lines: list[str], size: int) -> list[tuple[int, list[int]]]:
     """(output length limit, line indices) of batches of at most `size` lines, each of one
     limit, shortest first."""
-    d, groups = tr.cfg.decode, defaultdict(list)
-    limit = tr.model.max_positions - 1
+    d, groups = tr.parts.config.decode, defaultdict(list)
+    limit = tr.parts.model.max_positions - 1
     for i, line in enumerate(lines):
-        longest = rules.max_lengths(len(tr.encode(line)) - 1, d.max_len_a, d.max_len_b, limit)
+        n = len(tr.parts.codec.encode(line)) - 1
+        longest = rules.max_lengths(n, d.max_len_a, d.max_len_b, limit)
         groups[longest].append(i)
     return [
         (limit, idx[j : j + size]) for limit, idx in sorted(groups.items())

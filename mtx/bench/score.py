@@ -46,7 +46,7 @@ class Options:
 def target_path(o: Options, tr: Translator) -> Path:
     if o.tgt is not None:
         return o.tgt
-    lang = tr.cfg.data.tgt_lang
+    lang = tr.parts.config.data.tgt_lang
     path = o.src.with_suffix(f".{lang}")
     if not path.is_file():
         raise MtxError(f"--tgt not given and {path} does not exist")
@@ -55,20 +55,20 @@ def target_path(o: Options, tr: Translator) -> Path:
 
 def bench(o: Options) -> dict:
     torch.set_num_threads(o.threads)
-    tr = Translator.from_checkpoint(o.checkpoint, [], device=o.device)
+    tr = Translator.from_checkpoints(o.checkpoint, [], device=o.device)
     src = list(read_lines(o.src))
     tgt = list(read_lines(target_path(o, tr)))
     if len(src) != len(tgt):
         raise MtxError(f"{o.src} has {len(src)} lines but its targets {len(tgt)}")
     if o.lines:
         src, tgt = src[: o.lines], tgt[: o.lines]
-    scorer = Scorer(tr)
+    scorer = Scorer(tr.parts)
     jobs = {"score": lambda: scorer.score(src, tgt)}
     for beam in o.beams:
-        jobs[f"translate, beam {beam}"] = lambda t=tr.with_decode(beam=beam): t.translate(src)
+        jobs[f"translate, beam {beam}"] = lambda b=tr.options(beam=beam): tr.translate(src, b)
     for job in jobs.values():  # warm-up: every shape's kernels planned once
         job()
-    sync = torch.cuda.synchronize if tr.device.type == "cuda" else None
+    sync = torch.cuda.synchronize if tr.parts.device.type == "cuda" else None
     seconds: dict[str, list[float]] = {name: [] for name in jobs}
     for r in range(o.rounds):
         for name in list(jobs)[:: 1 if r % 2 == 0 else -1]:

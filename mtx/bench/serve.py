@@ -62,10 +62,11 @@ def cli_baseline(checkpoint: Path, lines: list[str]) -> tuple[dict, list[str]]:
     """`mtx translate`'s speed on `lines` (after a warm-up on 64 of them), and its outputs."""
     from mtx.decode.translator import Translator
 
-    tr = Translator.from_checkpoint(checkpoint, device="cpu")
+    tr = Translator.from_checkpoints(checkpoint, device="cpu")
     tr.translate(lines[:64])  # warm-up
-    timing, out = timed(lambda: tr.translate(lines), repeats=1, warmup=0)
-    tokens = sum(len(tr.vocab.target.encode(x)) for x in out)
+    timing, done = timed(lambda: tr.translate(lines), repeats=1, warmup=0)
+    out = [t.best.text for t in done]
+    tokens = sum(len(tr.parts.codec.vocab.target.encode(x)) for x in out)
     seconds = timing.median
     rate = {"sentences_s": len(lines) / seconds, "tokens_s": tokens / seconds, "seconds": seconds}
     return rate, out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -23,7 +22,7 @@ from mtx.cli.app import (
     run,
     setting_help,
 )
-from mtx.cli.lines import Output, Reader, load_glossary, sha256_of
+from mtx.cli.lines import Output, load_glossary, read_items, sha256_of
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 
@@ -129,19 +128,37 @@ def read_lines(stream) -> Iterator[str]:
         yield raw.decode("utf-8", errors="replace").rstrip("\n").removesuffix("\r")
 
 
-def _translator(
-    checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang=None, **decode
-):
-    """A Translator into `tgt_lang`; options given on the command line override the
-    checkpoint's decode.*."""
+def _translator(checkpoint, config, set, device, glossary=None, **settings):
+    """A Translator of the checkpoints (an ensemble of several): the decode.* `settings` the
+    command line gives (a shortlist, a draft, the dtype, the batch budget) over the
+    checkpoint's; a CTranslate2 export made where decode.engine ctranslate2 asks for one."""
     from mtx.decode.translator import Translator
 
-    options = dict(beam=beam, alpha=alpha, batch_tokens=batch_tokens, **decode)
     # typed values, as the config declares them (a path as its string)
-    typed = {k: str(v) if isinstance(v, Path) else v for k, v in options.items() if v is not None}
+    typed = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items() if v is not None}
     paths = checkpoint_paths(checkpoint, config, set)
-    translator = run(Translator.from_checkpoints, paths, list(set or []), device, typed)
-    return run(translator.into, tgt_lang)
+    translator = run(Translator.from_checkpoints, paths, list(set or []), device, typed, glossary)
+    decode = translator.parts.config.decode
+    if decode.engine == "ctranslate2" and len(paths) == 1:
+        from mtx.decode.ct2 import export_dir
+        from mtx.formats import ct2_export_of
+
+        run(ct2_export_of, paths[0], export_dir(paths[0], decode.ct2_dir), not decode.ct2_dir)
+    return translator
+
+
+def _options(translator, **given):
+    """The request's options (decode/options.py): the command line's where given, else the
+    translator's settings; checked before any input is read."""
+    return run(translator.options, **{k: v for k, v in given.items() if v is not None})
+
+
+def _given(values: dict) -> dict:
+    """A command's options that are a request's options (decode/options.py: the same names),
+    those given: not None, and a flag only when set (else the settings decide)."""
+    from mtx.decode.options import names
+
+    return {k: v for k, v in values.items() if k in names() and v is not None and v is not False}
 
 
 def serve(
@@ -204,23 +221,22 @@ def translate(
     document: DocumentOpt = False,
 ) -> None:
     """Translate stdin to stdout, line by line, as it arrives; a corpus with --input, --output."""
+    given = _given(locals())  # the request's options given (decode/options.py's names)
     steered = json_lines or glossary is not None
     _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered, document)
-    options = dict(dtype=dtype, shortlist=shortlist, stopping=stopping, top_p=top_p, seed=seed,
-                   sampling=sample or None, temperature=temperature, top_k=top_k,
-                   alignments=alignments or None, format=format, draft=draft)  # fmt: skip
     terms = run(load_glossary, glossary)
-    translator = _translator(checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang,
-                             **options)  # fmt: skip
-    out = Output(translator, nbest, json_lines, terms)
+    translator = _translator(checkpoint, config, set, device, terms, batch_tokens=batch_tokens,
+                             dtype=dtype, shortlist=shortlist, draft=draft)  # fmt: skip
+    # a draft given is a draft asked for; --attention-dir asks for each line's attention
+    asked = dict(sampling=sample, attention=attention_dir is not None,
+                 draft=translator.parts.setup.draft)  # fmt: skip
+    options = _options(translator, **given, **{k: v for k, v in asked.items() if v})
+    out = Output(translator, options, json_lines)
     if output is not None:
-        given = dict(beam=beam, alpha=alpha, tgt_lang=tgt_lang, **options)
-        said = _said(set, given, (json_lines, glossary) if steered else None)
-        paths = checkpoint_paths(checkpoint, config, set)
-        corpus = (input, output, resume, nbest, chunk_lines)
-        return _translate_corpus(out, *corpus, paths, said, (json_lines, terms))
-    reader = Reader(json_lines, terms, out.documents) if steered else None
-    _translate_lines(out, input, reader, chunk_lines, nbest, attention_dir, every_head, document)
+        reads = {"json": json_lines, "glossary": sha256_of(glossary)} if steered else {}
+        corpus = (input, output, resume, chunk_lines, list(set or []), reads)
+        return _translate_corpus(out, *corpus, json_lines)
+    _translate_lines(out, input, json_lines, chunk_lines, attention_dir, every_head, document)
 
 
 def refuse_stream_under_torchrun(command: str, files: str = "--input and --output") -> None:
@@ -234,20 +250,18 @@ def refuse_stream_under_torchrun(command: str, files: str = "--input and --outpu
         )
 
 
-def _check_documents(documents: bool, attention_dir, document: bool) -> None:
-    if documents and attention_dir is not None:
-        fail("--attention-dir shows one sentence's attention: not with a --format")
-    if document and not documents:
+def _check_documents(options, attention_dir, document: bool) -> None:
+    if document and options.format == "plain":
         fail("--document reads the whole input as one text: give a --format other than plain")
 
 
-def _translate_document(out, input, reader) -> None:
+def _translate_document(out, input, json_lines: bool) -> None:
     """The whole of stdin (or --input) as one text, its translation to stdout."""
     raw = sys.stdin.buffer.read() if input is None else run(_read_bytes, input)
     text = raw.decode("utf-8", errors="replace").removesuffix("\n")
-    item = next(reader.items([text])) if reader is not None else text
-    stream = run(out.stream, [item], 1, None)
-    run(write_translations, out, stream, None, False, deque([item]))
+    items = run(list, read_items([text], json_lines))
+    stream = run(out.translator.stream, items, out.options, 1, None)
+    run(write_translations, out, stream, None, False)
     out.say_report()
 
 
@@ -258,37 +272,24 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _translate_lines(
-    out, input, reader, chunk_lines, nbest, attention_dir, every_head, document=False
+    out, input, json_lines: bool, chunk_lines, attention_dir, every_head, document=False
 ) -> None:
-    """stdin (or --input) to stdout as the lines arrive; `reader` reads lines with controls;
-    `document`: the whole input is one text."""
-    _check_documents(out.documents, attention_dir, document)
+    """stdin (or --input) to stdout as the lines arrive (with `json_lines`, lines with
+    controls); `document`: the whole input is one text."""
+    _check_documents(out.options, attention_dir, document)
     if document:
-        return _translate_document(out, input, reader)
+        return _translate_document(out, input, json_lines)
     lines = read_lines(sys.stdin.buffer) if input is None else run(_file_lines, input)
-    sources: deque = deque()  # lines read but not yet written (bounded by the stream)
-    if reader is not None:
-        lines = _recorded(reader.items(lines), sources)
-    elif attention_dir is not None:
-        lines = _recorded(lines, sources)
-    # the settings are checked here, before any input is read or any file written
-    stream = run(out.stream, lines, chunk_lines, STREAM_IDLE_S)
+    # the options were checked before any input is read or any file written
+    stream = run(out.translator.stream, read_items(lines, json_lines), out.options,
+                 chunk_lines, STREAM_IDLE_S)  # fmt: skip
     if attention_dir is not None:
         from mtx.plot import _pyplot
 
         run(_pyplot)  # a missing matplotlib fails before any work
         run(attention_dir.mkdir, parents=True, exist_ok=True)
-    run(write_translations, out, stream, attention_dir, every_head, sources)
+    run(write_translations, out, stream, attention_dir, every_head)
     out.say_report()
-
-
-def _said(overrides, given: dict, steered: tuple | None) -> list[str]:
-    """The settings a corpus translation records (jobs/corpus.py's Record): overrides and
-    options given, and with controls whether the input is JSON and the glossary's hash."""
-    said = [*(overrides or []), *(f"{k}={v}" for k, v in given.items() if v is not None)]
-    if steered:
-        said += [f"json={steered[0]}", f"glossary={sha256_of(steered[1])}"]
-    return said
 
 
 def _check_options(checkpoint, attention_dir, every_head, input, output, resume, steered, document):
@@ -315,39 +316,25 @@ def _file_lines(path: Path) -> Iterator[str]:
     return read_file_lines(path)
 
 
-def _translate_corpus(out, input, output, resume, nbest, chunk_lines, paths, said, steering):
-    """--input into --output (jobs/translate.py), resuming it with --resume; a summary on stderr.
-    With controls (`steering`: JSON lines?, the glossary), every line is read and checked
-    before anything is written."""
+def _translate_corpus(out, input, output, resume, chunk_lines, overrides, reads, json_lines):
+    """--input into --output (jobs/translate.py), resuming it with --resume; a summary on
+    stderr. With --json, every line is read and checked before anything is written."""
+    from mtx.jobs.corpus import Record
     from mtx.jobs.translate import run_job, translation_job
 
-    reader = Reader(*steering, out.documents)
-    run(out.check)  # before the output is begun
-
     run(_file_lines, input)  # a missing input: one line, before anything is written
-    record = corpus_record(input, paths, said, nbest, out.translator)
-    items = None
-    if not reader.plain:
-        run(_check_items, out.translator, reader, input)
-        items = reader.items
+    record = run(Record.of, input, out.translator.parts, out.options, overrides, reads)
+    if json_lines or reads:
+        run(_check_items, out, input, json_lines)
+
+    def items(lines, first):
+        return read_items(lines, json_lines, first)
+
     job = run(translation_job, out, input, record, items)
     done = run(run_job, job, output, resume, chunk_lines)
     if done.main:
         log(f"translated {done.lines:,} lines into {output}{processes(done)}")
         out.say_report()
-
-
-def corpus_record(input: Path, paths, said: list[str], nbest: int, translator):
-    """What a corpus job computes (jobs/corpus.py's Record): its input, checkpoints and
-    settings (`said`), less those that change nothing (batches; drafts, as speculative
-    decoding is exact), with the kind of device (which may)."""
-    from mtx.jobs.corpus import Record
-
-    unrecorded = ("decode.batch_tokens=", "decode.draft", "draft=")  # draft, _tokens, _adaptive
-    settings = [x for x in said if not x.startswith(unrecorded)]
-    settings.append(f"device={translator.device.type}")
-    checkpoints = [str(Path(p).resolve()) for p in paths]
-    return Record(str(input.resolve()), input.stat().st_size, checkpoints, settings, nbest)
 
 
 def processes(done) -> str:
@@ -359,35 +346,31 @@ def processes(done) -> str:
     return f" ({', '.join(said)})" if said else ""
 
 
-def _check_items(translator, reader: Reader, input: Path) -> None:
-    """Every line of `input` read and turned into a request: the first bad one refused."""
-    for number, item in enumerate(reader.items(_file_lines(input))):
-        translator.request(item, number)
+def _check_items(out, input: Path, json_lines: bool) -> None:
+    """Every line of `input` read and turned into its requests, a chunk at a time: the first
+    bad one refused."""
+    from mtx.decode.stream import chunks
+
+    first = 0
+    for chunk in chunks(read_items(_file_lines(input), json_lines), 4096):
+        out.translator.requests(chunk, out.options, first)
+        first += len(chunk)
 
 
-def write_translations(out: Output, stream, attention_dir, every_head, sources):
+def write_translations(out: Output, stream, attention_dir, every_head):
     """The translations of `stream` to stdout as they come (`out` formats each line), and each
-    line's attention into `attention_dir` if given (`sources`: the lines read but not yet
-    written, or the `Line`s with controls)."""
+    line's attention into `attention_dir` if given."""
     stdout = sys.stdout
     try:
-        for number, hyps in enumerate(stream):
-            item = sources.popleft() if sources else None
-            if attention_dir is not None:
+        for number, translation in enumerate(stream):
+            if attention_dir is not None and translation.attention is not None:
                 from mtx.plot import write_attention
 
-                record = out.translator.cross_attention(item, hyps[0].tokens)
-                write_attention(attention_dir, number + 1, record, every_head)
-            stdout.write(out(number, hyps, item))
+                write_attention(attention_dir, number + 1, translation.attention, every_head)
+            stdout.write(out(number, translation))
             stdout.flush()
     except BrokenPipeError:  # the reader went away (`mtx translate ... | head`): stop
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-def _recorded(lines: Iterator[str], seen: deque) -> Iterator[str]:
-    for line in lines:
-        seen.append(line)
-        yield line
 
 
 def _read_text(path: Path) -> list[str]:
@@ -429,27 +412,35 @@ def evaluate(
             fail("--hyp needs --ref")
         results = {"": run(score, run(_read_text, hyp), run(_read_text, ref))}
     else:
-        translator = _translator(
-            checkpoint, config, set, beam, alpha, batch_tokens, device, tgt_lang, dtype=dtype,
-            shortlist=shortlist,
-        )  # fmt: skip
+        translator = _translator(checkpoint, config, set, device, batch_tokens=batch_tokens,
+                                 dtype=dtype, shortlist=shortlist)  # fmt: skip
         if split is not None:
-            sets = run(_split_sets, translator.cfg, split)
+            sets = run(_split_sets, translator.parts.config, split)
         elif src is not None and ref is not None:
             sets = [("", None, run(_read_text, src), run(_read_text, ref))]
         else:
             fail("give --hyp and --ref, or a model with --src and --ref, or a model with --split")
-        results, all_hyps = {}, []
-        for name, lang, sources, refs in sets:
-            into = (
-                run(translator.into, lang) if lang and translator.langs.needs_target else translator
-            )
-            hyps = run(into.translate, sources)
-            results[name] = run(score, hyps, refs)
-            all_hyps += hyps
-        if output is not None:
-            run(atomic_write_text, output, "".join(h + "\n" for h in all_hyps))
+        results = _evaluate_sets(translator, sets, output, beam=beam, alpha=alpha,
+                                 tgt_lang=tgt_lang)  # fmt: skip
     _print_scores(results, json_out)
+
+
+def _evaluate_sets(translator, sets, output: Path | None, **given) -> dict[str, Scores]:
+    """Each set translated into its own target language (`given`: the command's options)
+    and scored; every translation written into `output` if given."""
+    from mtx.evaluate import score
+
+    results, all_hyps = {}, []
+    needs_target = translator.parts.codec.languages.needs_target
+    for name, lang, sources, refs in sets:
+        into = {"tgt_lang": lang} if lang and needs_target else {}
+        options = _options(translator, **(given | into))
+        hyps = [t.best.text for t in run(translator.translate, sources, options)]
+        results[name] = run(score, hyps, refs)
+        all_hyps += hyps
+    if output is not None:
+        run(atomic_write_text, output, "".join(h + "\n" for h in all_hyps))
+    return results
 
 
 def _print_scores(results: dict[str, Scores], json_out: bool) -> None:

@@ -21,8 +21,8 @@ from mtx.cli.decoding import (
     DtypeOpt,
     ResumeOpt,
     TgtLangOpt,
+    _options,
     _translator,
-    corpus_record,
     processes,
     read_lines,
     refuse_stream_under_torchrun,
@@ -107,35 +107,43 @@ def score(
         fail("--output and --resume take --src and --tgt (files: read again to resume)")
     if output is None:
         sources, targets = run(read_pairs, src, tgt)
-    translator = _translator(checkpoint, config, set, None, None, batch_tokens, device, tgt_lang,
+    from mtx.decode.align import Aligner
+    from mtx.decode.score import Scorer
+
+    translator = _translator(checkpoint, config, set, device, batch_tokens=batch_tokens,
                              dtype=dtype)  # fmt: skip
-    form = (json_out, per_token, alignments)
+    scorer = run(Scorer, translator.parts, tgt_lang)
+    aligner = run(Aligner, translator.parts, tgt_lang) if alignments else None
+    form = (json_out, per_token)
     if output is not None:
-        said = [*(set or []), f"tgt={tgt.resolve()}", f"tgt_bytes={tgt.stat().st_size}"]
-        said += [f"{k}={v}" for k, v in dict(dtype=dtype, tgt_lang=tgt_lang).items() if v]
-        said += [f"json={json_out}", f"per_token={per_token}", f"alignments={alignments}"]
-        record = corpus_record(src, checkpoint_paths(checkpoint, config, set), said, 1, translator)
-        return _score_corpus(translator, src, tgt, output, record, form, (resume, chunk_lines))
+        from mtx.jobs.corpus import Record
+
+        reads = {"tgt": str(tgt.resolve()), "tgt_bytes": tgt.stat().st_size,
+                 "tgt_lang": tgt_lang, "json": json_out, "per_token": per_token,
+                 "alignments": alignments}  # fmt: skip
+        record = run(Record.of, src, translator.parts, None, list(set or []), reads)
+        return _score_corpus((scorer, aligner), src, tgt, output, record, form,
+                             (resume, chunk_lines))  # fmt: skip
     try:
-        for line in score_lines(translator, sources, targets, form):
+        for line in score_lines((scorer, aligner), sources, targets, form):
             sys.stdout.write(line)
         sys.stdout.flush()
     except BrokenPipeError:  # `mtx score ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _score_corpus(translator, src, tgt, output, record, form, how) -> None:
+def _score_corpus(scoring, src, tgt, output, record, form, how) -> None:
     """--src and --tgt scored into --output (a corpus job: jobs/corpus.py, shards.py)."""
     from mtx.jobs.corpus import CorpusJob
     from mtx.jobs.translate import run_job
 
     if not tgt.is_file():
         fail(f"file not found: {tgt}")
-    run(_check_targets, translator, tgt)  # a target too long: refused before anything is written
+    run(_check_targets, scoring[0], tgt)  # a target too long: refused before anything is written
 
     def render(first: int, rows: list[tuple[str, ...]]) -> list[str]:
         sources, targets = [r[0] for r in rows], [r[1] for r in rows]
-        return run(score_lines, translator, sources, targets, form, first)
+        return run(score_lines, scoring, sources, targets, form, first)
 
     job = CorpusJob([src, tgt], record, 1, render, verb="scored", unit="pairs")
     done = run(run_job, job, output, *how)
@@ -143,24 +151,26 @@ def _score_corpus(translator, src, tgt, output, record, form, how) -> None:
         log(f"scored {done.lines:,} pairs into {output}{processes(done)}")
 
 
-def _check_targets(translator, tgt: Path) -> None:
+def _check_targets(scorer, tgt: Path) -> None:
     from mtx.data.sources import read_lines as read_file_lines
-    from mtx.decode.score import Scorer
 
-    scorer = Scorer(translator)
     for number, line in enumerate(read_file_lines(tgt)):
         scorer.target_ids(line, number)
 
 
-def score_lines(translator, sources, targets, form, first: int = 0) -> list[str]:
+def score_lines(scoring, sources, targets, form, first: int = 0) -> list[str]:
     """Each pair's line: 'TOTAL<TAB>MEAN<TAB>TOKENS' (with the per-token log-probabilities
-    and the word links if asked), or a JSON object (`form`: json, per token, alignments);
-    `first`: the first pair's number from 0 (for errors)."""
-    from mtx.decode.score import Scorer
-
-    json_out, per_token, alignments = form
-    scores = Scorer(translator).score(sources, targets, first)
-    links = _alignments(translator, sources, targets, first) if alignments else None
+    and, with an aligner, the word links), or a JSON object (`scoring`: the scorer and the
+    aligner or None; `form`: json, per token); `first`: the first pair's number from 0 (for
+    errors)."""
+    scorer, aligner = scoring
+    json_out, per_token = form
+    scores = scorer.score(sources, targets, first)
+    links = None
+    if aligner is not None:
+        src = [scorer.parts.codec.encode(line, scorer.tgt_lang) for line in sources]
+        tgt = [scorer.target_ids(line, first + n)[:-1] for n, line in enumerate(targets)]
+        links = aligner.word_links(src, tgt)
     lines = []
     for n, s in enumerate(scores):
         if json_out:
@@ -178,17 +188,6 @@ def score_lines(translator, sources, targets, form, first: int = 0) -> list[str]
             line += "\t" + " ".join(f"{i}-{j}" for i, j in sorted(links[n]))
         lines.append(line + "\n")
     return lines
-
-
-def _alignments(translator, sources: list[str], targets: list[str], first: int = 0) -> list[set]:
-    """The model's word alignment of each given pair (decode/align.py)."""
-    from mtx.decode.align import Aligner
-    from mtx.decode.score import Scorer
-
-    scorer = Scorer(translator)
-    src = [translator.encode(line) for line in sources]
-    tgt = [scorer.target_ids(line, first + n)[:-1] for n, line in enumerate(targets)]
-    return Aligner(translator).word_links(src, tgt)
 
 
 RefOpt = Annotated[
@@ -240,21 +239,20 @@ def distill(
         fail("mtx distill needs --src and --output-dir")
     selection = None if ref is None else Selection(ref, nbest, select)
     run(check, src, selection, drop_worst)  # before the teacher is loaded
-    translator = _translator(
-        checkpoint, config, set, beam, None, batch_tokens, device, tgt_lang, dtype=dtype
-    )
-    run(translator.check_nbest, nbest if selection else 1)  # before anything is written
-    data = translator.cfg.data
+    from mtx.jobs.corpus import Record
+
+    translator = _translator(checkpoint, config, set, device, batch_tokens=batch_tokens,
+                             dtype=dtype)  # fmt: skip
+    # before anything is written
+    options = _options(translator, beam=beam, tgt_lang=tgt_lang, nbest=nbest if selection else 1)
+    data = translator.parts.config.data
     langs = (data.src_lang, tgt_lang or data.tgt_lang)
     if not all(langs):
         fail("the teacher's config names no src_lang/tgt_lang: give --tgt-lang")
     paths = checkpoint_paths(checkpoint, config, set)
-    said = dict(beam=beam, tgt_lang=tgt_lang, dtype=dtype)
-    said = [*(set or []), *(f"{k}={v}" for k, v in said.items() if v is not None)]
-    if selection is not None:
-        said += [f"ref={ref.resolve()}", f"select={select}"]
-    record = corpus_record(src, paths, said, nbest if selection else 1, translator)
-    job = run(distill_job, translator, src, record, selection)
+    reads = {} if selection is None else {"ref": str(ref.resolve()), "select": select}
+    record = run(Record.of, src, translator.parts, options, list(set or []), reads)
+    job = run(distill_job, translator, src, record, selection, options)
     work = work_path(output_dir, langs[1])
     run(output_dir.mkdir, parents=True, exist_ok=True)
     # a begun translation goes on (nothing more to do once finished)

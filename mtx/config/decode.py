@@ -20,6 +20,12 @@ KEEP_TAGS = ("script", "style", "pre", "code", "kbd", "samp", "var", "noscript",
              "textarea", "svg", "math")  # fmt: skip
 
 
+Stopping = Literal["k_finished", "exact", "never"]  # when a beam search ends a sentence
+SearchMode = Literal["shrinking", "static", "graphs", "auto"]
+Format = Literal["plain", "paragraphs", "html", "xml"]  # what a line is (mtx/documents/)
+DType = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+
+
 @dataclass
 class DecodeConfig:
     """How `mtx translate`, `evaluate`, `serve` and validation BLEU decode (decode/)."""
@@ -28,11 +34,13 @@ class DecodeConfig:
     alpha: float = setting(0.6, "length penalty ((5 + length) / 6) ** alpha", NOT_NEGATIVE)
     max_len_a: float = setting(1.0, "longest output = a x source length + b", NOT_NEGATIVE)
     max_len_b: int = setting(50, "see max_len_a", NOT_NEGATIVE)
-    batch_tokens: int = setting(4096, "source-token budget of a translation batch", POSITIVE)
-    stopping: Literal["k_finished", "exact", "never"] = setting(
+    batch_tokens: int = setting(
+        4096, "source-token budget of a translation batch", POSITIVE, neutral=True
+    )
+    stopping: Stopping = setting(
         "k_finished", "when a beam search ends a sentence (decode/search.py)"
     )
-    search: Literal["shrinking", "static", "graphs", "auto"] = setting(
+    search: SearchMode = setting(
         "auto",
         "shrinking: sentences leave the batch as they end (decode/search.py); static: fixed "
         "rows over a preallocated cache (decode/static.py); graphs: static, each step a CUDA "
@@ -50,7 +58,7 @@ class DecodeConfig:
     seed: int = setting(
         0, "sampling: line i of the input draws from the stream seeded by (seed, i)", NOT_NEGATIVE
     )
-    dtype: Literal["auto", "fp32", "bf16", "fp16", "int8"] = setting(
+    dtype: DType = setting(
         "auto",
         "auto (bf16 on a GPU that has it, else fp32), fp32, bf16, fp16, or int8 (CPU only: "
         "int8 weights, inputs quantized row by row)",
@@ -83,16 +91,31 @@ class DecodeConfig:
         "speculative decoding (decode/speculative.py): the checkpoint of a small model on the "
         "same vocabulary (a distilled student) whose drafts the model verifies, several tokens "
         "a call; greedy search's output exactly (beam 1, the shrinking search; empty: none)",
+        neutral=True,
     )
-    draft_tokens: int = setting(4, "speculative decoding: tokens drafted a call", POSITIVE)
+    draft_tokens: int = setting(
+        4, "speculative decoding: tokens drafted a call", POSITIVE, neutral=True
+    )
     draft_adaptive: bool = setting(
         True,
         "speculative decoding: per batch size, time greedy search without drafts and with 1, 2, "
         "4... up to draft_tokens a call, and decode each batch the fastest way (decode/tuning.py;"
         " the output is the same whichever); false: always draft_tokens",
+        neutral=True,
+    )
+    engine: str = setting(
+        "auto",
+        "what decodes (decode/engines.py): auto, the engine the other settings and each "
+        "sentence's controls choose; or one by name: greedy, beam, sampling, static, graphs, "
+        "drafts, constrained, alternatives, ctranslate2 (a CTranslate2 export: ct2_dir)",
+    )
+    ct2_dir: str = setting(
+        "",
+        "engine ctranslate2: the export it decodes with (empty: CHECKPOINT.ct2 beside the "
+        "checkpoint; `mtx translate` and `mtx serve` make it when missing)",
     )
 
-    format: Literal["plain", "paragraphs", "html", "xml"] = setting(
+    format: Format = setting(
         "plain",
         "what a line is (mtx/documents/): plain, one sentence; paragraphs, sentences split and "
         "translated one by one; html or xml, markup whose block elements are paragraphs, "

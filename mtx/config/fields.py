@@ -52,9 +52,11 @@ FRACTION = Range(0, 1, high_open=True)  # dropout, label smoothing, Adam's betas
 LAYER = Range(-256, 255)  # a layer of a stack, from 0 (negative: from the last)
 
 
-def setting(default: Any, doc: str, range: Range | None = None) -> Any:
-    """A config field: its default, a one-line description and, for a number, its range."""
-    metadata = {"doc": doc, "range": range}
+def setting(default: Any, doc: str, range: Range | None = None, neutral: bool = False) -> Any:
+    """A config field: its default, a one-line description and, for a number, its range;
+    `neutral`: it changes how fast an output comes, never the output (a corpus job does not
+    record it: jobs/corpus.py)."""
+    metadata = {"doc": doc, "range": range, "neutral": neutral}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -31,6 +31,7 @@ import torch
 
 from mtx.align import pieces as P
 from mtx.align.links import Link
+from mtx.decode.parts import Parts
 from mtx.decode.score import Scorer
 from mtx.errors import MtxError
 from mtx.model.capture import Heads, capture_cross_attention
@@ -38,18 +39,19 @@ from mtx.tokens import EOS_ID, UNK_ID
 
 
 class Aligner:
-    """Word alignments of (source ids, output ids) pairs with a Translator's model."""
+    """Word alignments of (source ids, output ids) pairs with a translator's parts (parts.py):
+    its model, codec and settings (the heads read: model/capture.py's `Heads`)."""
 
-    def __init__(self, translator) -> None:  # decode/translator.py's Translator
-        model = translator.model
+    def __init__(self, parts: Parts, tgt_lang: str | None = None) -> None:
+        model = parts.model
         if not model.capabilities.attention:
             raise MtxError(
                 "alignments read one model's attention: an ensemble has none (give one checkpoint)"
             )
-        self.tr, self.scorer = translator, Scorer(translator)
-        self.heads = Heads.of(translator.cfg)
+        self.parts, self.scorer = parts, Scorer(parts, tgt_lang)
+        self.heads = Heads.of(parts.config)
         self.layer = self.heads.index(len(model.cross_attention_modules()))
-        self.n_prefix = len(translator.langs.source_prefix(translator.tgt_lang) or ())
+        self.n_prefix = len(parts.codec.languages.source_prefix(tgt_lang) or ())
 
     def word_links(self, src: list[list[int]], outputs: list[list[int]]) -> list[set[Link]]:
         """The word links of each (source ids with EOS, output ids without EOS) pair."""
@@ -64,7 +66,7 @@ class Aligner:
         """The word of each piece of `ids` (pieces.py), the first `skip` (a source's language
         tag or code) and special ids (PAD, BOS, EOS) in none. UNK is text: a word the
         vocabulary cannot spell is still a word."""
-        vocab = self.tr.vocab
+        vocab = self.parts.codec.vocab
         return P.word_index(
             [None if k < skip or _special(vocab, i) else vocab.id_to_piece(i)
              for k, i in enumerate(ids)]
@@ -74,7 +76,7 @@ class Aligner:
     def piece_links(self, src: list[list[int]], tgt: list[list[int]]) -> list[list[Link]]:
         """Each target piece's (before EOS) most attended source position, per pair."""
         out: list[list[Link]] = [[] for _ in src]
-        model, layer = self.tr.model, self.layer
+        model, layer = self.parts.model, self.layer
         for rows in self.scorer.batches(src, tgt):
             source, tgt_in, n = self.scorer.inputs(src, tgt, rows)
             # the layers above the one read and the output projection do not run

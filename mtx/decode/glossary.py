@@ -113,13 +113,23 @@ class Report:
     terms: int = 0  # glossary terms found
     honoured: int = 0
 
-    def add(self, line: Line, translation: str, unmet: int) -> None:
+    def count(self, line: Line, translation: str, unmet: int) -> None:
+        """Count a line with controls or glossary terms, and its translation."""
         if line.controls.constraints:
             self.lines += 1
             self.constraints += len(line.controls.constraints)
             self.unmet += unmet
         self.terms += len(line.terms)
         self.honoured += sum(t.honoured(translation) for t in line.terms)
+
+    def merge(self, other: Report) -> None:
+        """Add another process's counts (a torchrun job's: jobs/shards.py)."""
+        self.lines += other.lines
+        self.constraints += other.constraints
+        self.unmet += other.unmet
+        self.unfit += other.unfit
+        self.terms += other.terms
+        self.honoured += other.honoured
 
     def summary(self) -> str:
         parts = []

@@ -15,16 +15,17 @@ This module imports no torch: the server's process counts source tokens with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from mtx import corpora
 from mtx.errors import MtxError
 
-SCHEMES = ("tags", "codes", "one")
+Scheme = Literal["tags", "codes", "one"]
 
 
 @dataclass(frozen=True)
 class Languages:
-    scheme: str  # one of SCHEMES
+    scheme: Scheme
     ids: dict[str, int]  # tags: {language: its tag's id}; codes: NLLB's {code: id}; one: {}
     targets: tuple[str, ...]  # the languages it translates into, sorted
     src_lang: str  # the config's (data.src_lang)
@@ -34,12 +35,8 @@ class Languages:
     def of(cls, vocab, data) -> Languages:
         """The scheme of a vocabulary (data/vocab.py's) and a config's `data` section."""
         tags, codes = corpora.tag_ids(vocab), dict(vocab.languages)
-        if codes:
-            scheme, ids = "codes", codes
-        elif tags:
-            scheme, ids = "tags", tags
-        else:
-            scheme, ids = "one", {}
+        scheme: Scheme = "codes" if codes else "tags" if tags else "one"
+        ids = codes or tags or {}
         targets = tuple(sorted(ids) or corpora.target_languages(data))
         return cls(scheme, ids, targets, data.src_lang, data.tgt_lang)
 
@@ -47,6 +44,11 @@ class Languages:
     def needs_target(self) -> bool:
         """Whether a translation must name its target language (a tagged model)."""
         return self.scheme == "tags"
+
+    @property
+    def codes(self) -> bool:
+        """Whether the decoder reads a target-language code after its start (an NLLB model)."""
+        return self.scheme == "codes"
 
     def refusal(self, lang: str | None) -> str:
         """Why translating into `lang` (None: unnamed) cannot be done ("" if it can)."""

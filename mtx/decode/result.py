@@ -22,6 +22,7 @@ This module imports no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Output:
     log_prob: float | None = None
     unmet: int = 0
     links: tuple[tuple[int, int], ...] | None = None  # word alignment, where asked
+    tokens: tuple[int, ...] = ()  # its output ids, without EOS (not in the JSON form)
 
     def to_json(self) -> dict:
         out = {
@@ -52,17 +54,49 @@ class Output:
     def nbest_line(self, number: int, aligned: bool = False) -> str:
         """Its line in an n-best list: 'LINE ||| TEXT ||| SCORE ||| LOG-PROBABILITY' (LINE: the
         input line's number from 0), with ' ||| 0-0 1-2' after it if `aligned`."""
-        line = f"{number} ||| {self.text} ||| {self.score:.6f} ||| {self.log_prob:.6f}"
+        score, log_prob = (
+            f"{x:.6f}" if x is not None else "nan" for x in (self.score, self.log_prob)
+        )
+        line = f"{number} ||| {self.text} ||| {score} ||| {log_prob}"
         return line + (f" ||| {self.pharaoh()}" if aligned else "") + "\n"
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The encoder-decoder attention of one translation: the source and output subwords (each
+    ending with EOS) and `weights`, a float32 tensor (decoder layers, heads, outputs,
+    sources) whose row t is the attention when predicting output subword t."""
+
+    source: list[str]
+    output: list[str]
+    weights: Any  # a torch.Tensor (this module imports no torch)
+
+    def mean(self) -> Any:
+        """(outputs, sources): averaged over decoder layers and heads."""
+        return self.weights.mean(dim=(0, 1))
+
+    def to_json(self) -> dict:
+        """{"source", "output", "weights": the mean's rows}: what `mtx serve` answers."""
+        return {"source": self.source, "output": self.output, "weights": self.mean().tolist()}
 
 
 @dataclass(frozen=True)
 class Translation:
     """One sentence's result: its hypotheses, best first (the n best, or the alternatives it
-    asked for)."""
+    asked for). Not in its JSON form: `notes`, what the input's reading repaired or warns of
+    (said on stderr by `mtx translate`, answered as `repairs` by `mtx serve`), and
+    `attention` where asked."""
 
     outputs: tuple[Output, ...]
     alternatives: bool = False  # `outputs` are the alternatives the sentence asked for
+    notes: tuple[str, ...] = ()
+    attention: Attention | None = None
+
+    @classmethod
+    def empty(cls, nbest: int = 1) -> Translation:
+        """A text with no words: the empty translation, not decoded (scores null), `nbest`
+        times (an n-best list holds n)."""
+        return cls((Output(""),) * nbest)
 
     @property
     def best(self) -> Output:
@@ -79,4 +113,4 @@ class Translation:
         return out
 
 
-EMPTY = Translation((Output(""),))  # a text with no words, not decoded (mtx serve)
+EMPTY = Translation.empty()  # a text with no words, not decoded

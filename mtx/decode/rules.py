@@ -36,37 +36,40 @@ it). A hypothesis that had to end with constraints unmet ranks after every one t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
+from mtx.config.decode import Stopping
+from mtx.decode.options import Options
 from mtx.model.groups import Groups
 from mtx.tokens import EOS_ID, PAD_ID, Specials, longest_output
 
-# When a sentence's beam search may end (`sentence_done`): k_finished is the default and the
-# static search's only rule.
-STOPPING = ("k_finished", "exact", "never")
+_ASKED = Options()  # a request's options by default: the decode.* settings' defaults
 
 
 @dataclass(frozen=True)
 class SearchSettings:
     """What a search is told, one typed object for every search (search.py's greedy and
-    beam search, static.py's): the beam, the length penalty's alpha, the longest output
-    (a * source tokens + b, EOS included, never over `limit`: `max_lengths`) and when a
-    sentence is done (`stopping`). Greedy search reads the lengths alone."""
+    beam search, static.py's), made from a request's options (options.py) and the model's
+    limit: the beam, the length penalty's alpha, the longest output (a * source tokens + b,
+    EOS included, never over `limit`: `max_lengths`) and when a sentence is done
+    (`stopping`: k_finished is the static search's only rule). Greedy search reads the
+    lengths alone. Its defaults are the options', which are the decode.* settings'."""
 
-    beam: int = 4
-    alpha: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    limit: int = 1024
-    stopping: str = "k_finished"
+    beam: int = _ASKED.beam
+    alpha: float = _ASKED.alpha
+    max_len_a: float = _ASKED.max_len_a
+    max_len_b: int = _ASKED.max_len_b
+    limit: int = 1024  # the model's (max_positions - 1)
+    stopping: Stopping = _ASKED.stopping
 
     @classmethod
-    def of(cls, d, limit: int, **changes) -> SearchSettings:
-        """The settings of decode.* `d` (config's DecodeConfig) and the model's `limit`."""
-        values = dict(beam=d.beam, alpha=d.alpha, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
-        return cls(**(values | {"limit": limit, "stopping": d.stopping} | changes))
+    def of(cls, o: Options, limit: int, **changes) -> SearchSettings:
+        """The settings of options `o` and the model's `limit`."""
+        values = dict(beam=o.beam, alpha=o.alpha, max_len_a=o.max_len_a, max_len_b=o.max_len_b)
+        return cls(**(values | {"limit": limit, "stopping": o.stopping} | changes))
 
 
 def never_produced(specials: Specials) -> list[int]:
@@ -250,8 +253,8 @@ def allocate(scores: Tensor, banks: Tensor, usable: Tensor, K: int) -> Tensor:
 
 
 def check_stopping(stopping: str) -> None:
-    if stopping not in STOPPING:
-        raise ValueError(f"stopping must be one of {STOPPING}, got {stopping!r}")
+    if stopping not in get_args(Stopping):
+        raise ValueError(f"stopping must be one of {get_args(Stopping)}, got {stopping!r}")
 
 
 def sentence_done(
@@ -263,7 +266,7 @@ def sentence_done(
     alpha: float,
     stopping: str,
 ) -> bool:
-    """Whether a sentence's beam search may end by `stopping` (see STOPPING), besides reaching
+    """Whether a sentence's beam search may end by `stopping` (config's Stopping), besides reaching
     its longest output: k_finished once K hypotheses have ended (`enough_finished`); exact once
     no live one (best score `live_best` <= 0, at most `longest` tokens) can still beat the
     nbest-th finished one; never, not before its longest output.

@@ -1,6 +1,6 @@
 """Forced decoding: the log-probability a model (or an ensemble) gives a target sentence.
 
-    scorer = Scorer(Translator.from_checkpoint("runs/multi30k/checkpoints/best.pt"))
+    scorer = Scorer(Translator.from_checkpoints("runs/multi30k/checkpoints/best.pt").parts)
     scorer.score(["A man rides a bike."], ["Ein Mann fährt Fahrrad."])  # [Score(...)]
 
 For each pair, log p(y | x) = sum_t log p(y_t | x, y_<t) over the target's subwords and EOS,
@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from mtx.data.batching import pad
+from mtx.decode.parts import Parts
 from mtx.errors import MtxError
-from mtx.tokens import EOS_ID, padded_length
+from mtx.tokens import padded_length
 
 CHUNK = 20_000  # pairs `cross_entropies` scores at a time
 
@@ -48,15 +49,17 @@ class Score:
 
 
 class Scorer:
-    """Scores pairs with a Translator's model, device, vocabulary and target language."""
+    """Scores pairs with a translator's parts (parts.py: its model on its device, its codec
+    and batch budget), translating into `tgt_lang` (None: the model's one language)."""
 
-    def __init__(self, translator) -> None:  # decode/translator.py's Translator
-        self.tr = translator
-        self.limit = translator.model.max_positions
+    def __init__(self, parts: Parts, tgt_lang: str | None = None) -> None:
+        parts.codec.languages.check(tgt_lang)
+        self.parts, self.tgt_lang = parts, tgt_lang
+        self.limit = parts.model.max_positions
 
     def target_ids(self, line: str, number: int) -> list[int]:
         """A target line's ids with EOS; refused if longer than the model's positions."""
-        ids = self.tr.vocab.target.encode(" ".join(line.split())) + [EOS_ID]
+        ids = self.parts.codec.target(line)
         if len(ids) > self.limit:
             raise MtxError(
                 f"line {number + 1}: the target has {len(ids)} tokens with EOS, more than the "
@@ -69,8 +72,7 @@ class Scorer:
         number from 0, for errors)."""
         if len(sources) != len(targets):
             raise MtxError(f"{len(sources)} sources but {len(targets)} targets")
-        self.tr.check_language()
-        src = [self.tr.encode(line) for line in sources]
+        src = [self.parts.codec.encode(line, self.tgt_lang) for line in sources]
         tgt = [self.target_ids(line, first + i) for i, line in enumerate(targets)]
         return self.score_ids(src, tgt)
 
@@ -81,14 +83,13 @@ class Scorer:
         translation cuts it. Scored CHUNK pairs at a time (their per-token scores let go)."""
         if len(sources) != len(targets):
             raise MtxError(f"{len(sources)} sources but {len(targets)} targets")
-        self.tr.check_language()
         out = [math.inf] * len(sources)
         for start in range(0, len(sources), CHUNK):
             src, tgt, rows = [], [], []
             for i in range(start, min(start + CHUNK, len(sources))):
-                ids = self.tr.vocab.target.encode(" ".join(targets[i].split())) + [EOS_ID]
+                ids = self.parts.codec.target(targets[i])
                 if len(ids) <= self.limit:
-                    src.append(self.tr.encode(sources[i]))
+                    src.append(self.parts.codec.encode(sources[i], self.tgt_lang))
                     tgt.append(ids)
                     rows.append(i)
             for i, score in zip(rows, self.score_ids(src, tgt)):
@@ -110,7 +111,7 @@ class Scorer:
         shapes: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, (s, t) in enumerate(zip(src, tgt)):
             shapes[(padded_length(len(s), self.limit), padded_length(len(t), self.limit))].append(i)
-        budget = self.tr.cfg.decode.batch_tokens
+        budget = self.parts.batch_tokens
         out = []
         for (S, T), rows in sorted(shapes.items()):
             per = max(1, budget // (S + T))
@@ -123,16 +124,16 @@ class Scorer:
         start token before the target (an NLLB model's language code), not scored."""
         S = padded_length(len(src[rows[0]]), self.limit)
         T = padded_length(len(tgt[rows[0]]), self.limit)
-        source = pad([src[i] for i in rows], length=S).to(self.tr.device)
-        given = list(self.tr.start())
-        start = self.tr.model.specials.start
+        source = pad([src[i] for i in rows], length=S).to(self.parts.device)
+        given = list(self.parts.codec.start(self.tgt_lang))
+        start = self.parts.model.specials.start
         tgt_in = pad([given + tgt[i][:-1] for i in rows], prefix=start, length=T + len(given))
-        return source, tgt_in.to(self.tr.device), len(given)
+        return source, tgt_in.to(self.parts.device), len(given)
 
     @torch.no_grad()
     def forced(self, src: list[list[int]], tgt: list[list[int]], rows: list[int]) -> list[Score]:
         """One forward pass over the pairs `rows` (of one padded shape): their scores."""
-        model, device = self.tr.model, self.tr.device
+        model, device = self.parts.model, self.parts.device
         source, tgt_in, n = self.inputs(src, tgt, rows)
         T = padded_length(len(tgt[rows[0]]), self.limit)
         tgt_out = pad([tgt[i] for i in rows], length=T).to(device)

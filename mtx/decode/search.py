@@ -60,7 +60,6 @@ from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
 from mtx.tokens import EOS_ID
 
-STOPPING = rules.STOPPING
 COMPACT = 4  # greedy search drops ended rows once they are 1 / COMPACT of its rows
 
 

@@ -36,30 +36,9 @@ from mtx.decode.search import next_log_probs
 from mtx.decode.shortlist import vocabulary_sha256
 from mtx.errors import MtxError
 from mtx.model.build import load_model
-from mtx.model.decoder_self import decoder_self
 from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
 from mtx.tokens import EOS_ID
-
-
-def refusal(model: Decodable, d) -> str:
-    """Why decode.* settings `d` (config's DecodeConfig) cannot decode `model` with a draft
-    ("" if they can)."""
-    if d.beam != 1:
-        return f"the drafts are verified by greedy search: set decode.beam 1 (not {d.beam})"
-    if d.sampling:
-        return "the drafts are verified by greedy search, not by decode.sampling"
-    if d.search in ("static", "graphs"):
-        return f"it runs in the shrinking search, not decode.search {d.search}"
-    if d.shortlist:
-        return "it verifies over the whole vocabulary: not with decode.shortlist"
-    if not model.capabilities.ragged:
-        return f"the model must be one Transformer, not {type(model).__name__}"
-    if decoder_self(model.cfg).recurrent:
-        return (
-            "the model's decoder is a recurrence (an SSRU): it verifies no faster than it decodes"
-        )
-    return ""
 
 
 def load_draft(path: str, model: Decodable, spm_sha256: str, languages, pack: str) -> Decodable:
@@ -108,6 +87,18 @@ class DraftStats:
     def reset(self) -> None:
         self.checks = self.drafted = self.accepted = 0
         self.batches = {}
+
+    def batch(self, k: int) -> None:
+        """Count a batch decoded with `k` drafts a call (0: greedy search alone)."""
+        self.batches[k] = self.batches.get(k, 0) + 1
+
+    def merge(self, other: DraftStats) -> None:
+        """Add another process's counts (a torchrun job's: jobs/shards.py)."""
+        self.checks += other.checks
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        for k, n in other.batches.items():
+            self.batches[k] = self.batches.get(k, 0) + n
 
     @property
     def acceptance(self) -> float:

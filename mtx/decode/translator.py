@@ -1,55 +1,73 @@
-"""Translate strings with a trained checkpoint: SentencePiece in, search, SentencePiece out.
+"""Translate text with trained checkpoints: a Translator of a few doors.
 
-    translator = Translator.from_checkpoint("runs/multi30k/checkpoints/best.pt")
-    translator.translate(["A man rides a bike.", "Two dogs play."])
+    translator = Translator.from_checkpoints("runs/multi30k/checkpoints/best.pt")
+    translator.translate(["A man rides a bike.", "Two dogs play."])       # [Translation, ...]
+    options = translator.options(beam=1, nbest=1, alignments=True)      # checked, one line
+    for translation in translator.stream(sys.stdin, options): ...      # an endless input
 
-Input lines are sorted by length into token-budget batches (`decode.batch_tokens` source
-tokens, padding included) and the output is put back in input order, one output per input
-line (an empty input line gets a translation too). A line's translation does not depend on
-the other lines, on the batch size or on the order: the search treats each sentence on its
-own (decode/search.py), sources are padded to a length of their own (batches.py; a batch of
-several such lengths reads each group's source with that group's own shapes, model/groups.py)
-and small matrix products are padded to a fixed number of rows (model/rows.py), so a sentence
-is computed with the same numbers in any batch. With `decode.sampling`, the line numbered i
-draws its random numbers from the seed (decode.seed, i).
+- `options(**given)`: a request's options (options.py), the translator's decode.* settings
+  unless given, checked against the engine table (engines.py) before any input is read;
+- `translate(items, options)`: one `Translation` (result.py) an item, in order; an item is a
+  source line, a `Line` with controls (controls.py) or a source already encoded; a text with
+  no words gets the empty translation, undecoded;
+- `stream(items, options, ...)`: the same over an endless iterable, chunk by chunk, with
+  bounded memory, each chunk's translations as soon as they are ready (stream.py);
+- `requests(items, options)`: every request `translate` would decode, built and checked (a
+  corpus job checks its whole input with it before writing anything);
+- `parts`: the model on its device, its settings, its codec (text and ids, both ways:
+  codec.py) and its setup as the engine table reads it (parts.py);
+- `stats`: what the run's constraints, glossary terms and drafts were worth.
 
-The Translator holds the model on its device and dtype, the vocabulary and the target
-language; which search runs is searches.py's, how lines make batches batches.py's, and how an
-endless input is read in chunks stream.py's. `translate_stream` translates an endless iterable
-in chunks with bounded memory, yielding each chunk's translations as soon as they are ready.
+Every check runs inside, at the door: the options against the engines (engines.py), each
+line's controls against the engine that decodes it, the target language, the format. A
+line's translation does not depend on the other lines, on the batch size or on the order: the
+search treats each sentence on its own (search.py), sources are padded to a length of their
+own (batches.py; a batch of several such lengths reads each group's source with that group's
+own shapes, model/groups.py) and small matrix products are padded to a fixed number of rows
+(model/rows.py), so a sentence is computed with the same numbers in any batch. With
+`sampling`, the line numbered i draws its random numbers from the seed (seed, i).
+
+Which engine decodes is engines.py's, what it runs with runtime.py's, how lines make batches
+batches.py's; documents (options.format) are read and put back by documents.py, their marks
+through the word alignment (align.py); the attention is read from beside the model
+(model/capture.py).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from mtx.config import Config
 from mtx.data import vocab
-from mtx.decode import dispatch
+from mtx.decode import documents, engines
 from mtx.decode.batches import request_batches
-from mtx.decode.controls import Line, fits, segment
+from mtx.decode.codec import Codec
+from mtx.decode.controls import Controls, Line, fits, needed, segment
 from mtx.decode.ensemble import Ensemble
+from mtx.decode.glossary import Report
 from mtx.decode.languages import Languages
-from mtx.decode.request import Request, SearchBatch
-from mtx.decode.result import Output, Translation
+from mtx.decode.options import Options
+from mtx.decode.parts import Parts, setup_of
+from mtx.decode.request import Request
+from mtx.decode.result import Attention, Output, Translation
 from mtx.decode.rules import Hypothesis
-from mtx.decode.searches import Searches
+from mtx.decode.runtime import Runtime
 from mtx.decode.shortlist import vocabulary_sha256
-from mtx.decode.static import StaticSearch
+from mtx.decode.speculative import DraftStats
 from mtx.decode.stream import chunks
 from mtx.device import auto_dtype, pick_device
 from mtx.errors import MtxError
 from mtx.model import packed
 from mtx.model.build import load_model
 from mtx.model.capture import capture_cross_attention
-from mtx.model.groups import Groups
 from mtx.model.interface import Decodable
-from mtx.tokens import encode_line
+
+Item = str | Line | Sequence[int]  # a source line, a line with controls, or encoded ids
 
 # int8: a float32 model whose linear layers run with int8 weights (model/packed.py), CPU only
 DTYPES = {
@@ -71,23 +89,22 @@ def decode_dtype(device: torch.device, name: str) -> torch.dtype:
     return auto_dtype(device) if name == "auto" else DTYPES[name]
 
 
-@dataclasses.dataclass
-class Attention:
-    """The encoder-decoder attention of one translation: the source and output subwords (each
-    ending with EOS) and `weights`, a float32 tensor (decoder layers, heads, outputs,
-    sources) whose row t is the attention when predicting output subword t."""
+@dataclass
+class Stats:
+    """What a translator's run was worth: its constraints and glossary terms (glossary.py's
+    Report), and its drafts (speculative.py's DraftStats), summed over a torchrun job's
+    processes by `merge`."""
 
-    source: list[str]
-    output: list[str]
-    weights: torch.Tensor
+    terms: Report
+    drafts: DraftStats
 
-    def mean(self) -> torch.Tensor:
-        """(outputs, sources): averaged over decoder layers and heads."""
-        return self.weights.mean(dim=(0, 1))
+    def merge(self, other: Stats) -> None:
+        self.terms.merge(other.terms)
+        self.drafts.merge(other.drafts)
 
-    def to_json(self) -> dict:
-        """{"source", "output", "weights": the mean's rows}: what `mtx serve` answers."""
-        return {"source": self.source, "output": self.output, "weights": self.mean().tolist()}
+    def summaries(self) -> list[str]:
+        """One line of each that has something to say."""
+        return [line for line in (self.terms.summary(), self.drafts.summary()) if line]
 
 
 class Translator:
@@ -98,78 +115,53 @@ class Translator:
         spm_proto: bytes,
         device: str = "auto",
         as_is: bool = False,
+        checkpoints: Sequence[Path] = (),
+        glossary=None,
     ) -> None:
         """`as_is`: translate with the model where and as it is (its device and dtype, in
-        whatever mode it is in; the trainer's validation sets eval mode and autocast)."""
+        whatever mode it is in; the trainer's validation sets eval mode and autocast);
+        `glossary` (glossary.py): the target term of each source term a line holds becomes
+        its constraint."""
         if as_is:
             weight = next(model.parameters())
-            self.device, self.dtype, self.model = weight.device, weight.dtype, model
+            where = weight.device
         else:
-            self.device = pick_device(device, "--device")
-            self.dtype = decode_dtype(self.device, cfg.decode.dtype)
-            self.model = model.to(self.device, self.dtype).eval()
-            self.model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
-        self.cfg = cfg
-        self.vocab = vocab.load(spm_proto)
-        if self.vocab.get_piece_size() != model.vocab_size:
+            where = pick_device(device, "--device")
+            model = model.to(where, decode_dtype(where, cfg.decode.dtype)).eval()
+            model.pack("int8" if cfg.decode.dtype == "int8" else "fp32")  # CPU fp32 only
+        spm = vocab.load(spm_proto)
+        if spm.get_piece_size() != model.vocab_size:
             raise MtxError(
-                f"the vocabulary has {self.vocab.get_piece_size()} pieces but the model's "
+                f"the vocabulary has {spm.get_piece_size()} pieces but the model's "
                 f"vocabulary has {model.vocab_size}: they do not belong together"
             )
         for m in model.members():
-            vocab.check_decoder_start(self.vocab, m.cfg.decoder_start)
-        # shared by with_decode's copies; a shortlist is loaded and checked now, not mid-input
-        self.langs = Languages.of(self.vocab, cfg.data)  # the one language scheme
+            vocab.check_decoder_start(spm, m.cfg.decoder_start)
+        languages = Languages.of(spm, cfg.data)  # the one language scheme
+        codec = Codec(spm, languages, model.max_positions)
+        setup = setup_of(model, cfg.decode, languages, where.type)
+        self.parts = Parts(model, where, cfg, codec, setup, tuple(checkpoints))
         sha = vocabulary_sha256(spm_proto)
-        self.searches = Searches(self.model, self.device, sha, self.vocab, self.langs)
-        self.searches.decoded(cfg.decode)
-        self.searches.drafter(cfg.decode)
-        self.check_alignments(cfg.decode)
-        self.tgt_lang: str | None = None  # into; None: the model's one target language
-
-    @property
-    def languages(self) -> list[str]:
-        """The languages the model translates into (languages.py)."""
-        return list(self.langs.targets)
-
-    def into(self, lang: str | None) -> Translator:
-        """This translator, translating into `lang` (None: as it is). A multilingual model's
-        source then starts with the language's tag (mtx/corpora.py); a model with one target
-        language takes only that one."""
-        if lang is None:
-            return self
-        if lang not in self.langs.targets:
-            self.langs.check(lang)
-        other = copy.copy(self)
-        other.tgt_lang = lang
-        return other
-
-    def check_language(self) -> None:
-        """Refuse to translate with a multilingual model before a target language is chosen."""
-        self.langs.check(self.tgt_lang)
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path,
-        overrides: list[str] | None = None,
-        device: str = "auto",
-        decode: dict | None = None,
-    ) -> Translator:
-        """The translator of a checkpoint, its config with `overrides` ("key=value" strings:
-        --set) and then `decode`'s typed decode.* settings (a command's options) applied."""
-        return cls.from_checkpoints([Path(path)], overrides, device, decode)
+        # a shortlist and a draft are loaded and checked now, not mid-input
+        self._run = Runtime(model, where, cfg.decode, codec, setup, sha, tuple(checkpoints))
+        self._glossary = glossary
+        self.stats = Stats(Report(), self._run.stats)
+        self._aligners: dict[str | None, object] = {}  # align.py's Aligner, by target language
 
     @classmethod
     def from_checkpoints(
         cls,
-        paths: list[Path],
+        paths: str | Path | Sequence[str | Path],
         overrides: list[str] | None = None,
         device: str = "auto",
         decode: dict | None = None,
+        glossary=None,
     ) -> Translator:
-        """One checkpoint's translator, or the ensemble of several (ensemble.py): decode.*
-        settings come from the first, and every checkpoint must hold the same vocabulary."""
+        """The translator of a checkpoint, or the ensemble of several (ensemble.py): its
+        config with `overrides` ("key=value" strings: --set), then `decode`'s typed decode.*
+        settings (a command's options); decode.* from the first, every checkpoint holding the
+        same vocabulary."""
+        paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
         models, cfg, spm_proto = [], None, b""
         for path in paths:
             model, model_cfg, proto = load_model(path, overrides)
@@ -182,195 +174,222 @@ class Translator:
                 )
             models.append(model)
         cfg = cfg.with_decode(**(decode or {}))
-        return cls(models[0] if len(models) == 1 else Ensemble(models), cfg, spm_proto, device)
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        return cls(model, cfg, spm_proto, device, checkpoints=paths, glossary=glossary)
 
-    def with_decode(self, **changes) -> Translator:
-        """This translator (the same model and vocabulary, not copies) with other decode.*
-        settings, e.g. `with_decode(beam=1)`."""
-        other = copy.copy(self)
-        decode = dataclasses.replace(self.cfg.decode, **changes)
-        other.cfg = dataclasses.replace(self.cfg, decode=decode)
-        other.searches.drafter(decode)
-        other.check_alignments(decode)
-        return other
+    def options(self, **given) -> Options:
+        """A request's options: this translator's decode.* settings but for `given`, checked
+        against the engine that decodes a line without controls (engines.py)."""
+        options = Options.of(self.parts.config.decode, **given)
+        engines.check(Controls(), options, self.parts.setup)
+        if options.format != "plain":
+            documents.settings_of(self.parts.config, options.format)  # its patterns, checked
+        return options
 
-    def check_alignments(self, d) -> None:
-        """decode.alignments reads one model's attention: refused, in one line, for an
-        ensemble, before any line is read."""
-        if d.alignments and not self.model.capabilities.attention:
-            raise MtxError(
-                "decode.alignments reads one model's attention: give one checkpoint, not an "
-                "ensemble"
-            )
+    def requests(
+        self, items: Iterable[Item], options: Options | None = None, first: int = 0
+    ) -> list[Request]:
+        """Every request `translate` would decode for `items` (numbered from `first`), built
+        and checked, in order (a document's: each of its sentences); none for a text with no
+        words."""
+        o = self._checked(options)
+        if o.format != "plain":
+            sentences = self._read(items, o, first)
+            plain = o.replace(format="plain")
+            return [self._request(s.item, s.number, plain) for s in sentences.sentences]
+        numbered = [(first + i, self._glossed(x, first + i)) for i, x in enumerate(items)]
+        return [self._request(x, n, o) for n, x in numbered if _words(x)]
 
-    def encode(self, line: str) -> list[int]:
-        """A source line's ids (its target language's tag first, for a multilingual model; an
-        NLLB model's source-language code)."""
-        prefix = self.langs.source_prefix(self.tgt_lang)
-        return encode_line(self.vocab.source, line, self.model.max_positions, prefix)
+    def translate(
+        self, items: Sequence[Item], options: Options | None = None, first: int = 0
+    ) -> list[Translation]:
+        """The translation of each item (numbered from `first`: sampling's seeds, and where an
+        error names a line), in order."""
+        o = self._checked(options)
+        if o.format != "plain":
+            return self._documents(items, o, first)
+        out: list[Translation] = [Translation.empty(o.nbest)] * len(items)
+        todo = [(i, self._glossed(x, first + i)) for i, x in enumerate(items)]
+        todo = [(i, x) for i, x in todo if _words(x)]
+        requests = [self._request(x, first + i, o) for i, x in todo]
+        for (i, item), request, hyps in zip(todo, requests, self._search(requests, o)):
+            out[i] = self._translation(item, request, hyps, o)
+        return out
 
-    def start(self) -> tuple[int, ...]:
-        """What the decoder reads after its start token (Request.start): an NLLB model's
-        target-language code; nothing for the others."""
-        return self.langs.start(self.tgt_lang)
+    def stream(
+        self,
+        items: Iterable[Item],
+        options: Options | None = None,
+        chunk_lines: int = 512,
+        idle: float | None = None,
+        first: int = 0,
+    ) -> Iterator[Translation]:
+        """`translate` over an endless iterable, chunk by chunk (stream.py), its first line
+        numbered `first`. The options are checked now, before any line is read."""
+        o = self._checked(options)
 
-    def request(
-        self, item: str | Line | Sequence[int], number: int = 0, max_len: int | None = None
-    ) -> Request:
-        """The one place a `Request` is built (request.py): what translating `item` (a source
-        line, a `Line` with controls, or a source already encoded by `encode`), numbered
-        `number` in its input from 0 (its samples' seed), asks of a search; `max_len` its
-        own longest output, EOS included. Its controls are checked against the search that
-        takes them (dispatch.py) and segmented (controls.py); an error names the line."""
-        self.check_language()
-        controls = item.controls if isinstance(item, Line) else None
+        def run() -> Iterator[Translation]:
+            number = first
+            for chunk in chunks(items, chunk_lines, idle):
+                yield from self.translate(chunk, o, number)
+                number += len(chunk)
+
+        return run()
+
+    # ---- inside the doors ----------------------------------------------------------------
+
+    def _checked(self, options: Options | None) -> Options:
+        if options is None:
+            return self.options()
+        engines.check(Controls(), options, self.parts.setup)
+        return options
+
+    def _glossed(self, item: Item, number: int) -> Item:
+        """The item with its glossary terms among its constraints (glossary.py)."""
+        if self._glossary is None or not isinstance(item, str | Line):
+            return item
+        line = item if isinstance(item, Line) else Line(item)
+        glossed = self._glossary.apply(line, f"line {number + 1}")
+        return glossed if glossed.terms or isinstance(item, Line) else item
+
+    def _request(self, item: Item, number: int, o: Options) -> Request:
+        """The one place a `Request` is built (request.py): what translating `item`, numbered
+        `number` in its input from 0 (its samples' seed), asks of a search. Its controls are
+        checked against the engine that takes them (engines.py) and segmented (controls.py);
+        an error names the line."""
+        codec = self.parts.codec
         if isinstance(item, Line | str):
-            source = tuple(self.encode(item if isinstance(item, str) else item.text))
+            text = item if isinstance(item, str) else item.text
+            source = tuple(codec.encode(text, o.tgt_lang))
         else:
             source = tuple(item)
-        request = Request(source, number, max_len, start=self.start())
+        request = Request(source, number, start=codec.start(o.tgt_lang))
+        controls = item.controls if isinstance(item, Line) else Controls()
         if not controls:
             return request
         try:
-            dispatch.check(controls, self.cfg.decode, device=self.device.type)
-            never, longest = self.model.specials.never_below, self.longest(request)
-            segmented = segment(controls, self.vocab.target.encode, never, longest)
+            engines.check(controls, o, self.parts.setup)
+            never = self.parts.model.specials.never_below
+            segmented = segment(
+                controls, codec.vocab.target.encode, never, self._longest(request, o)
+            )
         except MtxError as e:
             raise MtxError(f"line {number + 1}: {e}") from None
         return dataclasses.replace(request, controls=segmented)
 
-    def longest(self, request: Request) -> int:
-        """A request's longest output, EOS included (decode.max_len_a/b, the model's limit)."""
-        d = self.cfg.decode
-        return request.longest(d.max_len_a, d.max_len_b, self.searches.limit)
+    def _longest(self, request: Request, o: Options) -> int:
+        """A request's longest output, EOS included (max_len_a/b, the model's limit)."""
+        return request.longest(o.max_len_a, o.max_len_b, self._run.limit)
 
-    def fits(self, request: Request) -> bool:
-        """Whether a request's prefix, constraints and EOS fit in its longest output (then
-        every output contains every constraint: controlled.py)."""
-        return fits(request.controls, self.longest(request))
-
-    def check_nbest(self, nbest: int) -> None:
-        d = self.cfg.decode
-        if nbest < 1:
-            raise MtxError(f"--nbest must be at least 1, got {nbest}")
-        if not d.sampling and nbest > d.beam:
-            raise MtxError(f"--nbest {nbest} needs a beam of at least {nbest} (or sampling)")
-
-    def search(
-        self,
-        src: SearchBatch | torch.Tensor | Groups,
-        nbest: int = 1,
-        lines: list[int] | None = None,
-    ) -> list[list[Hypothesis]]:
-        """The `nbest` hypotheses of each sentence of a `SearchBatch`, or of padded sources
-        `src` (B, S) or of several padded lengths (`Groups`, for a model with
-        `capabilities.mixed_lengths`), best first; with sampling, `nbest` samples of each,
-        seeded by each sentence's line number (`lines` for padded sources)."""
-        self.check_nbest(nbest)
-        batch, start = SearchBatch.of(src, lines), self.start()
-        if start and not isinstance(src, SearchBatch):
-            requests = [dataclasses.replace(r, start=start) for r in batch.requests]
-            batch = SearchBatch(batch.src, requests)
-        return self.searches(batch, self.cfg.decode, nbest)
-
-    def static_search(self) -> StaticSearch | None:
-        """The static search `decode.search` asks for, or None for the shrinking one."""
-        return self.searches.static(self.cfg.decode)
-
-    def translate_ids(
-        self, items: Sequence[str | Line | Sequence[int]], nbest: int = 1, first_line: int = 0
-    ) -> list[list[Hypothesis]]:
-        """The hypotheses of each item (what `request` takes), in input order; `first_line`
-        numbers the first (sampling's seeds, when `items` is one chunk of a longer input)."""
-        self.check_nbest(nbest)
-        requests = [self.request(x, first_line + i) for i, x in enumerate(items)]
-        return self.translate_requests(requests, nbest)
-
-    def translate_requests(self, requests: list[Request], nbest: int = 1) -> list[list[Hypothesis]]:
-        """The hypotheses of each request (`request`), in order: sorted by source length into
-        batches of `decode.batch_tokens` padded source tokens (batches.py), searched."""
-        self.check_nbest(nbest)
+    def _search(self, requests: list[Request], o: Options) -> list[list[Hypothesis]]:
+        """The hypotheses of each request, in order: sorted by source length into batches of
+        decode.batch_tokens padded source tokens (batches.py), decoded by the runtime."""
         out: list[list[Hypothesis]] = [[] for _ in requests]
-        d, limit = self.cfg.decode, self.model.max_positions
-        mix = self.model.capabilities.mixed_lengths and self.static_search() is None
-        for batch, rows in request_batches(requests, d.batch_tokens, self.device, limit, mix):
-            for i, hyps in zip(rows, self.searches(batch, d, nbest)):
+        p = self.parts
+        mixed = engines.choose(Controls(), o, p.setup).mixed and p.model.capabilities.mixed_lengths
+        limit = p.model.max_positions
+        for batch, rows in request_batches(requests, p.batch_tokens, p.device, limit, mixed):
+            for i, hyps in zip(rows, self._run(batch, o)):
                 out[i] = hyps
-        return self.aligned(requests, out) if d.alignments else out
+        return self._aligned(requests, out, o.tgt_lang) if o.alignments else out
 
-    def aligned(
-        self, requests: list[Request], hyps: list[list[Hypothesis]]
+    def _aligned(
+        self, requests: list[Request], hyps: list[list[Hypothesis]], tgt_lang: str | None
     ) -> list[list[Hypothesis]]:
         """The hypotheses with their word alignments (align.py), every hypothesis of every
         request read in one forced pass."""
         from mtx.decode.align import Aligner
 
+        if tgt_lang not in self._aligners:
+            self._aligners[tgt_lang] = Aligner(self.parts, tgt_lang)
         src = [list(r.source) for r, found in zip(requests, hyps) for _ in found]
         outputs = [h.tokens for found in hyps for h in found]
-        links = iter(Aligner(self).word_links(src, outputs))
+        links = iter(self._aligners[tgt_lang].word_links(src, outputs))
         return [
             [dataclasses.replace(h, links=tuple(sorted(next(links)))) for h in found]
             for found in hyps
         ]
 
-    def translate(self, lines: list[str]) -> list[str]:
-        """One detokenized translation per input string, in input order."""
-        return [self.detokenize(hyps[0].tokens) for hyps in self.translate_ids(lines)]
+    def _translation(
+        self, item: Item, request: Request, hyps: list[Hypothesis], o: Options
+    ) -> Translation:
+        """A sentence's result (result.py) from its hypotheses, best first; a line with
+        controls or glossary terms counted in `stats`, with a note where its constraints
+        cannot fit its longest output."""
+        detokenize = self.parts.codec.detokenize
+        outputs = tuple(
+            Output(detokenize(h.tokens), _float(h.score), _float(h.log_prob), h.unmet, h.links,
+                   tuple(h.tokens))
+            for h in hyps
+        )  # fmt: skip
+        notes: tuple[str, ...] = ()
+        if isinstance(item, Line):
+            self.stats.terms.count(item, outputs[0].text, outputs[0].unmet)
+            longest = self._longest(request, o)
+            if item.controls.constraints and not fits(request.controls, longest):
+                self.stats.terms.unfit += 1
+                notes = (
+                    f"line {request.line + 1}: the prefix, constraints and EOS take "
+                    f"{needed(request.controls)} pieces but its longest output is {longest}: "
+                    f"{outputs[0].unmet} constraint(s) unmet",
+                )
+        attention = self._attention(request, hyps[0].tokens) if o.attention else None
+        return Translation(outputs, bool(request.controls.alternatives), notes, attention)
 
-    def cross_attention(self, line: str, tokens: list[int]) -> Attention:
-        """The encoder-decoder attention while the decoder reads output `tokens` for source
-        `line` (teacher-forced: the weights the search saw for that output, up to rounding)."""
-        src_ids = self.encode(line)
-        src = torch.tensor([src_ids], device=self.device)
-        tgt_in = torch.tensor([[self.model.specials.start, *tokens]], device=self.device)
-        with torch.no_grad(), capture_cross_attention(self.model) as seen:
-            memory, src_mask = self.model.encode(src)
-            self.model.decode(tgt_in, memory, src_mask)
-        weights = torch.stack([seen[i][0] for i in sorted(seen)]).float().cpu()
-        piece = self.vocab.id_to_piece
+    def _attention(self, request: Request, tokens: list[int]) -> Attention:
+        """The encoder-decoder attention while the decoder reads output `tokens` for the
+        request's source (teacher-forced: the weights the search saw for that output, up to
+        rounding), read from beside the model (model/capture.py)."""
+        model, device = self.parts.model, self.parts.device
+        src = torch.tensor([list(request.source)], device=device)
+        tgt_in = torch.tensor([[model.specials.start, *request.start, *tokens]], device=device)
+        with torch.no_grad(), capture_cross_attention(model) as seen:
+            memory, src_mask = model.encode(src)
+            model.decode(tgt_in, memory, src_mask)
+        n = len(request.start)
+        weights = torch.stack([seen[i][0, :, n:] for i in sorted(seen)]).float().cpu()
+        piece = self.parts.codec.piece
         return Attention(
-            source=[piece(i) for i in src_ids[:-1]] + ["</s>"],
+            source=[piece(i) for i in request.source[:-1]] + ["</s>"],
             output=[piece(i) for i in tokens] + ["</s>"],
             weights=weights,
         )
 
-    def translation(self, hyps: list[Hypothesis], alternatives: bool = False) -> Translation:
-        """The result of a sentence (result.py) from its hypotheses, best first
-        (`alternatives`: they are the alternatives it asked for)."""
-        outputs = tuple(
-            Output(self.detokenize(h.tokens), float(h.score), float(h.log_prob), h.unmet, h.links)
-            for h in hyps
-        )
-        return Translation(outputs, alternatives)
+    def _read(self, items: Iterable[Item], o: Options, first: int) -> documents.Sentences:
+        settings = documents.settings_of(self.parts.config, o.format)
+        texts = [x for x in items]
+        if any(not isinstance(x, str | Line) for x in texts):
+            raise MtxError(f"decode.format {o.format} reads text, not encoded ids")
+        return documents.read(texts, settings, first, self._glossary)
 
-    def detokenize(self, ids: list[int]) -> str:
-        return " ".join(self.vocab.decode(ids).split())  # never a newline inside a line
+    def _documents(self, items: Sequence[Item], o: Options, first: int) -> list[Translation]:
+        """Each line read in its format, its sentences translated with every other line's,
+        and put back together (documents.py); a sentence's word links read only where it has
+        marks to put back."""
+        sentences = self._read(items, o, first)
+        plain = o.replace(format="plain")
+        each = sentences.sentences
+        requests = [self._request(s.item, s.number, plain) for s in each]
+        hyps = self._search(requests, plain)
+        marked = [k for k, s in enumerate(each) if s.links]
+        if marked:
+            aligned = self._aligned([requests[k] for k in marked], [hyps[k] for k in marked],
+                                    o.tgt_lang)  # fmt: skip
+            for k, found in zip(marked, aligned):
+                hyps[k] = found
+        outputs = [
+            self._translation(s.item, r, found, plain).best
+            for s, r, found in zip(each, requests, hyps)
+        ]
+        return documents.results(sentences, outputs)
 
-    def hypotheses_stream(
-        self,
-        lines: Iterable[str | Line],
-        chunk_lines: int = 512,
-        idle: float | None = None,
-        nbest: int = 1,
-        first_line: int = 0,
-    ) -> Iterator[list[Hypothesis]]:
-        """`translate_ids` over an endless iterable, chunk by chunk (stream.py's `chunks`),
-        its first line numbered `first_line` (sampling's seeds). The settings are checked when
-        it is called, before any line is read."""
-        self.check_nbest(nbest)
-        self.check_language()
 
-        def stream() -> Iterator[list[Hypothesis]]:
-            first = first_line
-            for chunk in chunks(lines, chunk_lines, idle):
-                yield from self.translate_ids(chunk, nbest, first)
-                first += len(chunk)
+def _words(item: Item) -> bool:
+    """Whether an item has words to translate (encoded ids always have)."""
+    if isinstance(item, str | Line):
+        return bool((item if isinstance(item, str) else item.text).split())
+    return True
 
-        return stream()
 
-    def translate_stream(
-        self, lines: Iterable[str], chunk_lines: int = 512, idle: float | None = None
-    ) -> Iterator[str]:
-        """Translate an endless iterable chunk by chunk, yielding outputs in order."""
-        for hyps in self.hypotheses_stream(lines, chunk_lines, idle):
-            yield self.detokenize(hyps[0].tokens)
+def _float(x: float | None) -> float | None:
+    return None if x is None else float(x)

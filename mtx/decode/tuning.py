@@ -17,8 +17,8 @@ server soon decodes every batch the fastest way.
 
 The output never depends on the choice: every way gives greedy search's hypotheses exactly
 (speculative.py), so the clock decides how fast a batch is decoded, never what it becomes
-(which is also why processes of a torchrun job may choose differently). The searches count
-the batches each way decoded (`DraftStats.batches`).
+(which is also why processes of a torchrun job may choose differently). The runtime counts
+the batches each way decoded (`DraftStats.batch`, runtime.py), whichever way chose it.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ class DraftTuner:
         self.measured: dict[tuple[int, int], int] = {}  # (bucket, k) -> batch number, last run
 
     def choose(self, sentences: int) -> int:
-        """The draft length (0: none) of the next batch of `sentences`."""
+        """The draft length (0: none) of the next batch of `sentences` (a query: `run`
+        records what ran)."""
         b = bucket(sentences)
-        n = self.batches[b] = self.batches.get(b, 0) + 1
+        n = self.batches.get(b, 0) + 1  # the number of the batch to come
         for k in self.ways:
             if len(self.rates.get((b, k), ())) < self.explore:
                 return k
@@ -82,6 +83,7 @@ class DraftTuner:
         hyps = search(k)
         seconds = max(self.clock() - start, 1e-9)
         b = bucket(sentences)
+        self.batches[b] = self.batches.get(b, 0) + 1
         tokens = sum(len(h.tokens) + 1 for h in hyps)
         self.rates.setdefault((b, k), deque(maxlen=self.window)).append(tokens / seconds)
         self.measured[(b, k)] = self.batches[b]

@@ -40,12 +40,14 @@ class Settings:
     keep_tags: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, d, lang: str | None) -> Settings:
-        """From a DecodeConfig (decode.format, placeholders, inline_tags, keep_tags)."""
-        if d.format not in FORMATS:
-            raise MtxError(f"decode.format must be one of {', '.join(FORMATS)}, got {d.format!r}")
+    def of(cls, d, lang: str | None, fmt: str | None = None) -> Settings:
+        """From a DecodeConfig (decode.placeholders, inline_tags, keep_tags) and the format
+        `fmt` (None: decode.format)."""
+        fmt = d.format if fmt is None else fmt
+        if fmt not in FORMATS:
+            raise MtxError(f"decode.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
         return cls(
-            d.format,
+            fmt,
             lang or "en",
             compile_patterns(d.placeholders),
             frozenset(t.lower() for t in d.inline_tags),

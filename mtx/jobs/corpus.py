@@ -7,8 +7,9 @@ its output text, written into a file that lines up with it, resumable after a ki
 The output holds `per_line` lines per input line (with --nbest N, N lines 'LINE ||| TEXT |||
 SCORE ||| LOG-PROBABILITY'), written chunk by chunk, each chunk flushed to disk before the next
 is computed, with its progress on stderr (mtx/progress.py: a bar on a terminal, plain lines in
-a log). Beside it, OUTPUT.progress.json records what the run computes (the input's path and
-size, the checkpoints, the settings, nbest).
+a log). Beside it, OUTPUT.progress.json records what the run computes (`Record`: the input's
+path and size, the checkpoints, the request's options and the translator's settings that change
+an output, typed, the other --set overrides, what else the job reads, the kind of device).
 
 `--resume` continues a killed run: the output's complete lines are kept (an input line counts
 when all its lines end in a newline), whatever a kill left after them is cut, those input
@@ -16,9 +17,10 @@ lines are skipped, and the job goes on from the next. Since a line's output depe
 line alone (decode/translator.py: not on its batch, its neighbours or, with sampling, on
 anything but the seed and its line number; decode/score.py likewise), the continued file is
 the same, line for line, as one written without interruption (tested with kill -9). Resuming
-a finished run computes nothing more; resuming with another input, checkpoint, setting or
-nbest than the record says is refused in one line. Under torchrun the job is spread over the
-processes (shards.py), and the file is the same again.
+a finished run computes nothing more; resuming with another input, checkpoint, option or
+setting than the record says is refused in one line naming it (compared field by field).
+Under torchrun the job is spread over the processes (shards.py), and the file is the same
+again.
 """
 
 from __future__ import annotations
@@ -26,31 +28,70 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from mtx.config import DecodeConfig
+from mtx.config.keys import declared
 from mtx.data.sources import count_lines, read_lines
+from mtx.decode.options import Options, recorded_settings
+from mtx.decode.parts import Parts
 from mtx.decode.stream import chunks
 from mtx.errors import MtxError
 from mtx.files import atomic_write_text
 from mtx.progress import Progress
 
+DECODE_KEYS = frozenset(key for key, _, _ in declared(DecodeConfig, "decode."))
+
 
 @dataclass
 class Record:
-    """What a corpus translation translates: resuming must translate the same."""
+    """What a corpus job computes: resuming must compute the same."""
 
-    input: str
+    input: str  # the input's path, resolved
     input_bytes: int
-    checkpoints: list[str]
-    settings: list[str]
-    nbest: int
+    checkpoints: list[str]  # resolved
+    options: dict[str, Any]  # the request's options that change an output (options.py)
+    settings: dict[str, Any]  # the translator's other decode.* that change an output
+    overrides: list[str] = field(default_factory=list)  # --set of other sections than decode
+    reads: dict[str, Any] = field(default_factory=dict)  # what else the job reads, by name
+    device: str = "cpu"  # the kind of device (which may change an output)
+
+    @classmethod
+    def of(
+        cls, input: Path, parts: Parts, options: Options | None, overrides: list[str],
+        reads: dict[str, Any] | None = None,
+    ) -> Record:  # fmt: skip
+        """The record of a job over `input` with a translator's `parts` under `options`
+        (None: a job that only scores); `overrides` its --set (the decode.* ones are recorded
+        resolved, in options and settings)."""
+        asked = options.recorded() if options is not None else {}
+        settings = recorded_settings(parts.config.decode)
+        return cls(
+            str(input.resolve()), input.stat().st_size,
+            [str(Path(p).resolve()) for p in parts.checkpoints], asked,
+            {k: v for k, v in settings.items() if k not in asked},
+            [x for x in overrides if x.split("=", 1)[0].strip() not in DECODE_KEYS],
+            reads or {}, parts.device.type,
+        )  # fmt: skip
 
     @staticmethod
     def path(output: Path) -> Path:
         return output.with_name(output.name + ".progress.json")
+
+    def differences(self, before: dict[str, Any]) -> Iterator[tuple[str, Any, Any]]:
+        """(name, this record's value, `before`'s) of each field that differs from a record
+        read back (`before`), a dict field's key by key."""
+        for key, value in asdict(self).items():
+            was = before.get(key)
+            if isinstance(value, dict) and isinstance(was, dict):
+                for name in sorted(set(value) | set(was)):
+                    if value.get(name) != was.get(name):
+                        yield f"{key}.{name}", value.get(name), was.get(name)
+            elif was != value:
+                yield key, value, was
 
 
 def complete(output: Path, per_line: int) -> int:
@@ -71,17 +112,17 @@ def complete(output: Path, per_line: int) -> int:
     return done
 
 
-def start(output: Path, record: Record, resume: bool, per_line: int | None = None) -> int:
+def start(output: Path, record: Record, resume: bool, per_line: int) -> int:
     """Input lines already translated into `output` (0 for a new run), after checking that a
     resumed run translates what the record says; `per_line`: output lines an input line
-    gives (None: the record's nbest)."""
+    gives."""
     if output.exists() and not resume:
         raise MtxError(f"{output} exists: --resume continues it, or remove it first")
     check_record(output, record, output.exists())
     if not output.exists():
         output.write_bytes(b"")
         return 0
-    return complete(output, per_line or record.nbest)
+    return complete(output, per_line)
 
 
 def check_record(output: Path, record: Record, begun: bool) -> None:
@@ -97,11 +138,14 @@ def check_record(output: Path, record: Record, begun: bool) -> None:
             "the output to translate again"
         )
     before = json.loads(saved.read_text())
-    for key, value in asdict(record).items():
-        if before.get(key) != value:
-            raise MtxError(
-                f"--resume: {key} is {value!r} but {output} was begun with {before.get(key)!r}"
-            )
+    for key, value, was in record.differences(before):
+        raise MtxError(f"--resume: {key} is {value!r} but {output} was begun with {was!r}")
+
+
+class Counted(Protocol):
+    """What a job counts as it goes (a translator's `Stats`), summed over the processes."""
+
+    def merge(self, other: Any) -> None: ...
 
 
 @dataclass
@@ -109,8 +153,7 @@ class CorpusJob:
     """Work that turns each line of a corpus (`inputs`, read side by side) into its output
     text, in chunks: `render(first line number, rows)` gives each row's text (`per_line` output
     lines, each ending in a newline); `record` says what the job computes, `verb` and `unit`
-    its progress; `reports`, dataclasses of counts (ints, or dicts of ints) summed over the
-    processes."""
+    its progress; `counted`, what it counts, summed over the processes (its `merge`)."""
 
     inputs: list[Path]
     record: Record
@@ -118,7 +161,7 @@ class CorpusJob:
     render: Callable[[int, list[tuple[str, ...]]], list[str]]
     verb: str = "translated"
     unit: str = "lines"
-    reports: tuple[Any, ...] = ()
+    counted: Counted | None = None
 
 
 @dataclass

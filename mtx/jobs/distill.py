@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mtx.data.sources import count_lines, read_lines
@@ -197,36 +197,54 @@ def work_path(out_dir: Path, tgt_lang: str) -> Path:
     return out_dir / f"teacher.{tgt_lang}.jsonl"
 
 
-def distill_job(translator, src: Path, record: Record, selection: Selection | None) -> CorpusJob:
+@dataclass(frozen=True)
+class Work:
+    """One line of the work file (`work_path`): a source line's translation by the teacher and
+    its cross-entropy; with a selection, the n best (as n-best lines), which was chosen (0:
+    the first) and the sentence metric of the first and of the chosen."""
+
+    translation: str
+    nbest: str | None = None
+    pick: int | None = None
+    first: float | None = None
+    chosen: float | None = None
+    cross_entropy: float = 0.0
+
+    def line(self) -> str:
+        """Its JSON line (the selection's fields only with a selection)."""
+        values = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(values, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def read(cls, line: str) -> Work:
+        return cls(**json.loads(line))
+
+
+def distill_job(
+    translator, src: Path, record: Record, selection: Selection | None, options
+) -> CorpusJob:
     """Steps 1 and 2 for each source line, as a corpus job (translate.py; shards.py under
-    torchrun): the teacher's translation (with a `selection`, its n best and the one closest
-    to the line's reference, from the job's second input) and its cross-entropy, one JSON
-    object a line."""
-    translator.check_nbest(record.nbest)
-    translator.check_language()
-    scorer = Scorer(translator)
+    torchrun): the teacher's translation under `options` (with a `selection`, its n best and
+    the one closest to the line's reference, from the job's second input) and its
+    cross-entropy, one `Work` line each."""
+    scorer = Scorer(translator.parts, options.tgt_lang)
 
     def render(first: int, rows: list[tuple[str, ...]]) -> list[str]:
         sources = [row[0] for row in rows]
-        stream = translator.hypotheses_stream(sources, max(len(rows), 1), None, record.nbest, first)
-        results = [translator.translation(hyps) for hyps in stream]
-        lines = [{"translation": r.best.text} for r in results]
+        results = translator.translate(sources, options, first)
+        work = [Work(r.best.text) for r in results]
         if selection is not None:
             groups = [[o.text for o in r.outputs] for r in results]
             refs = [row[1] for row in rows]
             picks, texts, first_metric, chosen = closest(groups, refs, selection.metric)
-            for i, line in enumerate(lines):
-                nbest = "".join(o.nbest_line(first + i) for o in results[i].outputs)
-                line.update(nbest=nbest, pick=picks[i], translation=texts[i],
-                            first=first_metric[i], chosen=chosen[i])  # fmt: skip
-        xent = scorer.cross_entropies(sources, [line["translation"] for line in lines])
-        return [
-            json.dumps(line | {"cross_entropy": x}, ensure_ascii=False) + "\n"
-            for line, x in zip(lines, xent)
-        ]
+            for i, r in enumerate(results):
+                nbest = "".join(o.nbest_line(first + i) for o in r.outputs)
+                work[i] = Work(texts[i], nbest, picks[i], first_metric[i], chosen[i])
+        xent = scorer.cross_entropies(sources, [w.translation for w in work])
+        return [replace(w, cross_entropy=x).line() for w, x in zip(work, xent)]
 
     inputs = [src] if selection is None else [src, selection.references]
-    return CorpusJob(inputs, record, 1, render, verb="distilled")
+    return CorpusJob(inputs, record, 1, render, verb="distilled", counted=translator.stats)
 
 
 def finish(
@@ -236,20 +254,20 @@ def finish(
     """Steps 3 and 4 from the finished work file: the translations' files (DIR/teacher.TGT; with
     a `selection`, DIR/teacher.TGT.nbest and DIR/closest.TGT), the corpus and DIR/distill.json."""
     tgt = langs[1]
-    work = [json.loads(line) for line in read_lines(work_path(out_dir, tgt))]
-    targets = [w["translation"] for w in work]
-    xent = [float(w["cross_entropy"]) for w in work]
+    work = [Work.read(line) for line in read_lines(work_path(out_dir, tgt))]
+    targets = [w.translation for w in work]
+    xent = [float(w.cross_entropy) for w in work]
     chosen = None
     if selection is None:
         path = out_dir / f"teacher.{tgt}"
     else:
         path = out_dir / f"closest.{tgt}"
-        atomic_write_text(out_dir / f"teacher.{tgt}.nbest", "".join(w["nbest"] for w in work))
+        atomic_write_text(out_dir / f"teacher.{tgt}.nbest", "".join(w.nbest or "" for w in work))
         chosen = Chosen(
             nbest=selection.nbest, metric=selection.metric, references=str(selection.references),
-            not_first=sum(1 for w in work if w["pick"]),
-            mean_first=mean([w["first"] for w in work]) or 0.0,
-            mean_chosen=mean([w["chosen"] for w in work]) or 0.0,
+            not_first=sum(1 for w in work if w.pick),
+            mean_first=mean([w.first for w in work]) or 0.0,
+            mean_chosen=mean([w.chosen for w in work]) or 0.0,
         )  # fmt: skip
     atomic_write_text(path, "".join(t + "\n" for t in targets))
     sources = list(read_lines(src))

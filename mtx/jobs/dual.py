@@ -28,17 +28,18 @@ from mtx.errors import MtxError
 def _model(path: str, key: str) -> Translator:
     if not Path(path).is_file():
         raise MtxError(f"{key}: no such checkpoint: {path}")
-    return Translator.from_checkpoint(path)
+    return Translator.from_checkpoints(path)
 
 
 def _into(tr: Translator, lang: str, key: str, path: str) -> Scorer:
     """A scorer of `tr` translating into `lang`, or a one-line error naming `key`."""
-    if lang not in tr.languages:
+    languages = tr.parts.codec.languages
+    if lang not in languages.targets:
         raise MtxError(
-            f"{key} {path} translates into {', '.join(tr.languages)}, not {lang}"
+            f"{key} {path} translates into {', '.join(languages.targets)}, not {lang}"
             + ("" if key.endswith("backward") else " (set data.clean.dual_backward too)")
         )
-    return Scorer(tr.into(lang) if tr.langs.needs_target else tr)
+    return Scorer(tr.parts, lang if languages.needs_target else None)
 
 
 class DualCrossEntropy:

@@ -37,7 +37,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -276,7 +276,7 @@ def _run(dist: Dist, job: CorpusJob, output: Path, resume: bool, chunk_lines: in
     started = time.perf_counter()
     merge(dist, output, held, total, job.per_line)
     merged = (output.stat().st_size if dist.main else 0, time.perf_counter() - started)
-    add_reports(dist, job)
+    add_counts(dist, job)
     dist.broadcast(None)  # the output is in place: the parts may go
     shutil.rmtree(directory, ignore_errors=True)
     return Done(total - before, dist.main, dist.world, before, merged)
@@ -296,15 +296,32 @@ def chunked(path: Path, gaps: list[tuple[int, int]], chunk_lines: int) -> list[t
 
 
 class Counters:
-    """Numbers every process adds to (atomically, in torchrun's store; here alone, in this
+    """What every process adds to (atomically, in torchrun's store; here alone, in this
     process): the chunks taken, the lines done, the processes finished."""
+
+    TAKEN, LINES, FINISHED = "taken", "lines", "finished"  # their keys in the store
 
     def __init__(self, dist: Dist, token: str) -> None:
         self.store = attempt_store("corpus", timedelta(seconds=60)) if dist.enabled else None
         self.token, self.local = token, {}
 
-    def add(self, key: str, n: int) -> int:
-        """Adds `n` to `key` and returns its new value (n = 0: reads it)."""
+    def take(self) -> int:
+        """The index of the next chunk of the plan for this process (past the end: none left)."""
+        return self._add(self.TAKEN, 1) - 1
+
+    def done(self, lines: int = 0) -> int:
+        """Add `lines` done by this process; the lines done by all of them (0: read them)."""
+        return self._add(self.LINES, lines)
+
+    def finish(self) -> None:
+        """This process has taken its last chunk."""
+        self._add(self.FINISHED, 1)
+
+    def finished(self) -> int:
+        """The processes that have taken their last chunk."""
+        return self._add(self.FINISHED, 0)
+
+    def _add(self, key: str, n: int) -> int:
         if self.store is not None:
             return self.store.add(f"{self.token}/{key}", n)
         self.local[key] = self.local.get(key, 0) + n
@@ -317,18 +334,18 @@ def work(dist: Dist, job: CorpusJob, plan, part: Part, counters: Counters, span)
     before, total = span
     starts = {path: offsets(path, [first for first, _ in plan]) for path in job.inputs}
     bar = Progress(total, job.verb, job.unit, initial=before) if dist.main else None
-    while (taken := counters.add("taken", 1) - 1) < len(plan):
+    while (taken := counters.take()) < len(plan):
         first, n = plan[taken]
         rows = list(zip(*(lines_at(p, starts[p][first], n, first) for p in job.inputs)))
         part.add(first, checked(job, first, rows))
-        done = counters.add("lines", n)
+        done = counters.done(n)
         if bar is not None:
             bar.update(before + done - bar.done)
-    counters.add("finished", 1)
-    while counters.add("finished", 0) < dist.world:  # the others' last chunks
+    counters.finish()
+    while counters.finished() < dist.world:  # the others' last chunks
         time.sleep(POLL_S)
         if bar is not None:
-            bar.update(before + counters.add("lines", 0) - bar.done)
+            bar.update(before + counters.done() - bar.done)
     if bar is not None:
         bar.close()
 
@@ -369,24 +386,11 @@ def _read(path: Path, b: Block) -> bytes:
         return f.read(b.size)
 
 
-def add_reports(dist: Dist, job: CorpusJob) -> None:
-    """Each of rank 0's `job.reports` becomes the sum of every process's: each count summed,
-    each dict of counts summed key by key."""
-    if not job.reports:
+def add_counts(dist: Dist, job: CorpusJob) -> None:
+    """Rank 0's `job.counted` becomes the sum of every process's (its `merge`)."""
+    if job.counted is None:
         return
-    every = dist.gather(job.reports)  # each process's tuple of reports, in rank order
-    for i, report in enumerate(job.reports):
-        for f in fields(report):
-            values = [getattr(reports[i], f.name) for reports in every]
-            setattr(report, f.name, _summed(values))
-
-
-def _summed(values: list):
-    """The sum of counts, or of dicts of counts key by key."""
-    if not isinstance(values[0], dict):
-        return sum(values)
-    total: dict = {}
-    for value in values:
-        for key, n in value.items():
-            total[key] = total.get(key, 0) + n
-    return total
+    every = dist.gather(job.counted)  # each process's, in rank order
+    if dist.main:
+        for other in every[1:]:
+            job.counted.merge(other)

@@ -29,21 +29,20 @@ def run_job(job: CorpusJob, output: Path, resume: bool = False, chunk_lines: int
 
 
 def translation_job(out, input: Path, record: Record, items=None) -> CorpusJob:
-    """Translating `input` with `out.translator` (`out(line number, hypotheses, item)` makes
-    an input line's output text); `items(lines, first line number)` turns lines into what the
-    translator takes (a `Line` with controls: decode/controls.py), if given."""
-    translator = out.translator
-    translator.check_nbest(record.nbest)
-    translator.check_language()
+    """Translating `input` with `out.translator` under `out.options` (`out(line number,
+    translation)` makes an input line's output text: cli/lines.py); `items(lines, first line
+    number)` turns lines into what the translator takes (a `Line` with controls:
+    decode/controls.py), if given."""
+    translator, options = out.translator, out.options
 
     def render(first: int, rows: list[tuple[str, ...]]) -> list[str]:
         lines = [row[0] for row in rows]
         got = list(items(lines, first)) if items is not None else lines
-        stream = out.stream(got, max(len(got), 1), None, first)
-        return [out(first + i, hyps, item) for i, (hyps, item) in enumerate(zip(stream, got))]
+        done = translator.translate(got, options, first)
+        return [out(first + i, translation) for i, translation in enumerate(done)]
 
-    per_line = 1 if out.json_lines else record.nbest  # JSON: a line each
-    return CorpusJob([input], record, per_line, render, reports=out.reports)
+    per_line = 1 if out.json_lines else options.nbest  # JSON: a line each
+    return CorpusJob([input], record, per_line, render, counted=translator.stats)
 
 
 def translate_corpus(

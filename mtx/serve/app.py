@@ -4,7 +4,8 @@
                        "alignments": false (each result's word links: decode/align.py),
                        "tgt_lang": "de" (needed when the model translates into several),
                        "format": "plain" | "paragraphs" | "html" | "xml" (decode/documents.py;
-                       default decode.format)};
+                       default decode.format), "draft": null (decode.draft's drafts where they
+                       run: beam 1) | true | false: decode/options.py declares each};
                       a text may be an object with controls: {"text": "...", "prefix": "...",
                       "constraints": ["..."], "avoid": ["..."]} (decode/controls.py)
     GET  /health      the process is alive
@@ -26,15 +27,15 @@ being decoded.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import signal
 import socket
 import threading
 import time
+import typing
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -45,12 +46,12 @@ from starlette.exceptions import HTTPException
 
 from mtx.decode import documents
 from mtx.decode.controls import CONTROLS, Controls, Line
+from mtx.decode.options import Options
 from mtx.decode.result import EMPTY
-from mtx.documents import FORMATS
 from mtx.errors import MtxError
 from mtx.serve.batcher import Batcher, QueueFull, ShuttingDown
 from mtx.serve.batcher import Request as Pending
-from mtx.serve.front import Choices, Front, Result
+from mtx.serve.front import Front, Result
 from mtx.serve.metrics import Metrics
 
 RETRY_AFTER_S = 1
@@ -67,26 +68,22 @@ def source_model() -> type[BaseModel]:
     return create_model("Source", __config__=config, **fields)
 
 
+# the options (decode/options.py) a request may set; those it leaves out are the settings'
+REQUEST_OPTIONS = ("beam", "nbest", "attention", "tgt_lang", "alignments", "format", "draft")
+
+
 def request_model() -> type[BaseModel]:
-    """POST /translate's body. Types are strict: "4" is not a beam."""
-    source = source_model()
+    """POST /translate's body: one text, or a list translated in order, and the options of
+    REQUEST_OPTIONS, each declared by decode/options.py (a word's choices checked there, in
+    its words). Types are strict: "4" is not a beam."""
+    hints = typing.get_type_hints(Options)
+    fields: dict[str, Any] = {"text": (str | (source := source_model()) | list[str | source], ...)}
+    for name in REQUEST_OPTIONS:
+        tp = hints[name]
+        tp = str if typing.get_origin(tp) is Literal else tp  # checked by Options, in words
+        fields[name] = (tp | None, None)
     return create_model(
-        "TranslateRequest",
-        __config__=ConfigDict(extra="forbid", strict=True),
-        # one text, or a list translated in order
-        text=(str | source | list[str | source], ...),
-        # beam size, 1 = greedy (default: the checkpoint's decode.beam)
-        beam=(int | None, None),
-        # also return this many best translations of each text, with scores
-        nbest=(int, 1),
-        # also return the encoder-decoder attention (one checkpoint only)
-        attention=(bool, False),
-        # the language to translate into (a multilingual model: needed)
-        tgt_lang=(str | None, None),
-        # also each translation's word alignment: [source word, output word] pairs
-        alignments=(bool, False),
-        # what a text is: plain, paragraphs, html or xml (default: decode.format)
-        format=(str | None, None),
+        "TranslateRequest", __config__=ConfigDict(extra="forbid", strict=True), **fields
     )
 
 
@@ -203,8 +200,10 @@ class Service:
         except ValidationError as e:
             raise invalid(_validation_message(e)) from None
 
-    def check(self, req: BaseModel, items: list) -> Choices:
-        s, d = self.cfg.serve, self.cfg.decode
+    def check(self, req: BaseModel, items: list) -> Options:
+        """The request's texts within serve.* limits, and its options, checked as the
+        translator checks them (decode/engines.py)."""
+        s = self.cfg.serve
         if not items:
             raise invalid("text: an empty list (give at least one text)")
         if len(items) > s.max_texts:
@@ -218,20 +217,15 @@ class Service:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise invalid(f"text {i} is not valid Unicode (a lone surrogate)") from None
-        beam = d.beam if req.beam is None else req.beam
-        if not 1 <= beam <= s.max_beam:
+        if req.beam is not None and not 1 <= req.beam <= s.max_beam:
             raise invalid(f"beam must be in 1..{s.max_beam} (serve.max_beam)")
-        if not 1 <= req.nbest <= beam:
-            raise invalid(f"nbest must be in 1..{beam} (the beam)")
-        for asked, what in ((req.attention, "attention"), (req.alignments, "alignments")):
-            if asked and not self.engine.single_model:
-                raise invalid(f"{what} needs one --checkpoint and the mtx engine")
-        why = self.engine.check_language(req.tgt_lang)
-        if why:
-            raise invalid(why)
-        return Choices(beam, req.nbest, req.attention, req.tgt_lang, req.alignments)
+        given = {k: getattr(req, k) for k in REQUEST_OPTIONS if getattr(req, k) is not None}
+        try:
+            return self.engine.options(**given)
+        except MtxError as e:
+            raise invalid(str(e)) from None
 
-    def lines(self, items: list) -> list[str | Line]:
+    def lines(self, items: list, options: Options) -> list[str | Line]:
         """Each text, or a `Line` with its controls, checked as the translator checks them."""
         out: list[str | Line] = []
         for i, item in enumerate(items):
@@ -243,7 +237,7 @@ class Service:
                 line = Line(item.text, Controls.read(item.model_dump(), where))
                 if line.controls.alternatives > self.cfg.serve.max_beam:
                     raise MtxError(f"{where}: alternatives must be at most serve.max_beam")
-                self.engine.check_controls(line, where)
+                self.engine.check_controls(line, options, where)
             except MtxError as e:
                 raise invalid(str(e)) from None
             out.append(line)
@@ -252,67 +246,55 @@ class Service:
     async def translate(self, request: Request) -> dict:
         req = await self.read_request(request)
         items = req.text if isinstance(req.text, list) else [req.text]
-        choices = self.check(req, items)
-        texts = self.lines(items)
-        decode = self.documents(req)
-        if decode.format != "plain":
-            return await self.translate_documents(texts, choices, decode)
+        options = self.check(req, items)
+        texts = self.lines(items, options)
+        if options.format != "plain":
+            return await self.translate_documents(texts, options)
         todo = [i for i, x in enumerate(items) if (x if isinstance(x, str) else x.text).split()]
         results: list[Result | None] = [None] * len(texts)
         if todo:
-            done = await self.decode([texts[i] for i in todo], choices)
+            done = await self.decode([texts[i] for i in todo], options)
             for i, result in zip(todo, done):
                 results[i] = result
-        return self.answer(results, texts, choices)
+        return self.answer(results, texts, options)
 
-    def documents(self, req: BaseModel):
-        """The decode.* settings of a request's format (decode.format if it names none),
-        checked (decode/documents.py)."""
-        d = self.cfg.decode
-        if req.format is not None and req.format not in FORMATS:
-            raise invalid(f"format: must be one of {', '.join(FORMATS)}")
-        d = dataclasses.replace(d, format=req.format or d.format)
-        try:
-            needs = "one checkpoint" if self.engine.name == "mtx" else "--engine mtx"
-            documents.check(d, req.nbest, self.engine.single_model, req.alignments, needs)
-        except MtxError as e:
-            raise invalid(str(e).replace("decode.format", "format")) from None
-        if d.format != "plain" and req.attention:
-            raise invalid(f"format {d.format}: attention is a sentence's, not a text's")
-        return d
-
-    async def translate_documents(self, texts: list, choices: Choices, decode) -> dict:
+    async def translate_documents(self, texts: list, options: Options) -> dict:
         """Each text read in its format, its sentences translated with everyone else's, and
         put back together (decode/documents.py)."""
-        settings = documents.settings_of(self.cfg, decode)
-        repairs: list[str] = []
+        settings = documents.settings_of(self.cfg, options.format)
         name = (lambda i: "text") if len(texts) == 1 else (lambda i: f"text[{i}]")
         try:
-            sentences = documents.read(texts, settings, 0, None, repairs.append, name)
+            sentences = documents.read(texts, settings, 0, None, name)
         except MtxError as e:
             raise invalid(str(e)) from None
         done: list[Result] = []
-        if sentences.items:
-            asked = dataclasses.replace(choices, alignments=any(sentences.links))
-            done = await self.decode(sentences.items, asked)
+        each = sentences.sentences
+        if each:
+            links = any(s.links for s in each)
+            asked = options.replace(format="plain", alignments=links)
+            done = await self.decode([s.item for s in each], asked)
         translations = documents.results(sentences, [r.translation.best for r in done])
         results: list[Result | None] = [Result(t) for t in translations]
-        for owner, sentence in zip(sentences.owner, done):
-            results[owner].tokens_in += sentence.tokens_in
-            results[owner].ids += sentence.ids
-        out = self.answer(results, texts, choices)
+        for sentence, result in zip(each, done):
+            results[sentence.owner].tokens_in += result.tokens_in
+            results[sentence.owner].ids += result.ids
+        out = self.answer(results, texts, options)
+        repairs = [note for notes in sentences.notes for note in notes]
         if repairs:
             out["repairs"] = repairs
         return out
 
-    async def decode(self, texts: list[str | Line], choices: Choices) -> list[Result]:
+    async def decode(self, texts: list[str | Line], options: Options) -> list[Result]:
         """Queue the texts and wait for their results, at most serve.timeout_s."""
         pending = Pending(asyncio.get_running_loop(), len(texts))
         lengths = [self.engine.length(t if isinstance(t, str) else t.text) for t in texts]
         timeout = self.cfg.serve.timeout_s
         try:
-            self.batcher.submit(pending, texts, lengths, choices)
-            return await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+            self.batcher.submit(pending, texts, lengths, options)
+            results = await asyncio.wait_for(asyncio.shield(pending.future), timeout)
+            for result, length in zip(results, lengths):
+                result.tokens_in = length
+            return results
         except QueueFull as e:
             raise ApiError(503, str(e), "queue_full", RETRY) from None
         except ShuttingDown as e:
@@ -326,23 +308,23 @@ class Service:
             raise ApiError(500, f"decoding failed: {type(e).__name__}: {e}", "error") from e
 
     def answer(
-        self, results: list[Result | None], lines: list[str | Line], choices: Choices
+        self, results: list[Result | None], lines: list[str | Line], options: Options
     ) -> dict:
         """{"results": each text's result in decode/result.py's JSON form}, and the same in
         the deprecated shape (docs/serving.md)."""
         m = self.metrics
         done = [r.translation if r else EMPTY for r in results]
         out: dict[str, Any] = {
-            "results": [t.to_json(choices.nbest) for t in done],
+            "results": [t.to_json(options.nbest) for t in done],
             "translations": [t.best.text for t in done],
             "scores": [t.best.score for t in done],
         }
-        if choices.nbest > 1:
+        if options.nbest > 1:
             out["nbest"] = [
                 [{"text": o.text, "score": o.score} for o in t.outputs] if r else []
                 for t, r in zip(done, results)
             ]
-        if choices.attention:
+        if options.attention:
             out["attention"] = [r.attention if r else None for r in results]
         if any(not isinstance(x, str) and x.controls.constraints for x in lines):
             out["unmet"] = [t.best.unmet for t in done]

@@ -2,9 +2,9 @@
 
 A request's texts become one `Job` each in one queue. A worker takes the oldest job, waits at
 most `max_wait_s` (from its arrival, or from the end of that worker's previous batch if later)
-for more jobs with the same decoding choices (beam, n-best) until their source tokens, padded
-as the translator pads them, fill `batch_tokens`, or until as many jobs as its previous batch
-held are queued (the clients it answered have sent their next lines: a closed loop of clients
+for more jobs with the same options (decode/options.py: beam, n-best, ...) until their source
+tokens, padded as the translator pads them, fill `batch_tokens`, or until as many jobs as its
+previous batch held are queued (the clients it answered have sent their next lines: a closed loop of clients
 then waits no longer than they take), and hands that batch to its engine
 (engine.py). A long request is spread over several batches; each job knows its request and its
 place in it, and the request is answered, in order, when its last job is done. With `batching`
@@ -44,12 +44,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mtx.decode.controls import Line
-from mtx.serve.front import Choices, Result
+from mtx.decode.options import Options
+from mtx.serve.front import Result
 from mtx.tokens import padded_length
 
 WAKE_S = 0.25  # the longest a worker waits before looking again (see above)
 
-__all__ = ["Batcher", "Choices", "Job", "QueueFull", "Request", "ShuttingDown"]
+__all__ = ["Batcher", "Job", "QueueFull", "Request", "ShuttingDown"]
 
 
 class QueueFull(Exception):
@@ -89,13 +90,13 @@ class Request:
 class Job:
     text: str | Line  # a text, or one with controls (decode/controls.py)
     tokens: int  # source tokens padded as the translator pads them: the budget's unit
-    choices: Choices
+    options: Options
     request: Request
     index: int  # its place in the request
     arrived: float = field(default_factory=time.monotonic)
 
 
-Translate = Callable[[list[str | Line], Choices], list[Result]]
+Translate = Callable[[list[str | Line], Options], list[Result]]
 
 
 class Batcher:
@@ -154,7 +155,7 @@ class Batcher:
             return len(self.queue)
 
     def submit(
-        self, request: Request, texts: list[str | Line], lengths: list[int], choices: Choices
+        self, request: Request, texts: list[str | Line], lengths: list[int], options: Options
     ):
         """Queue a request's texts (their source lengths in `lengths`), or raise QueueFull or
         ShuttingDown. Returns at once; the request's future gets the results."""
@@ -168,7 +169,7 @@ class Batcher:
                     f"{self.max_queue}: try again shortly"
                 )
             self.queue += [
-                Job(text, n, choices, request, i) for i, (text, n) in enumerate(zip(texts, padded))
+                Job(text, n, options, request, i) for i, (text, n) in enumerate(zip(texts, padded))
             ]
             self.cond.notify_all()
 
@@ -196,11 +197,11 @@ class Batcher:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
-    def _tokens(self, choices: Choices) -> int:
-        return sum(job.tokens for job in self.queue if job.choices == choices)
+    def _tokens(self, options: Options) -> int:
+        return sum(job.tokens for job in self.queue if job.options == options)
 
-    def _count(self, choices: Choices) -> int:
-        return sum(job.choices == choices for job in self.queue)
+    def _count(self, options: Options) -> int:
+        return sum(job.options == options for job in self.queue)
 
     def _take(self, worker: int) -> list[Job] | None:
         """Worker `worker`'s next batch, waiting for it to fill; None once stopped."""
@@ -238,9 +239,9 @@ class Batcher:
             while not (self.draining or self.stopped):
                 if not self.queue or self.queue[0] is not first:
                     break  # cancelled meanwhile
-                if self._tokens(first.choices) >= self.batch_tokens:
+                if self._tokens(first.options) >= self.batch_tokens:
                     break
-                if self._count(first.choices) >= self.last_size[worker]:
+                if self._count(first.options) >= self.last_size[worker]:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -249,12 +250,12 @@ class Batcher:
             if self.stopped or not self.queue or self.queue[0] is not first:
                 return []  # stopped, or `first` was cancelled meanwhile: look again
         idle = len(self.engines) - self.busy
-        share = math.ceil(self._tokens(first.choices) / max(idle, 1))
+        share = math.ceil(self._tokens(first.options) / max(idle, 1))
         budget = min(self.batch_tokens, share)
         batch, rest, tokens = [], [], 0
         for job in self.queue:
             if self.batching:
-                fits = job.choices == first.choices and (not batch or tokens + job.tokens <= budget)
+                fits = job.options == first.options and (not batch or tokens + job.tokens <= budget)
             else:
                 fits = job.request is first.request
             if fits:
@@ -296,7 +297,7 @@ class Batcher:
             try:  # counted busy since _take
                 if batch:
                     self.on_batch(batch)
-                    results = translate([job.text for job in batch], batch[0].choices)
+                    results = translate([job.text for job in batch], batch[0].options)
             except Exception as e:  # the requests fail; the worker goes on
                 results = [e] * len(batch)
             finally:

@@ -33,7 +33,7 @@ def serve(
     from mtx.serve.front import Front, check_engine
     from mtx.serve.workers import Spec, start_workers
 
-    check_engine(engine_name, len(checkpoints), device)
+    check_engine(engine_name)
     spec = Spec(engine_name, checkpoints, overrides, device, ct2_dir)
     # the first builds the engine (and CTranslate2's export, once) and describes it
     decoders = start_workers(spec, 1)
@@ -41,7 +41,7 @@ def serve(
     try:
         about = decoders[0].about
         engine = Front(about)
-        workers = worker_count(engine.cfg.serve.workers, about.device)
+        workers = worker_count(engine.cfg.serve.workers, about.setup.device)
         spec = replace(spec, threads=max(1, cores() // workers))  # the cores shared out
         decoders[0].set_threads(spec.threads)
         s = engine.cfg.serve
@@ -50,12 +50,12 @@ def serve(
         info = {
             "mtx_version": __version__,
             "engine": engine.name,
-            "attention": engine.single_model,
+            "attention": engine.attention,
             "workers": workers,
             "checkpoints": about.checkpoints,
             "directions": about.checkpoints[0]["directions"],
             "target_languages": engine.languages,
-            "tgt_lang_required": engine.langs.needs_target,
+            "tgt_lang_required": engine.codec.languages.needs_target,
             "decode": vars(engine.cfg.decode),
             "serve": vars(s),
         }

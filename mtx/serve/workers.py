@@ -28,8 +28,10 @@ import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mtx.decode.controls import Line
+from mtx.decode.options import Options
 from mtx.errors import MtxError
-from mtx.serve.front import About, Choices, Result
+from mtx.serve.front import About, Result
 
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 10.0
@@ -54,12 +56,12 @@ class WorkerDied(RuntimeError):
 
 def _main(conn, spec: Spec, describe: bool) -> None:
     """The worker process: build the engine (and describe it if `describe`), then decode
-    batches until told to stop. Messages: ("batch", texts, choices), ("threads", n), None."""
+    batches until told to stop. Messages: ("batch", texts, options), ("threads", n), None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
 
-    from mtx.serve.engine import decode_batch, describe_engine, make_engine
+    from mtx.serve.engine import describe_engine, make_engine
 
     try:
         if spec.threads:
@@ -82,9 +84,9 @@ def _main(conn, spec: Spec, describe: bool) -> None:
         if message[0] == "threads":
             engine.set_threads(message[1])
             continue
-        _, texts, choices = message
+        _, texts, options = message
         try:
-            reply = ("ok", decode_batch(engine, texts, choices))
+            reply = ("ok", engine.translate(texts, options))
         except Exception as e:
             reply = ("error", f"{type(e).__name__}: {e}")
         conn.send(reply)
@@ -135,10 +137,10 @@ class Worker:
         self.spec = replace(self.spec, threads=n)
         self.conn.send(("threads", n))
 
-    def translate(self, texts: list[str], choices: Choices) -> list[Result]:
+    def translate(self, texts: list[str | Line], options: Options) -> list[Result]:
         for attempt in range(2):
             try:
-                self.conn.send(("batch", texts, choices))
+                self.conn.send(("batch", texts, options))
                 kind, value = self.conn.recv()
             except (EOFError, OSError):  # the process died: start another and retry once
                 self.process.join(1)

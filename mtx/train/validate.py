@@ -125,12 +125,14 @@ def translate_shared(
     """The detokenized translations of `sources` with the model being trained, on every
     process. Process r translates lines r, r + world, ...: a sentence's translation does not
     depend on the others in its batch, so the result is the same as one process's."""
-    translator = Translator(model, cfg, spm_proto, as_is=True).into(tgt_lang)
+    translator = Translator(model, cfg, spm_proto, as_is=True)
+    options = translator.options(tgt_lang=tgt_lang)
     model.eval()
     model.pack("fp32")  # copies of the current weights, dropped below
     try:
         with precision.autocast():
-            mine = translator.translate(sources[dist.rank :: dist.world])
+            done = translator.translate(sources[dist.rank :: dist.world], options)
+            mine = [t.best.text for t in done]
     finally:
         model.pack(None)  # training changes the weights: never use a stale copy
         model.train()

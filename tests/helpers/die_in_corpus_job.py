@@ -14,7 +14,7 @@ from mtx.jobs import shards
 
 rank = int(os.environ["RANK"])
 if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-    add, take = shards.Part.add, shards.Counters.add
+    add, take = shards.Part.add, shards.Counters.take
 
     def add_and_die(self, first, texts):
         lines = add(self, first, texts)
@@ -23,17 +23,17 @@ if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         os.kill(os.getpid(), signal.SIGKILL)
         return lines
 
-    def take_after_rank_1(self, key, n):
-        if key == "taken" and n and not getattr(self, "waited", False):
-            while take(self, "taken", 0) < 1:  # rank 1 has not taken its first chunk yet
+    def take_after_rank_1(self):
+        if not getattr(self, "waited", False):
+            while self._add(self.TAKEN, 0) < 1:  # rank 1 has not taken its first chunk yet
                 time.sleep(0.01)
             self.waited = True
-        return take(self, key, n)
+        return take(self)
 
     if rank == 1:
         shards.Part.add = add_and_die
     else:
-        shards.Counters.add = take_after_rank_1
+        shards.Counters.take = take_after_rank_1
 
 sys.argv = ["mtx", *sys.argv[1:]]
 main()
