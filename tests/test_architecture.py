@@ -284,3 +284,32 @@ def test_typed_protocols_are_read_by_field_not_by_string_key():
             ]
     assert not found, "\n".join(found)
     assert any(k == "splits" for _, k in string_keys(ROOT / "mtx" / "checkpoint.py"))
+
+
+# Words that name a member of one type: the one module where each may be spelled. A string
+# that crosses a file boundary is a type waiting to be written (shared/STYLE.md, habit 20).
+TYPED_WORDS = {
+    "a document atom (mtx/documents/atoms.py's Kind)": (
+        {"word", "space", "keep", "open", "close"}, {"mtx.documents.atoms"}
+    ),
+    "a corpus job's counter (mtx/jobs/shards.py's Counters)": (
+        {"taken", "finished"}, {"mtx.jobs.shards"}
+    ),
+    "a distill work file's key (mtx/jobs/distill.py's Work)": (
+        {"cross_entropy", "pick"}, {"mtx.jobs.distill"}
+    ),
+}  # fmt: skip
+
+
+def test_no_string_literal_names_a_typed_member_outside_its_type():
+    """Document atoms, a corpus job's counters and the distill work file's keys are spelled in
+    their one module; everything else reads the type."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            for what, (words, homes) in TYPED_WORDS.items():
+                if node.value in words and name not in homes:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}: {what}")
+    assert not found, "\n".join(found)

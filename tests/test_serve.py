@@ -433,3 +433,25 @@ def test_the_servers_own_process_never_loads_torch(server):
 
     assert len(server.decoders()) == 2 and all(loads_torch(p) for p in server.decoders())
     assert not loads_torch(server.proc.pid)
+
+
+def test_a_line_with_no_words_is_the_empty_translation_everywhere(server, checkpoint, tmp_path):
+    """`mtx translate` (plain, --json, a corpus job) and `mtx serve` give a text with no words
+    the empty translation, undecoded, with null scores."""
+    lines = [LINES[0], "", "   ", LINES[1]]
+    status, answer = server.translate(lines)
+    assert status == 200 and answer["translations"][1:3] == ["", ""]
+    ckpt = ("--checkpoint", str(checkpoint))
+    plain = invoke("translate", *ckpt, "--device", "cpu", input="\n".join(lines) + "\n")
+    assert plain.stdout.splitlines() == answer["translations"]
+    rows = "".join(json.dumps({"text": x}) + "\n" for x in lines)
+    out = [
+        json.loads(x) for x in invoke("translate", *ckpt, "--json", input=rows).stdout.splitlines()
+    ]
+    assert out[1] == out[2] == {"translation": "", "score": None, "log_prob": None, "unmet": 0}
+    assert [x["translation"] for x in out] == answer["translations"]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
+    invoke("translate", *ckpt, "--input", tmp_path / "in.en", "--output", tmp_path / "out.de")
+    assert (tmp_path / "out.de").read_text().splitlines() == answer["translations"]
+    nbest = invoke("translate", *ckpt, "--nbest", "2", input="\n")  # n lines, as n-best gives
+    assert nbest.stdout.splitlines() == ["0 |||  ||| nan ||| nan"] * 2

@@ -14,6 +14,7 @@ from helpers.translating import outputs
 from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode.batches import source_batches
+from mtx.decode.options import Options
 from mtx.decode.result import Translation
 from mtx.decode.stream import chunks
 from mtx.decode.translator import Translator
@@ -240,3 +241,26 @@ def test_nbest_sampling_and_dtype_through_the_api(spm_proto):
     half = Translator(model, cfg, spm_proto, device="cpu")
     assert half.parts.model.embed.weight.dtype == torch.bfloat16
     assert len(half.translate(lines)) == 3
+
+
+def test_the_translator_has_a_few_doors(spm_proto):
+    """Built from checkpoints; options, requests, translate and stream; its parts and its
+    stats: nothing else is public (every check and length helper runs inside, at the door)."""
+    sp = spm.SentencePieceProcessor(model_proto=spm_proto)
+    translator = Translator(
+        Transformer(tiny_model_config(), sp.get_piece_size()), Config(), spm_proto, "cpu"
+    )
+    public = sorted(name for name in dir(translator) if not name.startswith("_"))
+    assert public == [
+        "from_checkpoints", "options", "parts", "requests", "stats", "stream", "translate"
+    ]  # fmt: skip
+    with pytest.raises(MtxError, match="nbest 2 needs a beam of at least 2"):
+        translator.options(beam=1, nbest=2)
+
+    def never_read():
+        raise AssertionError("the input was read before the options were checked")
+        yield "a"
+
+    asked = Options(beam=2, nbest=2, format="html")  # a record the engine table refuses
+    with pytest.raises(MtxError, match="decode.format html gives one translation a text"):
+        translator.stream(never_read(), asked)

@@ -8,6 +8,10 @@ Errors in the user's input end the command with one line on stderr and exit code
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -47,7 +51,21 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 def fail(message: str) -> None:
     typer.echo(f"mtx: error: {message}", err=True)
+    _tell_torchrun(f"mtx: error: {message}")
     raise typer.Exit(2)
+
+
+def _tell_torchrun(line: str) -> None:
+    """Under torchrun, `line` in the error file it reads (TORCHELASTIC_ERROR_FILE): its summary
+    of the failed job then names it as the root cause, not a link to its documentation
+    (docs/distributed.md, "A refusal under torchrun")."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stamp = str(int(time.time()))
+    record = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}}}
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(record))
 
 
 def run(fn, *args, **kwargs):

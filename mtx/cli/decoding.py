@@ -251,7 +251,7 @@ def refuse_stream_under_torchrun(command: str, files: str = "--input and --outpu
 
 
 def _check_documents(options, attention_dir, document: bool) -> None:
-    if document and options.format == "plain":
+    if document and not options.documents:
         fail("--document reads the whole input as one text: give a --format other than plain")
 
 

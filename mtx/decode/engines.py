@@ -191,7 +191,7 @@ def asked_of_outputs(ask: Ask, engine: Engine) -> str:
 def format_refusal(o: Options, setup: Setup, engine: Engine) -> str:
     """Why `o.format` cannot be given (mtx/documents/; "" if it can)."""
     fmt = o.format
-    if fmt == "plain":
+    if not o.documents:
         return ""
     if o.nbest > 1:
         return f"decode.format {fmt} gives one translation a text: no n-best"

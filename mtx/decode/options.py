@@ -97,6 +97,15 @@ class Options:
         }
         return cls(**(defaults | given))
 
+    @property
+    def documents(self) -> bool:
+        """Whether a text is a document (a format other than plain: mtx/documents/)."""
+        return self.format != "plain"
+
+    def sentences(self, **changes: Any) -> Options:
+        """These options for each sentence of a document (format plain), with `changes`."""
+        return self.replace(format="plain", **changes)
+
     def replace(self, **changes: Any) -> Options:
         """These options with `changes`, checked."""
         return dataclasses.replace(self, **changes)

@@ -182,7 +182,7 @@ class Translator:
         against the engine that decodes a line without controls (engines.py)."""
         options = Options.of(self.parts.config.decode, **given)
         engines.check(Controls(), options, self.parts.setup)
-        if options.format != "plain":
+        if options.documents:
             documents.settings_of(self.parts.config, options.format)  # its patterns, checked
         return options
 
@@ -193,9 +193,9 @@ class Translator:
         and checked, in order (a document's: each of its sentences); none for a text with no
         words."""
         o = self._checked(options)
-        if o.format != "plain":
+        if o.documents:
             sentences = self._read(items, o, first)
-            plain = o.replace(format="plain")
+            plain = o.sentences()
             return [self._request(s.item, s.number, plain) for s in sentences.sentences]
         numbered = [(first + i, self._glossed(x, first + i)) for i, x in enumerate(items)]
         return [self._request(x, n, o) for n, x in numbered if _words(x)]
@@ -206,7 +206,7 @@ class Translator:
         """The translation of each item (numbered from `first`: sampling's seeds, and where an
         error names a line), in order."""
         o = self._checked(options)
-        if o.format != "plain":
+        if o.documents:
             return self._documents(items, o, first)
         out: list[Translation] = [Translation.empty(o.nbest)] * len(items)
         todo = [(i, self._glossed(x, first + i)) for i, x in enumerate(items)]
@@ -367,7 +367,7 @@ class Translator:
         and put back together (documents.py); a sentence's word links read only where it has
         marks to put back."""
         sentences = self._read(items, o, first)
-        plain = o.replace(format="plain")
+        plain = o.sentences()
         each = sentences.sentences
         requests = [self._request(s.item, s.number, plain) for s in each]
         hyps = self._search(requests, plain)

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from mtx.documents import FORMATS
+from mtx.documents.atoms import Atom, Kind
 from mtx.documents.markup import NOT_XML, Tree, Unreadable, parse
 from mtx.documents.placeholders import compile_patterns
 from mtx.documents.project import project
@@ -33,11 +34,21 @@ class Settings:
     """How documents are read: the format, the source language (sentence splitting), the
     placeholders' pattern, and which tags are inline and which kept untranslated."""
 
-    format: str = "plain"
+    format: str = "plain"  # one of FORMATS
     lang: str = "en"
     pattern: re.Pattern | None = None
     inline_tags: frozenset[str] = frozenset()
     keep_tags: frozenset[str] = frozenset()
+
+    @property
+    def plain(self) -> bool:
+        """A line is one sentence, as it is."""
+        return self.format == FORMATS[0]
+
+    @property
+    def markup(self) -> bool:
+        """A line is markup (html or xml), parsed (markup.py)."""
+        return self.format in FORMATS[2:]
 
     @classmethod
     def of(cls, d, lang: str | None, fmt: str | None = None) -> Settings:
@@ -61,7 +72,7 @@ class Document:
     def __init__(self, text: str, units: list[Unit], tree: Tree | None, settings: Settings):
         self.source, self.units, self.tree, self.settings = text, units, tree, settings
         self.parts: list[tuple[int, Sentence]] = []  # (unit, sentence) of each to translate
-        split = settings.format != "plain"
+        split = not settings.plain
         for u, unit in enumerate(units):
             if unit.has_words():
                 self.parts += [(u, s) for s in unit.sentences(settings.lang, split)]
@@ -72,7 +83,7 @@ class Document:
     def read(cls, text: str, settings: Settings) -> Document:
         """`text` in its format; markup the parser cannot read even with its repairs is
         translated as text (escaped when written back), which is said in `repairs`."""
-        if settings.format in ("html", "xml"):
+        if settings.markup:
             try:
                 tree = parse(text, settings.format, settings)
             except Unreadable as e:
@@ -82,7 +93,7 @@ class Document:
                 doc.escape, doc.repairs = True, [f"{e}: translated as text"]
                 return doc
             return cls(text, [u for u, _ in tree.units], tree, settings)
-        unit = Unit(settings.pattern if settings.format != "plain" else None)
+        unit = Unit(None if settings.plain else settings.pattern)
         unit.add_text(text)
         return cls(text, [unit], None, settings)
 
@@ -98,16 +109,16 @@ class Document:
     def assemble(self, translations: list[tuple[str, object]]) -> str:
         """The text with each sentence replaced by its translation: (text, word links or
         None) of each of `sentences`, in order."""
-        if self.settings.format == "plain":
+        if self.settings.plain:
             return translations[0][0] if translations else self.source
         done = iter(translations)
         per_unit: dict[int, list] = {}
         for u, sentence in self.parts:
             target, links = next(done) if sentence.words else ("", ())
             unit = self.units[u]
-            atoms = [("word", sentence.lead)] if sentence.lead else []
+            atoms = [Atom.word(sentence.lead)] if sentence.lead else []
             atoms += project(sentence, unit.marks, target, links)
-            atoms += [("word", sentence.trail)] if sentence.trail else []
+            atoms += [Atom.word(sentence.trail)] if sentence.trail else []
             per_unit.setdefault(u, []).extend(atoms)
         if self.tree is None:
             text = _text(per_unit.get(0, []), self.units[0]) if per_unit else self.source
@@ -118,11 +129,11 @@ class Document:
         return self.tree.serialise()
 
 
-def _text(atoms: list[tuple[str, object]], unit: Unit) -> str:
+def _text(atoms: list[Atom], unit: Unit) -> str:
     out = []
-    for kind, value in atoms:
-        if kind in ("word", "space"):
-            out.append(value)
-        elif kind == "keep":
-            out.append(unit.marks[value].payload)
+    for atom in atoms:
+        if atom.kind.text:
+            out.append(atom.value)
+        elif atom.kind is Kind.KEEP:
+            out.append(unit.marks[atom.value].payload)
     return "".join(out)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import lxml.etree as etree
 import lxml.html
 
+from mtx.documents.atoms import Atom, Kind
 from mtx.documents.unit import Unit
 
 ROOT = "mtx-root"
@@ -63,21 +64,21 @@ class Tree:
     units: list[tuple[Unit, Slot]]
     repairs: list[str]
 
-    def write(self, slot: Slot, unit: Unit, atoms: list[tuple[str, object]]) -> None:
+    def write(self, slot: Slot, unit: Unit, atoms: list[Atom]) -> None:
         """Put a unit's translation (project.py's atoms, marks as keys) in its slot."""
         holder = etree.Element("holder")
         stack = [holder]
-        for kind, value in atoms:
-            if kind in ("word", "space"):
-                _add_text(stack[-1], value)
-            elif kind == "open":
-                new = _bare(unit.marks[value].payload)
+        for atom in atoms:
+            if atom.kind.text:
+                _add_text(stack[-1], atom.value)
+            elif atom.kind is Kind.OPEN:
+                new = _bare(unit.marks[atom.value].payload)
                 stack[-1].append(new)
                 stack.append(new)
-            elif kind == "close":
+            elif atom.kind is Kind.CLOSE:
                 stack.pop()
             else:
-                payload = unit.marks[value].payload
+                payload = unit.marks[atom.value].payload
                 if isinstance(payload, str):
                     _add_text(stack[-1], payload)
                 else:

@@ -20,18 +20,19 @@ always one well-formed tree holding every mark once:
 - spacing: words one space apart, an opening tag glued to the word after it, a closing tag to
   the word before it, a kept mark glued on a side where it was glued in the source.
 
-`project` gives atoms: ("word", text), ("open", key), ("close", key), ("keep", key) and
-("space", " "), which document.py writes as text and markup.py as elements.
+`project` gives atoms (atoms.py): words, spans' openings and closings, kept marks and the
+spaces between them, which document.py writes as text and markup.py as elements.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from mtx.documents.atoms import SPACE, Atom, Kind
 from mtx.documents.unit import Mark, Sentence
 
 
-def project(sentence: Sentence, marks: list[Mark], target: str, links) -> list[tuple[str, object]]:
+def project(sentence: Sentence, marks: list[Mark], target: str, links) -> list[Atom]:
     """The atoms of `target`, the translation of `sentence`, with the sentence's marks;
     `links`: (source word, target word) pairs."""
     words = target.split()
@@ -175,9 +176,9 @@ class _Plan:
             return min(js), len(prefix)
         return None
 
-    def render(self, node: int | None, s: int, e: int) -> list[tuple]:
-        """Atoms of words [s, e) under `node`: (kind, value, space before?, space after?)."""
-        out: list[tuple] = []
+    def render(self, node: int | None, s: int, e: int) -> list[Atom]:
+        """Atoms of words [s, e) under `node`, each saying whether a space may go around it."""
+        out: list[Atom] = []
         kids = list(self.kids[node])
         kept = sorted(self.at[node])
         k = s
@@ -187,11 +188,11 @@ class _Plan:
             if kids and self.spans[kids[0]][0] <= k:
                 key = kids.pop(0)
                 before, after = self.cut.get(key, ("", ""))
-                out += [("word", before, True, False)] if before else []
-                out.append(("open", key, not before, False))
+                out += [Atom.word(before, True, False)] if before else []
+                out.append(Atom(Kind.OPEN, key, not before, False))
                 out += self.render(key, *self.spans[key])
-                out.append(("close", key, False, not after))
-                out += [("word", after, False, True)] if after else []
+                out.append(Atom(Kind.CLOSE, key, False, not after))
+                out += [Atom.word(after, False, True)] if after else []
                 k = max(k, self.spans[key][1])
                 continue
             if k >= e:
@@ -224,45 +225,45 @@ class _Plan:
             if after:
                 self.trim.setdefault(e - 1, [0, 0])[1] = len(after)
 
-    def _word(self, node: int | None, j: int) -> list[tuple]:
+    def _word(self, node: int | None, j: int) -> list[Atom]:
         word = self.words[j]
         lstrip, rstrip = self.trim.get(j, (0, 0))
         word = word[lstrip : len(word) - rstrip]
         marks = sorted(self.inside.get((node, j), ()))
         if not marks:
-            return [("word", word, True, True)]
+            return [Atom.word(word)]
         out, start = [], 0
         for offset, key in marks:
             offset = min(max(offset - lstrip, 0), len(word))
-            out.append(("word", word[start:offset], True, True))
+            out.append(Atom.word(word[start:offset]))
             out += self._kept(key)
             start = offset
-        out.append(("word", word[start:], True, True))
-        return [a for a in out if a[0] != "word" or a[1]]
+        out.append(Atom.word(word[start:]))
+        return [a for a in out if a.kind is not Kind.WORD or a.value]
 
-    def _kept(self, key: int) -> list[tuple]:
+    def _kept(self, key: int) -> list[Atom]:
         gl, gr = self.glue.get(key, self.marks[key].glue or (False, False))
         if key not in self.s.kept or not self.marks[key].span:
-            return [("keep", key, not gl, not gr)]
+            return [Atom(Kind.KEEP, key, not gl, not gr)]
         inner = [k for k in self.s.marks if self.marks[k].parent == key]  # a wordless span
-        out = [("open", key, not gl, False)]
+        out = [Atom(Kind.OPEN, key, not gl, False)]
         for k in inner:
             self.glue.setdefault(k, self.marks[k].glue or (False, False))
             out += self._kept(k)
-        return out + [("close", key, False, not gr)]
+        return out + [Atom(Kind.CLOSE, key, False, not gr)]
 
 
 def _punctuation(word: str) -> bool:
     return not any(c.isalnum() for c in word)
 
 
-def _spaced(atoms: list[tuple]) -> list[tuple[str, object]]:
+def _spaced(atoms: list[Atom]) -> list[Atom]:
     """The atoms with a space between two that both allow one."""
-    out: list[tuple[str, object]] = []
+    out: list[Atom] = []
     previous_after = False
-    for kind, value, before, after in atoms:
-        if out and previous_after and before:
-            out.append(("space", " "))
-        out.append((kind, value))
-        previous_after = after
+    for atom in atoms:
+        if out and previous_after and atom.space_before:
+            out.append(SPACE)
+        out.append(atom)
+        previous_after = atom.space_after
     return out

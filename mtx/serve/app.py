@@ -248,7 +248,7 @@ class Service:
         items = req.text if isinstance(req.text, list) else [req.text]
         options = self.check(req, items)
         texts = self.lines(items, options)
-        if options.format != "plain":
+        if options.documents:
             return await self.translate_documents(texts, options)
         todo = [i for i, x in enumerate(items) if (x if isinstance(x, str) else x.text).split()]
         results: list[Result | None] = [None] * len(texts)
@@ -271,7 +271,7 @@ class Service:
         each = sentences.sentences
         if each:
             links = any(s.links for s in each)
-            asked = options.replace(format="plain", alignments=links)
+            asked = options.sentences(alignments=links)
             done = await self.decode([s.item for s in each], asked)
         translations = documents.results(sentences, [r.translation.best for r in done])
         results: list[Result | None] = [Result(t) for t in translations]
