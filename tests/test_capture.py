@@ -131,7 +131,7 @@ def test_the_guided_loss_reads_its_heads_under_torch_compile_as_in_eager():
     index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
     align = (torch.tensor([[0, 0, 0], [0, 1, 1], [1, 0, 1]]), torch.tensor([1.0, 1.0, 1.0]))
     eager = loss_model(src, tgt_in, tgt_out, index, True, align)
-    compiled = torch.compile(loss_model, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(loss_model, backend="eager", fullgraph=True)  # one graph, traced
     out = compiled(src, tgt_in, tgt_out, index, True, align)
     assert eager.align is not None and eager.align > 0
     torch.testing.assert_close(tuple(out), tuple(eager))

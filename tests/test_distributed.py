@@ -270,6 +270,7 @@ def test_an_elastic_job_survives_a_worker_killed_at_a_random_step(
         assert_rank1_wrote_nothing(root)
 
 
+@pytest.mark.slow  # a two-process job: the default run's one is the test of two machines above
 def test_different_prepared_data_is_one_line_on_every_process(tmp_path, prepared):
     root = tmp_path / "mismatch"
     job_config(root, prepared, "train.max_steps=4", *SAME)

@@ -188,7 +188,10 @@ def test_a_torchrun_job_continues_what_one_process_began(tmp_path):
 # -- on 2 processes under torchrun ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["own-disks", "shared-disk"])
+# the default run's one two-process job (make test); the others run in make test-all
+@pytest.mark.parametrize(
+    "shared", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["own-disks", "shared-disk"]
+)
 def test_two_processes_translate_a_corpus_byte_for_byte_as_one(toy_run, tmp_path, shared):
     """n-best lists (the line numbers are the whole input's), --chunk-lines small enough that
     each process takes many chunks."""
@@ -207,6 +210,7 @@ def test_two_processes_translate_a_corpus_byte_for_byte_as_one(toy_run, tmp_path
     )  # the parts are gone; only rank 0 wrote the output
 
 
+@pytest.mark.slow  # a two-process job
 def test_two_processes_translate_json_lines_with_controls_as_one(toy_run, tmp_path):
     lines = [json.loads(json.dumps({"text": s})) for s in sources(200).splitlines()]
     for i, line in enumerate(lines):
@@ -227,6 +231,7 @@ def test_two_processes_translate_json_lines_with_controls_as_one(toy_run, tmp_pa
     assert summary and summary[0] in err  # the count covers both processes' lines
 
 
+@pytest.mark.slow  # two-process jobs
 def test_two_processes_score_and_distill_as_one(toy_run, tmp_path):
     files = {"in.en": sources(300), "in.de": targets(300)}
     score = ["score", *model(toy_run), "--src", "in.en", "--tgt", "in.de", "--chunk-lines", "16"]
@@ -255,9 +260,8 @@ def test_two_processes_score_and_distill_as_one(toy_run, tmp_path):
     assert not (nodes[1] / "distilled" / "distill.json").exists()  # rank 0 wrote the corpus
 
 
-@pytest.mark.parametrize(
-    "shared", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["own-disks", "shared-disk"]
-)
+@pytest.mark.slow  # two-process jobs, one killed and restarted
+@pytest.mark.parametrize("shared", [False, True], ids=["own-disks", "shared-disk"])
 def test_a_worker_killed_mid_job_and_restarted_by_torchrun_writes_the_same_file(
     toy_run, tmp_path, shared
 ):
@@ -279,6 +283,7 @@ def test_a_worker_killed_mid_job_and_restarted_by_torchrun_writes_the_same_file(
     assert not any(parts_dir(node / "out.de").exists() for node in nodes)
 
 
+@pytest.mark.slow  # two-process jobs
 def test_different_inputs_or_no_output_are_one_line_on_every_process(toy_run, tmp_path):
     nodes = machines(tmp_path, {"in.en": sources(50)}, shared=False)
     (nodes[1] / "in.en").write_text(sources(51))
