@@ -155,10 +155,12 @@ def _options(translator, **given):
 
 def _given(values: dict) -> dict:
     """A command's options that are a request's options (decode/options.py: the same names),
-    those given: not None, and a flag only when set (else the settings decide)."""
+    those given: not None, and a flag only when set (else the settings decide). --draft names
+    the draft model (decode.draft), not whether a request asks for it."""
     from mtx.decode.options import names
 
-    return {k: v for k, v in values.items() if k in names() and v is not None and v is not False}
+    asked = set(names()) - {"draft"}
+    return {k: v for k, v in values.items() if k in asked and v is not None and v is not False}
 
 
 def serve(
@@ -230,7 +232,7 @@ def translate(
     # a draft given is a draft asked for; --attention-dir asks for each line's attention
     asked = dict(sampling=sample, attention=attention_dir is not None,
                  draft=translator.parts.setup.draft)  # fmt: skip
-    options = _options(translator, **given, **{k: v for k, v in asked.items() if v})
+    options = _options(translator, **(given | {k: v for k, v in asked.items() if v}))
     out = Output(translator, options, json_lines)
     if output is not None:
         reads = {"json": json_lines, "glossary": sha256_of(glossary)} if steered else {}
