@@ -197,6 +197,7 @@ def test_the_nn_transformer_reference_computes_the_same_function_as_mtx():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # a benchmark's own run
 def test_bench_reference_script_runs_and_reports_the_ratio(tmp_path, prepared):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(run_config(tmp_path / "r", prepared).to_dict()))
@@ -276,6 +277,7 @@ def test_the_harness_times_repeats_after_the_warm_up_and_measures_a_process_tree
     }  # fmt: skip
 
 
+@pytest.mark.slow  # a benchmark's own run
 def test_bench_takes_real_lengths_joined_and_compiles_nothing_while_timed(tmp_path, prepared):
     """--lengths-from: random ids with the lengths of a prepared split's pairs, --join 2-4
     joined at random (WMT-like lengths from a corpus of short sentences); with train.compile,

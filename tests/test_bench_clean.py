@@ -8,6 +8,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from conftest import MULTI30K, ROOT
 from helpers.common import invoke
 
@@ -66,6 +67,7 @@ def test_precision_and_recall_are_counted_from_the_dropped_lines():
     assert by_kind["clean"]["dropped"] == 0.5 and by_kind["copy"]["by"] == {"copy": 2}
 
 
+@pytest.mark.slow  # a benchmark's own run
 def test_mtx_bench_clean_reports_each_rule(tmp_path):
     data, french = small_multi30k(tmp_path)
     report = tmp_path / "clean.json"

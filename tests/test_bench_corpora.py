@@ -45,6 +45,7 @@ def test_the_multilingual_summary_compares_each_direction():
     assert out["en-de"]["bilingual_range"] == [20.0, 22.0] and out["de-en"]["both_test2017"] == 26.0
 
 
+@pytest.mark.slow  # a benchmark's own run
 def test_the_sampling_rate_segments_real_pairs(tmp_path):
     figures = bpe_dropout.rate(tmp_path, 0.1, 300)
     assert figures["pairs"] == 300 and figures["pairs_per_s_per_core"] > 0

@@ -95,6 +95,7 @@ def test_padded_and_unpadded_batches_share_one_compiled_graph(prepared):
     assert step.loss_model.mask_always and not eager.mask_always
 
 
+@pytest.mark.slow  # torch.compile over a run (the compiled step: the other tests of this file)
 def test_static_shapes_compile_twice_and_nothing_after_the_first_epoch(prepared):
     """train.static_shapes: the first shape compiled specialised, the second once more with
     the changing sizes symbolic, then nothing more, however many shapes come (automatic

@@ -296,6 +296,7 @@ def toy_prepare(run, *extra):
     return prepare(cfg, log=lambda *_: None), cfg
 
 
+@pytest.mark.slow  # encoding worker processes (test_filtering.py runs two workers in the default run)
 def test_one_and_two_encoding_workers_prepare_the_same_data(tmp_path):
     one, cfg1 = toy_prepare(tmp_path / "one", "data.workers=1")
     two, cfg2 = toy_prepare(tmp_path / "two", "data.workers=2")

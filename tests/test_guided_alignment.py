@@ -107,6 +107,7 @@ def test_alignment_loss_is_the_cross_entropy_with_the_normalised_links():
     assert alignment_targets([np.zeros((0, 2))])[0].shape == (0, 3)
 
 
+@pytest.mark.slow  # training runs (resuming exactly: test_trainer.py and test_ema.py in the default run)
 def test_guided_training_resumes_exactly_with_ema(tmp_path, aligned):
     both = [*SHAPE, *GUIDED, "train.ema=0.99", "train.valid_every=8"]
     train(run_config(tmp_path / "whole", aligned, *both, "train.max_steps=16"), **QUIET)

@@ -227,6 +227,7 @@ def test_the_export_gives_back_the_same_model(model, tmp_path):
     assert again("a man").input_ids == tokenizer("a man").input_ids
 
 
+@pytest.mark.slow  # fine-tuning runs (test_import.py's MarianMT one runs in the default run)
 def test_fine_tuning_starts_at_transformers_loss_and_resumes_exactly(model, tmp_path):
     """Prepared sources start with the source language's code and targets with the target's,
     as NllbTokenizer writes them; the decoder reads </s> then the target (the code's
@@ -312,6 +313,7 @@ def test_serve_takes_an_imported_nllb_model_and_its_target_languages(model):
         assert server.stop() == 0
 
 
+@pytest.mark.slow  # a benchmark's own run
 def test_bench_decode_races_an_nllb_model_by_mtx_alone(model, tmp_path):
     """The peers' runners give no target-language code: they are left out, saying why."""
     _, path, _, _ = model

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from conftest import TINY_RUN
 
@@ -25,6 +26,7 @@ def curve(prepared, precision: str):
     return precision_curve(prepared, [*TINY_RUN, f"train.precision={precision}"])
 
 
+@pytest.mark.slow  # a 200-update run (bf16-weights resume exactly in test_trainer.py)
 def test_bf16_weights_follow_the_fp32_loss_curve_over_200_updates(prepared):
     fp32, _, _ = curve(prepared, "fp32")
     bf16, model, step = curve(prepared, "bf16-weights")

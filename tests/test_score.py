@@ -182,6 +182,7 @@ def test_cross_entropies_score_a_too_long_target_inf_and_chunk_alike(multi30k_ru
     assert scorer.cross_entropies(src, tgt) == xent
 
 
+@pytest.mark.slow  # a benchmark's own run
 def test_mtx_bench_score_times_scoring_beside_translating(multi30k_run):
     out = subprocess.run(
         [sys.executable, "-m", "mtx", "bench", "score", "--checkpoint",

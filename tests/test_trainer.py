@@ -138,6 +138,7 @@ def test_background_workers_build_the_same_batches(tmp_path, prepared):
     assert all(0.0 < p < 0.5 for p in padding)  # token batches of similar lengths pad little
 
 
+@pytest.mark.slow  # train.compile over a run (off on the CPU; test_compiled.py checks the compiled step)
 def test_compiled_training_follows_eager_training(tmp_path, prepared):
     quiet = {"log": lambda *_: None}
     extra = ["train.max_steps=6", "model.dropout=0.0"]
