@@ -168,7 +168,7 @@ def test_test2016_translations_do_not_depend_on_batch_size_or_order(multi30k_run
     assert int8 != fp32  # other numbers, and many of the same translations (65% to 80%
     # of lines across ATen's kernels; an int8 path that computed nonsense would share none)
     assert sum(a[0] == b[0] for a, b in zip(int8, fp32)) > 0.3 * len(lines)
-    assert hypotheses(4, 64, lines, "int8") == int8
+    # int8 in 64-token batches: the thread-count test below (100 lines, 64 and 8000 tokens)
 
 
 def test_translations_do_not_depend_on_the_thread_count(multi30k_run):
