@@ -42,7 +42,7 @@ from typing import Any
 
 from mtx.config import DecodeConfig
 from mtx.config.decode import SearchMode
-from mtx.decode.controls import Controls
+from mtx.decode.controls import Controls, Segmented, segment
 from mtx.decode.languages import Languages
 from mtx.decode.options import Options
 from mtx.errors import MtxError
@@ -170,6 +170,22 @@ def check(controls: Controls, options: Options, setup: Setup, where: str = "") -
     if why:
         raise MtxError(f"{where}: {why}" if where else why)
     return engine
+
+
+def check_line(
+    controls: Controls, options: Options, setup: Setup, target: Callable[[str], list[int]],
+    never_below: int, longest: int, where: str = "",
+) -> Segmented:  # fmt: skip
+    """A sentence's controls checked as every door checks them (the Translator's, the
+    server's own process): the engine chosen for them takes them (`check`), and they can be
+    honoured in the sentence's `longest` output (controls.segment: `target` segments a target
+    text, ids below `never_below` are never produced); segmented into target ids. MtxError
+    naming `where`."""
+    check(controls, options, setup, where)
+    try:
+        return segment(controls, target, never_below, longest)
+    except MtxError as e:
+        raise MtxError(f"{where}: {e}" if where else str(e)) from None
 
 
 def asked_of_outputs(ask: Ask, engine: Engine) -> str:

@@ -47,7 +47,7 @@ from mtx.data import vocab
 from mtx.decode import documents, engines
 from mtx.decode.batches import request_batches
 from mtx.decode.codec import Codec
-from mtx.decode.controls import Controls, Line, fits, needed, segment
+from mtx.decode.controls import Controls, Line, fits, needed
 from mtx.decode.ensemble import Ensemble
 from mtx.decode.glossary import Report
 from mtx.decode.languages import Languages
@@ -267,14 +267,11 @@ class Translator:
         controls = item.controls if isinstance(item, Line) else Controls()
         if not controls:
             return request
-        try:
-            engines.check(controls, o, self.parts.setup)
-            never = self.parts.model.specials.never_below
-            segmented = segment(
-                controls, codec.vocab.target.encode, never, self._longest(request, o)
-            )
-        except MtxError as e:
-            raise MtxError(f"line {number + 1}: {e}") from None
+        never, longest = self.parts.model.specials.never_below, self._longest(request, o)
+        segmented = engines.check_line(
+            controls, o, self.parts.setup, codec.vocab.target.encode, never, longest,
+            f"line {number + 1}",
+        )  # fmt: skip
         return dataclasses.replace(request, controls=segmented)
 
     def _longest(self, request: Request, o: Options) -> int:

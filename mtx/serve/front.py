@@ -21,7 +21,7 @@ from mtx.config import Config
 from mtx.data import vocab
 from mtx.decode import engines
 from mtx.decode.codec import Codec
-from mtx.decode.controls import Controls, Line, segment
+from mtx.decode.controls import Controls, Line
 from mtx.decode.languages import Languages
 from mtx.decode.options import Options
 from mtx.decode.result import Translation
@@ -86,15 +86,12 @@ class Front:
         """Refuse, naming `where`, controls the translator would refuse: an engine that does
         not take them (decode/engines.py), or controls that cannot be honoured
         (controls.segment)."""
-        engines.check(line.controls, options, self.setup, where)
         limit = self.codec.max_positions - 1
         longest = longest_output(self.length(line.text) - 1, options.max_len_a, options.max_len_b,
                                  limit)  # fmt: skip
         never = SPECIALS[self.cfg.model.decoder_start].never_below
-        try:
-            segment(line.controls, self.codec.vocab.target.encode, never, longest)
-        except MtxError as e:
-            raise MtxError(f"{where}: {e}") from None
+        engines.check_line(line.controls, options, self.setup, self.codec.vocab.target.encode,
+                           never, longest, where)  # fmt: skip
 
 
 def check_engine(name: str) -> None:
