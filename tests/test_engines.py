@@ -113,6 +113,9 @@ def test_an_ensembles_refusals_come_from_its_capabilities():
         beam=1, draft="d.pt", asked={"draft": True}, **ensemble
     )
     assert "puts marks back by the word alignment" in refusal(format="html", **ensemble)
+    assert "ctranslate2: Ensemble has no single output matrix (one checkpoint" in refusal(
+        engine="ctranslate2", **ensemble
+    )
     s, d = setup(ENSEMBLE, format="paragraphs", placeholders=[])
     assert engines.check(Controls(), Options.of(d), s).name == "beam"  # nothing to put back
 

@@ -19,9 +19,10 @@ non-empty strings; each segmented alone into target ids) and `count` (a whole nu
 0; kept as it is). `Controls` holds the ones a sentence sets, by name, as text (a `Line`'s)
 or segmented (a `Request`'s: decode/request.py); a sentence has controls when it sets one.
 
-Which search decodes a sentence, and which controls each search takes, is dispatch.py's: a
-control no search takes is refused in one line there. Adding a control is adding a `Control`
-here and to the `takes` of the searches that honour it (dispatch.py), and reading it in them.
+Which engine decodes a sentence, and which controls each engine takes, is engines.py's: a
+control the chosen engine does not take is refused in one line there. Adding a control is
+adding a `Control` here and to the `takes` of the engines that honour it (engines.py), and
+reading it in them (tests/helpers/madeup.py declares one, and an engine that takes it).
 
 A phrase is segmented alone, as words: SentencePiece segments each word by itself
 (data/words.py says why), so a phrase of whole words has the same pieces alone as in a

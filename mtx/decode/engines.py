@@ -59,7 +59,7 @@ class Setup:
     """A translator as the table sees it: what its model can do and what its settings chose
     (no torch: the server's own process holds one, described by its first decoding process)."""
 
-    capabilities: Capabilities  # the model's, as it is decoded (a shortlist's: candidates)
+    capabilities: Capabilities  # the model's own (a shortlist it is decoded through: shortlist)
     languages: Languages  # the model's language scheme (languages.py)
     device: str = "cpu"  # "cpu" or "cuda"
     model: str = "Transformer"  # the model's kind, as a refusal names it
@@ -128,7 +128,7 @@ NEEDS = {  # each capability, as a refusal names it
     "static_cache": "static cache (the Transformer alone has one)",
     "ragged": "cache of rows at positions of their own (one Transformer has)",
     "attention": "attention of one model",
-    "output_matrix": "single output matrix",
+    "output_matrix": "single output matrix (one checkpoint, not an ensemble)",
 }
 
 ENGINES: dict[str, Engine] = {}  # by name, in the order `auto` tries them
@@ -393,5 +393,5 @@ register(Engine("constrained", "the constrained beam search", _constrained, CONT
 register(Engine("greedy", "greedy search", _greedy, refuses=_greedy_refusal,
                 auto=lambda ask: ask.options.beam == 1))  # fmt: skip
 register(Engine("beam", "beam search", _beam, auto=lambda ask: True))
-register(Engine("ctranslate2", "ctranslate2", _ctranslate2, refuses=_ct2_refusal,
-                gives=frozenset()))  # fmt: skip
+register(Engine("ctranslate2", "ctranslate2", _ctranslate2, needs=("output_matrix",),
+                refuses=_ct2_refusal, gives=frozenset()))  # fmt: skip

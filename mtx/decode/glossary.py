@@ -7,7 +7,7 @@ constraints. Terms are matched on words (runs of letters and digits, as Python's
 case-insensitively, with no rule for inflection: each form to match is a line of its own. The
 first target term of a source term is the one required; the term counts as honoured when any of
 its target terms appears, on words and case-insensitively, in the translation. A line that asks
-for alternatives takes no constraints (dispatch.py): where a term is found in one, it is refused
+for alternatives takes no constraints (engines.py): where a term is found in one, it is refused
 in one line naming the line. This module imports no torch.
 """
 

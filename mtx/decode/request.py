@@ -11,8 +11,8 @@ A request holds the source as the model reads it, its line number (the seed of i
 if it has one, its own length limit, its controls (controls.py: a target prefix, constraints, phrases to
 avoid, alternatives), segmented into target ids, and what the decoder reads after its start
 token before the output (an NLLB model's target-language code). A control a caller may add per
-sentence is declared in controls.py, not here: it travels in `controls`, and dispatch.py says
-which search takes it.
+sentence is declared in controls.py, not here: it travels in `controls`, and engines.py says
+which engine takes it.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class TranslateResponse(BaseModel):
     nbest: list[list[dict[str, Any]]] | None = None  # with nbest > 1: [{"text", "score"}, ...]
     unmet: list[int] | None = None  # with constraints: how many each translation lacks
     alternatives: list[list[dict[str, Any]] | None] | None = None  # [{"text", "score"}, ...]
-    attention: list[dict[str, Any] | None] | None = None  # with attention: see MtxEngine
+    attention: list[dict[str, Any] | None] | None = None  # with attention: result.py's Attention
     # with a format: what the parser repaired in each text ("text[i]: ..."), if anything
     repairs: list[str] | None = None
 
