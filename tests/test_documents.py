@@ -118,7 +118,9 @@ def test_what_a_format_cannot_give_is_refused_naming_what_would_give_it():
     one = Languages("one", {}, ("de",), "en", "de")
 
     def check(d, nbest, attention=False):
-        setup = engines.Setup.of(d, Capabilities(attention=attention), one)
+        # one checkpoint has one attention and one output matrix; an ensemble neither
+        model = Capabilities(attention=attention, output_matrix=attention)
+        setup = engines.Setup.of(d, model, one)
         engines.check(Controls(), Options.of(d, nbest=nbest), setup)
 
     check(DecodeConfig(format="paragraphs", placeholders=[]), 1)  # no marks to put back
