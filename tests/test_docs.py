@@ -54,3 +54,33 @@ def test_the_readme_is_a_front_page_whose_links_lead_somewhere():
             headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M)
             slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
             assert anchor in slugs, f"README links to {link}: no such heading"
+
+
+def test_every_set_in_the_manuals_examples_is_read_as_it_says():
+    """Each `--set` of a shell example in docs/ is a value its key takes (as the shell passes it);
+    a YAML list the reader cannot read is refused naming why, not split at its commas."""
+    import shlex
+
+    import pytest
+
+    from mtx.config import Config, load_config
+    from mtx.config.keys import set_key
+    from mtx.errors import MtxError
+
+    found = 0
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for block in re.findall(r"```[a-z]*\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            if "--set" not in block:
+                continue  # a diagram, a config, output
+            words = shlex.split(block.replace("\\\n", " "), comments=True)
+            sets = [words[k + 1] for k, w in enumerate(words[:-1]) if w == "--set"]
+            for value in sets:
+                if "=" not in value or any(m in value for m in ("<", "PATH", "CKPT", "...")):
+                    continue  # a placeholder for the reader's own value
+                set_key(Config(), *value.split("=", 1))  # its type; a command checks the rest
+                found += 1
+    assert found > 5
+    cfg = load_config(None, ["decode.placeholders=[braces, printf, 're:\\[\\[[a-z]+\\]\\]']"])
+    assert cfg.decode.placeholders == ["braces", "printf", "re:\\[\\[[a-z]+\\]\\]"]
+    with pytest.raises(MtxError, match="not a YAML list .*'single quotes'"):
+        load_config(None, ['decode.placeholders=[braces, "re:\\[x\\]"]'])

@@ -7,6 +7,7 @@ translated byte for byte.
 """
 
 import random
+import re
 from collections import Counter
 
 import lxml.etree as etree
@@ -175,6 +176,18 @@ def test_a_placeholder_before_an_element_keeps_the_words_apart():
     assert out == "<p>COUNT %d<b>ITEMS</b> NOW %s</p>"
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["<code>x</code> the dog sleeps.", "<svg>x</svg> the dog.", "{name} the dog",
+     '<span translate="no">X</span> the dog.', "<p><code>x</code> the dog.</p>"],
+)  # fmt: skip
+def test_a_kept_element_at_a_lines_start_keeps_its_space_after_it_not_before(text):
+    for how in (same, reversed_words):
+        doc, out = translate(text, make("html"), how)
+        assert not out.startswith(" ") and "  " not in out, out
+        assert elements(out, "html") == elements(text, "html")
+
+
 def test_a_line_without_words_comes_back_as_it_is():
     for fmt, text in (("paragraphs", "  {name} %s "), ("html", "<p> <br> </p>"), ("xml", "")):
         doc, out = translate(text, make(fmt))
@@ -241,6 +254,17 @@ def test_a_whole_html_page_and_an_xml_file_keep_their_doctype_and_declaration():
     doc, out = translate(xml, make("xml"))
     assert out.startswith('<?xml version="1.0" encoding="utf-8"?>')
     assert '<seg>PRESS <g id="1">SAVE</g>.</seg>' in out
+    # a page keeps its own doctype, or none: the parser's own is never written
+    for page, doctype in (
+        ("<html><body><p>the dog.</p></body></html>", ""),
+        ("<!DOCTYPE html><p>the dog.</p>", "<!DOCTYPE html>"),
+        ("<!doctype html>  <html><body><p>the dog.</p></body></html>", "<!doctype html>  "),
+    ):
+        doc, out = translate(page, make("html"))
+        assert "\n" not in out and out.startswith(doctype + "<html><body><p>THE DOG.</p>"), out
+    xml = '<?xml version="1.0"?><!DOCTYPE r [<!ENTITY e "dog">]><r>the &e; sleeps.</r>'
+    doc, out = translate(xml, make("xml"))
+    assert out == '<?xml version="1.0"?><!DOCTYPE r [<!ENTITY e "dog">]><r>THE DOG SLEEPS.</r>'
 
 
 def test_xliff_codes_and_elements_in_running_text_are_marks():
@@ -291,7 +315,8 @@ def test_the_parsers_repairs_are_said_and_the_output_parses():
     ):
         doc, out = translate(text, make(kind), reversed_words)
         assert doc.repairs, text
-        assert all("\n" not in r and "repaired" in r for r in doc.repairs)
+        assert all("\n" not in r and ("repaired" in r or "dropped" in r) for r in doc.repairs)
+        assert not any("mtx-root" in r for r in doc.repairs)  # our wrapper, not the user's
         elements(out, kind)  # parses
     doc = Document.read("<p>fine <b>html</b></p>", make("html"))
     assert doc.repairs == []
@@ -345,6 +370,34 @@ def test_any_translation_of_any_markup_parses_and_keeps_every_element_and_placeh
     assert elements(out, kind) == elements(text, kind)
     for p in ("{name}", "%1$s", "$HOME", "x &lt; y", "<!-- note -->"):
         assert out.count(p) == text.count(p), p
+
+
+BROKEN = ["<b>", "</b>", "</b", "<i", "</i>", "<p>", "<em ", "&", "<", ">", "<!--", "-->", "&amp;"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(st.sampled_from(WORDS) | st.sampled_from(BROKEN), max_size=14),
+    glue=st.sampled_from([" ", ""]),
+    kind=st.sampled_from(["html", "xml"]),
+)
+def test_no_word_a_user_wrote_vanishes_unreported(parts, glue, kind):
+    """Broken markup is repaired by the parser, which may drop text (`the <b>dog</b sleeps.`
+    loses "sleeps."): each word written is translated, or said in a repair."""
+    text = glue.join(parts)
+    doc, out = translate(text, make(kind))
+    said = Counter("".join(r.split(": ")[-1] for r in doc.repairs if "dropped" in r))
+    kept = Counter("".join(doc.sentences))  # letters: a tag inside a word joins its pieces
+    words = re.sub(r"<!--.*?(-->|$)|<[^<>]*>|</?[a-z][^\s<>/]*|&amp;", " ", text)  # tag names
+    written = Counter("".join(re.findall(r"\w+", words)))
+    assert not written - kept - said, (text, doc.sentences, doc.repairs)
+
+
+def test_a_repair_that_drops_words_is_said_on_its_line():
+    doc, out = translate("the <b>dog</b sleeps.", make("html"))
+    assert "1 word(s) the parser's repair dropped: sleeps" in doc.repairs
+    doc, out = translate("the <b>dog</b> sleeps.", make("html"))
+    assert doc.repairs == []
 
 
 @settings(max_examples=300, deadline=None)

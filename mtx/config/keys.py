@@ -166,7 +166,13 @@ def set_key(cfg: Config, key: str, raw: str, notice: Notice | None = None) -> No
         obj = getattr(obj, part)
     try:
         value = yaml.safe_load(raw) if raw.strip() else raw
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        if raw.lstrip().startswith(("[", "{")):  # meant as YAML: say why it is not
+            first = str(e).strip().splitlines()[0]
+            raise MtxError(
+                f"--set {key}: {raw!r} is not a YAML list ({first}; in YAML, a backslash is "
+                "literal in 'single quotes', an escape in \"double quotes\")"
+            ) from None
         value = raw
     setattr(obj, name, coerce(key, value, types[key], raw))
 

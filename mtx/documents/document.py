@@ -116,8 +116,7 @@ class Document:
         for u, sentence in self.parts:
             target, links = next(done) if sentence.words else ("", ())
             unit = self.units[u]
-            atoms = [Atom.word(sentence.lead)] if sentence.lead else []
-            atoms += project(sentence, unit.marks, target, links)
+            atoms = _lead(sentence, unit, project(sentence, unit.marks, target, links))
             atoms += [Atom.word(sentence.trail)] if sentence.trail else []
             per_unit.setdefault(u, []).extend(atoms)
         if self.tree is None:
@@ -127,6 +126,24 @@ class Document:
             if u in per_unit:
                 self.tree.write(slot, unit, per_unit[u])
         return self.tree.serialise()
+
+
+def _lead(sentence: Sentence, unit: Unit, atoms: list[Atom]) -> list[Atom]:
+    """The sentence's lead (the space before its first word) and its atoms. A kept mark that
+    stood before that space (`<code>x</code> the dog`) had the space after it: written first,
+    the space follows it, as it did; placed among the words, it brings its own spacing and
+    the lead is not written (either way the line does not begin with a space)."""
+    lead = [Atom.word(sentence.lead)] if sentence.lead else []
+    if not lead or sentence.lead.strip() or not sentence.words:
+        return lead + atoms
+    before = sentence.words[0][0] - len(sentence.lead)  # where the lead began
+    kept = [a for a in atoms if a.kind is Kind.KEEP and unit.marks[a.value].start <= before]
+    if not kept:
+        return lead + atoms
+    if atoms[0] is not kept[0]:
+        return atoms
+    rest = atoms[1:]
+    return [atoms[0], *lead, *(rest[1:] if rest and rest[0].kind is Kind.SPACE else rest)]
 
 
 def _text(atoms: list[Atom], unit: Unit) -> str:

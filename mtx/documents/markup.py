@@ -20,7 +20,9 @@ escaped; HTML's no-break space as `&nbsp;`).
 from __future__ import annotations
 
 import copy
+import html
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import lxml.etree as etree
@@ -98,9 +100,12 @@ class Tree:
 
     def serialise(self) -> str:
         method = "html" if self.kind == "html" else "xml"
-        if self.whole:
-            tree = self.root.getroottree()
-            text = etree.tostring(tree, encoding="unicode", method=method)
+        if self.whole:  # the root and what stands beside it, without the parser's doctype
+            before = list(self.root.itersiblings(preceding=True))[::-1]
+            nodes = [*before, self.root, *self.root.itersiblings()]
+            text = "".join(
+                etree.tostring(n, encoding="unicode", method=method, with_tail=False) for n in nodes
+            )
         else:
             text = etree.tostring(self.root, encoding="unicode", method=method)
             text = text[len(ROOT) + 2 : -(len(ROOT) + 3)] if text.endswith(f"</{ROOT}>") else ""
@@ -147,6 +152,10 @@ def parse(text: str, kind: str, settings) -> Tree:
         raise Unreadable(f"not {kind.upper()} the parser can read ({e})") from None
     if removed:
         tree.repairs.insert(0, f"{removed} character(s) {kind.upper()} cannot hold read as spaces")
+    lost = _lost(text, tree.root)
+    if lost:
+        shown = " ".join(lost[:20]) + (" ..." if len(lost) > 20 else "")
+        tree.repairs.append(f"{len(lost)} word(s) the parser's repair dropped: {shown}")
     _Reader(tree, settings).block(tree.root)
     return tree
 
@@ -160,6 +169,7 @@ def _parse(text: str, kind: str) -> Tree:
         parser = lxml.html.HTMLParser(recover=True, remove_comments=False)
         if whole:
             root = lxml.html.document_fromstring(stripped, parser=parser)
+            lead += _doctype(stripped)
         else:
             root = lxml.html.fragment_fromstring(text, create_parent=ROOT, parser=parser)
             lead = trail = ""
@@ -175,17 +185,66 @@ def _parse(text: str, kind: str) -> Tree:
             rest = stripped[end:]
             declaration = stripped[:end] + rest[: len(rest) - len(rest.lstrip())]
             source = rest.lstrip()
+        if whole:
+            declaration += _doctype(source)
         root = etree.fromstring(source, parser)
         if root is None:
             root = etree.Element(ROOT)
         lead = lead + declaration if whole else ""
         trail = trail if whole else ""
+    several = "\n" in text.strip()  # a document: say the parser's line
     repairs = [
-        f"{kind.upper()} repaired by the parser: {e.message}"
+        f"{kind.upper()} repaired by the parser"
+        + (f" (the text's line {e.line})" if several else "")
+        + f": {_said(e.message)}"
         for e in parser.error_log
         if e.type_name not in NOT_REPAIRS
     ]
     return Tree(root, kind, whole, lead, trail, [], repairs)
+
+
+def _said(message: str) -> str:
+    """libxml2's message about the user's text, without the root this module wraps a
+    fragment in (a user never wrote `mtx-root`)."""
+    unclosed = re.fullmatch(rf"Opening and ending tag mismatch: (\S+) line \d+ and {ROOT}", message)
+    if unclosed:
+        return f"<{unclosed.group(1)}> is not closed"
+    stray = re.fullmatch(rf"Opening and ending tag mismatch: {ROOT} line \d+ and (\S+)", message)
+    if stray:
+        return f"</{stray.group(1)}> closes no open element: what follows it is dropped"
+    return message.replace(ROOT, "the text")
+
+
+# what is not text a user wrote: comments, CDATA marks, tags, a tag left open (`</b sleeps`
+# loses its `</b`), entities
+MARKUP = re.compile(
+    r"<!--.*?(?:-->|$)|<!\[CDATA\[|\]\]>|<[^<>]*>|</?[A-Za-z][^\s<>/]*|&#?\w+;", re.S
+)
+WORD = re.compile(r"\w+")
+
+
+def _lost(text: str, root) -> list[str]:
+    """The words of `text` (read without its markup) that the parsed tree does not hold, in
+    order: what a repair of broken markup dropped (`the <b>dog</b sleeps.` loses "sleeps")."""
+    held = Counter(WORD.findall(" ".join(root.itertext())))
+    out = []
+    for word in WORD.findall(MARKUP.sub(" ", html.unescape(text))):
+        if held[word] > 0:
+            held[word] -= 1
+        else:
+            out.append(word)
+    return out
+
+
+# a document type declaration, its internal subset included, and the space after it
+DOCTYPE = re.compile(r"<!doctype(?:[^\[>]|\[.*?\])*>\s*", re.I | re.S)
+
+
+def _doctype(text: str) -> str:
+    """The document type declaration `text` begins with, as written (the serialiser would
+    write its own, or invent one where there is none), or ""."""
+    match = DOCTYPE.match(text)
+    return match.group(0) if match else ""
 
 
 class _Reader:
