@@ -267,6 +267,34 @@ def test_a_whole_html_page_and_an_xml_file_keep_their_doctype_and_declaration():
     assert out == '<?xml version="1.0"?><!DOCTYPE r [<!ENTITY e "dog">]><r>THE DOG SLEEPS.</r>'
 
 
+XLIFF = (
+    '<?xml version="1.0"?><xliff version="1.2" xmlns="urn:oasis:names:tc:xliff:document:1.2">'
+    '<file source-language="en" target-language="de"><body><trans-unit id="1">'
+    '<source xml:lang="en">Press <g id="1">Save</g> now.</source><target>old</target>'
+    "</trans-unit></body></file></xliff>",
+    '<xliff version="2.0" xmlns="urn:oasis:names:tc:xliff:document:2.0" srcLang="en" '
+    'trgLang="de"><file id="f"><unit id="u"><segment><source>The dog <pc id="1">sleeps</pc>.'
+    "</source></segment></unit></file></xliff>",
+)
+
+
+@pytest.mark.parametrize("text", XLIFF)
+def test_an_xliff_file_keeps_its_sources_and_gets_each_target(text):
+    doc, out = translate(text, make("xml"))
+    root = etree.fromstring(out.split("?>", 1)[-1].encode())
+    ns = {"x": root.nsmap[None]}
+    source, target = root.find(".//x:source", ns), root.find(".//x:target", ns)
+    assert len(root.findall(".//x:target", ns)) == 1  # one there before is replaced
+    assert re.search("<source.*</source>", text).group() in out  # the source as it was
+    assert (
+        source.getnext() is target
+        and "{http://www.w3.org/XML/1998/namespace}lang" not in target.attrib
+    )
+    assert "".join(target.itertext()) == "".join(source.itertext()).upper()
+    assert [e.tag for e in target.iter()][1:] == [e.tag for e in source.iter()][1:]
+    assert "mtx-source" not in out
+
+
 def test_xliff_codes_and_elements_in_running_text_are_marks():
     s = make("xml")
     text = '<seg>Press <g id="1">Save</g> to <x id="2"/> go <term>on</term>.</seg>'

@@ -455,3 +455,10 @@ def test_a_line_with_no_words_is_the_empty_translation_everywhere(server, checkp
     assert (tmp_path / "out.de").read_text().splitlines() == answer["translations"]
     nbest = invoke("translate", *ckpt, "--nbest", "2", input="\n")  # n lines, as n-best gives
     assert nbest.stdout.splitlines() == ["0 |||  ||| nan ||| nan"] * 2
+    # with a format too: a document without words has no score (null), as in plain
+    for fmt in ("paragraphs", "html"):
+        rows = "".join(json.dumps({"text": x}) + "\n" for x in ("", "   "))
+        got = invoke("translate", *ckpt, "--json", "--format", fmt, input=rows).stdout
+        assert [json.loads(x)["score"] for x in got.splitlines()] == [None, None], (fmt, got)
+        status, answer = server.translate(["", "  "], format=fmt)
+        assert status == 200 and answer["scores"] == [None, None], answer

@@ -97,10 +97,10 @@ def results(sentences: Sentences, outputs: list[Output]) -> list[Translation]:
         text = doc.assemble([(o.text, o.links) for o in done])
         scores = [o.score for o in done]
         probs = [o.log_prob for o in done]
-        output = Output(
+        output = Output(  # a document without sentences has no score, as an empty line has none
             text,
-            None if None in scores else float(sum(scores)),
-            None if None in probs else float(sum(probs)),
+            None if None in scores or not done else float(sum(scores)),
+            None if None in probs or not done else float(sum(probs)),
             sum(o.unmet for o in done),
         )
         out.append(Translation((output,), notes=notes))

@@ -32,6 +32,7 @@ from mtx.documents.atoms import Atom, Kind
 from mtx.documents.unit import Unit
 
 ROOT = "mtx-root"
+KEEP_SOURCE = "mtx-source"  # an XLIFF source whose target is translated (while reading only)
 BREAKS = {"br"}  # a line break: it ends a sentence
 VOID = {"br", "img", "wbr", "hr", "input", "x", "ph", "bx", "ex", "it"}
 BLOCK = {
@@ -150,6 +151,7 @@ def parse(text: str, kind: str, settings) -> Tree:
         tree.serialise()  # what cannot be written back is found now, before translating
     except (etree.LxmlError, ValueError, UnicodeError) as e:
         raise Unreadable(f"not {kind.upper()} the parser can read ({e})") from None
+    _xliff_targets(tree)
     if removed:
         tree.repairs.insert(0, f"{removed} character(s) {kind.upper()} cannot hold read as spaces")
     lost = _lost(text, tree.root)
@@ -157,6 +159,9 @@ def parse(text: str, kind: str, settings) -> Tree:
         shown = " ".join(lost[:20]) + (" ..." if len(lost) > 20 else "")
         tree.repairs.append(f"{len(lost)} word(s) the parser's repair dropped: {shown}")
     _Reader(tree, settings).block(tree.root)
+    for element in tree.root.iter():
+        if isinstance(element.tag, str):
+            element.attrib.pop(KEEP_SOURCE, None)
     return tree
 
 
@@ -201,6 +206,33 @@ def _parse(text: str, kind: str) -> Tree:
         if e.type_name not in NOT_REPAIRS
     ]
     return Tree(root, kind, whole, lead, trail, [], repairs)
+
+
+def _local(element) -> str:
+    tag = element.tag  # "{namespace}name" or "name" (even one broken input made up)
+    return tag.rpartition("}")[2].lower() if isinstance(tag, str) else ""
+
+
+def _xliff_targets(tree: Tree) -> None:
+    """An XLIFF file (1.2's trans-unit, 2.0's segment) keeps each `<source>` as it is and gets
+    its translation in a `<target>` after it (a copy of the source, translated; one that was
+    there is replaced), as translation tools read it."""
+    if tree.kind != "xml":
+        return
+    files = [tree.root] if _local(tree.root) == "xliff" else []
+    files += [e for e in tree.root if _local(e) == "xliff"]  # in a fragment
+    for source in [e for f in files for e in f.iter() if _local(e) == "source"]:
+        parent = source.getparent()
+        if parent is None:
+            continue
+        for old in [e for e in parent if _local(e) == "target"]:
+            parent.remove(old)
+        target = copy.deepcopy(source)
+        target.tag = source.tag[: len(source.tag) - len("source")] + "target"
+        target.attrib.pop("{http://www.w3.org/XML/1998/namespace}lang", None)
+        target.tail = source.tail
+        source.addnext(target)
+        source.set(KEEP_SOURCE, "")  # read as kept: the reader translates the target
 
 
 def _said(message: str) -> str:
@@ -288,8 +320,8 @@ class _Reader:
 
     def kept(self, element) -> bool:
         """Not translated: a comment, a processing instruction, a kept tag, translate="no",
-        class notranslate."""
-        if not isinstance(element.tag, str):
+        class notranslate, an XLIFF source (its target is translated)."""
+        if not isinstance(element.tag, str) or KEEP_SOURCE in element.attrib:
             return True
         if self.name(element) in self.settings.keep_tags:
             return True
