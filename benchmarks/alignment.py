@@ -35,9 +35,17 @@ from mtx.bench.harness import ROOT, result, timed
 M30K_TOK = Path(os.environ.get("M30K_TOK", ROOT.parent / "shared" / "data" / "multi30k-tok"))
 RWTH = Path(os.environ.get("RWTH", ROOT.parent / "shared" / "data" / "rwth-align-dev"))
 MODELS = ("unguided", "guided")
-# the toy model's readings: (layer, heads); None: as trained (the guided model's heads)
-TOY_READINGS = [(-2, None), *((layer, []) for layer in (0, 1))]
-TOY_READINGS += [(layer, [h]) for layer in (0, 1) for h in range(4)]
+# the toy models' readings: (layer, heads, reading); heads None: as trained (a guided model's)
+TOY_READINGS = [(-2, None, "auto")]
+TOY_READINGS += [(layer, [], r) for layer in (0, 1) for r in ("step", "shift")]
+TOY_READINGS += [(layer, [h], "shift") for layer in (0, 1) for h in range(4)]
+# the toy models: unguided, guided in the translating pass (as before train.align_context),
+# guided in a full-context pass (the default)
+TOY_RUNS = {
+    "unguided": [],
+    "guided-causal": ["--set", "train.align_weight=0.05", "--set", "train.align_context=causal"],
+    "guided-full": ["--set", "train.align_weight=0.05"],
+}
 
 
 def mtx(*args: str, threads: int = 1, **kw) -> subprocess.CompletedProcess:
@@ -220,16 +228,20 @@ def cost(work: Path) -> dict:
 
 def train_toys(work: Path, config: str, runs: dict[str, list[str]]) -> None:
     """configs/toy.yaml prepared once, aligned, and trained as each of `runs` says, side by
-    side, one thread each."""
-    first = work / "toy-unguided"
-    mtx("prepare", "-c", config, "--set", f"run_dir={first}", threads=2)
-    shutil.copytree(first / "prepared", work / "toy-guided" / "prepared", dirs_exist_ok=True)
-    mtx("align", "prepared", "-c", config, "--set", f"run_dir={work / 'toy-guided'}", threads=2)
+    side, one thread each (a run whose best.pt exists is kept)."""
+    first = work / "toy-prepared"
+    if not (first / "prepared").is_dir():
+        mtx("prepare", "-c", config, "--set", f"run_dir={first}", threads=2)
+        mtx("align", "prepared", "-c", config, "--set", f"run_dir={first}", threads=2)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     jobs = []
     for name, extra in runs.items():
+        run = work / f"toy-{name}"
+        if (run / "checkpoints" / "best.pt").is_file():
+            continue
+        shutil.copytree(first / "prepared", run / "prepared", dirs_exist_ok=True)
         cmd = [sys.executable, "-m", "mtx", "train", "-c", config]
-        cmd += ["--set", f"run_dir={work / f'toy-{name}'}", "--set", "train.threads=1", *extra]
+        cmd += ["--set", f"run_dir={run}", "--set", "train.threads=1", *extra]
         jobs.append(
             subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         )
@@ -238,9 +250,10 @@ def train_toys(work: Path, config: str, runs: dict[str, list[str]]) -> None:
 
 
 def toy_gold(work: Path) -> dict:
-    """The same three aligners on the toy corpus, whose generator says its gold links: eflomal
-    on the training and test pairs, configs/toy.yaml trained without and with guidance side by
-    side (one thread each), each scored on the 500 test pairs."""
+    """The aligners on the toy corpus, whose generator says its gold links: eflomal on the
+    training and test pairs, configs/toy.yaml trained without guidance, with guidance in the
+    translating pass and in a full-context pass, side by side (one thread each), each read in
+    several ways (`TOY_READINGS`) and scored on the 500 test pairs."""
     from mtx.align import aer
     from mtx.align.links import Alignments
     from mtx.align.statistical import align_pairs
@@ -252,24 +265,28 @@ def toy_gold(work: Path) -> dict:
     pairs = toy.split_pairs("train") + test
     took, links = timed(lambda: list(align_pairs(pairs)), repeats=1, warmup=0)
     figures = {"eflomal": aer.score(links[-500:], truth).to_json() | {"seconds": round(took.best)}}
-    runs = {"unguided": [], "guided": ["--set", "train.align_weight=0.05"]}
-    train_toys(work, config, runs)
+    train_toys(work, config, TOY_RUNS)
     (work / "toy.en").write_text("".join(en + "\n" for en, _ in test), encoding="utf-8")
     (work / "toy.de").write_text("".join(de + "\n" for _, de in test), encoding="utf-8")
-    for name in runs:
+    for name in TOY_RUNS:
         ckpt = work / f"toy-{name}" / "checkpoints" / "best.pt"
         rows = {}
-        for layer, heads in TOY_READINGS:
+        for layer, heads, reading in TOY_READINGS:
             if name == "unguided" and heads is None:
                 continue
-            extra = ["--set", f"decode.align_layer={layer}"]
+            extra = [
+                "--set",
+                f"decode.align_layer={layer}",
+                "--set",
+                f"decode.align_reading={reading}",
+            ]
             if heads is not None:
                 extra += ["--set", f"decode.align_heads=[{','.join(map(str, heads))}]"]
             out = mtx("score", "--checkpoint", str(ckpt), "--src", str(work / "toy.en"), "--tgt",
                       str(work / "toy.de"), "--alignments", "--device", "cpu", *extra, threads=2)  # fmt: skip
             got = [_links(line) for line in out.stdout.splitlines()]
-            label = "as trained" if heads is None else f"layer {layer}, heads {heads or 'all'}"
-            rows[label] = aer.score(got, truth).to_json()
+            label = f"layer {layer}, heads {heads or 'all'}, {reading}"
+            rows["as trained" if heads is None else label] = aer.score(got, truth).to_json()
         figures[name] = rows
     return figures
 

@@ -429,7 +429,7 @@ def _from_payload(payload: Any, path: Path) -> Checkpoint:
         )
     init, averaged, manifest = get("init_from"), get("averaged_from"), get("manifest")
     try:
-        config = from_dict(payload["config"])
+        config = from_dict(_older_config(payload["config"]))
     except MtxError as e:
         raise MtxError(f"{path}: its config: {e}") from None
     return Checkpoint(
@@ -444,6 +444,16 @@ def _from_payload(payload: Any, path: Path) -> Checkpoint:
         resume=resume,
         mtx_version=get("mtx_version") or "unknown",
     )
+
+
+def _older_config(config: Any) -> Any:
+    """A config as this mtx reads it where a setting's default changed after the checkpoint
+    was written: a guided model written before train.align_context was trained in the causal
+    pass (the default is now full)."""
+    train = config.get("train") if isinstance(config, dict) else None
+    if isinstance(train, dict) and train.get("align_weight") and "align_context" not in train:
+        return config | {"train": train | {"align_context": "causal"}}
+    return config
 
 
 # --- averaging (the paper's section 6.1) --------------------------------------------------

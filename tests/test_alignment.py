@@ -98,6 +98,23 @@ def test_words_are_read_from_pieces():
     assert pieces.to_words([(0, 0), (7, 1)], src, tgt) == set()
 
 
+def test_attention_over_pieces_becomes_attention_over_words():
+    """pieces.word_matrix: a target word's row is its pieces' mean, a source word's column its
+    pieces' sum, and attention on pieces that are no word goes to the null column."""
+    import torch
+
+    src = pieces.word_index(["\u2581the", "\u2581dog", "gy", None])  # the dog|gy EOS
+    tgt = pieces.word_index(["\u2581der", "\u2581hun", "d", None])  # der hun|d EOS
+    attention = torch.tensor(
+        [[0.7, 0.1, 0.1, 0.1], [0.1, 0.3, 0.4, 0.2], [0.0, 0.1, 0.1, 0.8], [0.25] * 4],
+        dtype=torch.float64,
+    )
+    words = pieces.word_matrix(attention, src, tgt)
+    expected = [[0.7, 0.2, 0.1], [0.05, 0.45, 0.5]]  # (der, hund) x (the, doggy, null)
+    torch.testing.assert_close(words, torch.tensor(expected, dtype=torch.float64))
+    assert words.sum(1).tolist() == pytest.approx([1.0, 1.0])
+
+
 def test_the_toy_generator_says_its_word_links():
     pairs, links = toy.split_pairs("test"), toy.alignments("test")
     assert len(links) == len(pairs)
@@ -135,6 +152,13 @@ def test_align_corpus_writes_pharaoh_lines(tmp_path):
         and "short.de: 1 lines, but" in out.output
         and "c.en has more" in out.output
     )
+    assert not (tmp_path / "none").exists()
+    for samplers in ("1", "9", "-1"):  # eflomal runs 2 to 8 (0: one a core)
+        for command in (["corpus", "--src", tmp_path / "c.en", "--tgt", tmp_path / "c.de",
+                         "--output", tmp_path / "none"], ["prepared"]):  # fmt: skip
+            out = invoke("align", *command, "--samplers", samplers)
+            assert out.exit_code == 2 and out.output.count("\n") == 1, out.output
+            assert f"--samplers {samplers}: eflomal runs 2 to 8 samplers" in out.output
     assert not (tmp_path / "none").exists()
 
 

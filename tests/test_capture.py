@@ -2,16 +2,19 @@
 attention the model computed, in eval and in training (with their graph), the model runs as
 it would without the reading, and one rule names the layer read for training and decoding."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import tiny_model_config
 
-from mtx.config import Config, DecodeConfig, TrainConfig
+from mtx.config import Config, DecodeConfig, TrainConfig, load_config
 from mtx.errors import MtxError
 from mtx.model.attention import attention
 from mtx.model.capture import Heads, capture_cross_attention
 from mtx.model.transformer import Transformer
 from mtx.tokens import BOS_ID, EOS_ID, PAD_ID
+from mtx.train.loss import alignment_loss
 from mtx.train.step import Guide, LossModel
 
 V = 40
@@ -135,3 +138,103 @@ def test_the_guided_loss_reads_its_heads_under_torch_compile_as_in_eager():
     out = compiled(src, tgt_in, tgt_out, index, True, align)
     assert eager.align is not None and eager.align > 0
     torch.testing.assert_close(tuple(out), tuple(eager))
+
+
+def by_hand_full(model, src, tgt_in, layer: int) -> torch.Tensor:
+    """The encoder-decoder attention of `layer` in a pass without the causal mask, each
+    position attending to every target token that is not padding."""
+    memory, mask = model.encode(src)
+    own = (tgt_in != PAD_ID).unsqueeze(1)
+    x = model.embed_tokens(tgt_in)
+    for i, block in enumerate(model.decoder_layers):
+        h = block.self_attn_norm(x + block.self_attn(x, mask=own))
+        if i == layer:
+            q = block.cross_attn.project_q(h)
+            k, v = block.cross_attn.project_kv(memory)
+            return attention(q, k, v, mask.unsqueeze(1), False)[1]
+        x = block(x, memory, mask, full=own)
+    raise AssertionError(layer)
+
+
+def full_weights(model, src, tgt_in, layer: int) -> torch.Tensor:
+    with torch.no_grad(), capture_cross_attention(model, [layer], stop=True) as seen:
+        model.full_context(tgt_in, *model.encode(src), layer + 1)
+    return seen[layer]
+
+
+def step_weights(model, src, tgt_in, layer: int) -> torch.Tensor:
+    with torch.no_grad(), capture_cross_attention(model, [layer], stop=True) as seen:
+        model.decode(tgt_in, *model.encode(src))
+    return seen[layer]
+
+
+def test_the_full_context_pass_sees_every_target_token_and_no_padding():
+    """Garg et al.'s alignment pass (Transformer.full_context): no causal mask, so a row sees
+    the tokens after it; the target's padding is masked, so a padded sentence reads as alone."""
+    model, src, tgt_in = model_and_batch()
+    with torch.no_grad():
+        for layer in (0, 2):
+            expected = by_hand_full(model, src, tgt_in, layer)
+            torch.testing.assert_close(full_weights(model, src, tgt_in, layer), expected)
+    later = tgt_in.clone()
+    later[0, 3] = 20  # the last token of the first sentence
+    assert not torch.allclose(full_weights(model, src, later, 1)[0, :, 0],
+                              full_weights(model, src, tgt_in, 1)[0, :, 0])  # fmt: skip
+    assert torch.equal(step_weights(model, src, later, 1)[0, :, 0],
+                       step_weights(model, src, tgt_in, 1)[0, :, 0])  # fmt: skip
+    alone = full_weights(model, src[1:, :3], tgt_in[1:, :3], 1)
+    torch.testing.assert_close(full_weights(model, src, tgt_in, 1)[1:, :, :3, :3], alone)
+
+
+def test_only_a_decoder_with_its_own_attention_has_a_full_context_pass():
+    from mtx.config import ModelConfig
+    from mtx.model.rnn import RNN
+
+    model, src, tgt_in = model_and_batch()
+    ssru = Transformer(tiny_model_config(decoder_self="ssru"), V)
+    with pytest.raises(MtxError, match="decoder_self ssru is recurrent"):
+        ssru.full_context(tgt_in, *ssru.encode(src), 1)
+    rnn = RNN(ModelConfig(arch="rnn", d_model=16, encoder_layers=1, decoder_layers=1), V)
+    with pytest.raises(MtxError, match="RNN has no full-context pass"):
+        rnn.full_context(tgt_in, *rnn.encode(src), 1)
+    with pytest.raises(MtxError, match="train.align_context full needs the decoder's own"):
+        load_config(None, ["train.align_weight=0.05", "model.decoder_self=ssru"])
+
+
+def test_each_reading_is_chosen_once_for_training_and_decoding():
+    guided = Config(train=TrainConfig(align_weight=0.05))
+    assert Heads.guide(guided).reading == "full" == Heads.of(guided).reading
+    causal = Config(train=TrainConfig(align_weight=0.05, align_context="causal"))
+    assert Heads.guide(causal).reading == "step" == Heads.of(causal).reading
+    assert Heads.of(Config()).reading == "step"  # a model trained without guidance
+    asked = Config(train=guided.train, decode=DecodeConfig(align_reading="step"))
+    assert Heads.of(asked) == dataclasses.replace(Heads.guide(guided), reading="step")
+    named = Config(decode=DecodeConfig(align_heads=[1], align_reading="full"))
+    assert Heads.of(named) == Heads(-1, (1,), reading="full")
+
+
+def test_the_guided_loss_in_full_context_reads_the_full_context_pass():
+    model, src, tgt_in = model_and_batch(layers=2)
+    model.train()  # tiny_model_config has no dropout
+    tgt_out = torch.tensor([[11, 12, 13, EOS_ID], [14, 15, EOS_ID, PAD_ID]])
+    index = (tgt_out.flatten() != PAD_ID).nonzero().squeeze(1)
+    align = (torch.tensor([[0, 0, 0], [0, 1, 1], [1, 0, 1]]), torch.tensor([1.0, 1.0, 1.0]))
+    losses = {}
+    for context in ("full", "causal"):
+        cfg = Config(train=TrainConfig(align_weight=0.05, align_layer=0, align_context=context))
+        losses[context] = LossModel(model, 0.1, Guide.of(cfg))(
+            src, tgt_in, tgt_out, index, True, align
+        )
+    plain = LossModel(model, 0.1)(src, tgt_in, tgt_out, index, True)
+    # full context reads the target tokens themselves; causal, the decoder's inputs
+    for context, read, tokens in (
+        ("full", full_weights, tgt_out),
+        ("causal", step_weights, tgt_in),
+    ):
+        expected = alignment_loss(read(model, src, tokens, 0)[:, :1], *align)
+        torch.testing.assert_close(losses[context].align, expected)
+        # the translating pass is the same: only the alignment term is added
+        torch.testing.assert_close(losses[context].nll, plain.nll)
+    assert not torch.allclose(losses["full"].align, losses["causal"].align)
+    losses["full"].loss.backward()
+    assert model.decoder_layers[0].self_attn.in_proj.weight.grad is not None

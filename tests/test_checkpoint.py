@@ -106,6 +106,23 @@ def test_a_checkpoint_of_the_first_format_loads_and_resumes(tmp_path):
     assert not torch.equal(resumed.model["embed.weight"], ckpt.model["embed.weight"])
 
 
+def test_a_guided_model_written_before_align_context_aligns_as_it_was_trained(tmp_path):
+    """train.align_context's default is full; a guided checkpoint written before the setting
+    existed was trained in the translating pass, and loads as causal. Any other keeps its own."""
+    payload = torch.load(FIXTURE, weights_only=True)
+    payload["config"]["train"] |= {"align_weight": 0.05}
+    payload["config"]["train"].pop("align_context", None)
+    torch.save(payload, tmp_path / "older.pt")
+    assert Checkpoint.load(tmp_path / "older.pt").config.train.align_context == "causal"
+    payload["config"]["train"]["align_context"] = "full"
+    torch.save(payload, tmp_path / "newer.pt")
+    assert Checkpoint.load(tmp_path / "newer.pt").config.train.align_context == "full"
+    payload["config"]["train"] |= {"align_weight": 0.0}
+    payload["config"]["train"].pop("align_context")
+    torch.save(payload, tmp_path / "plain.pt")
+    assert Checkpoint.load(tmp_path / "plain.pt").config.train.align_context == "full"
+
+
 def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path):
     payload = torch.load(FIXTURE, weights_only=True)
     payload["format"] = f"{checkpoint.FORMAT_NAME}-{checkpoint.FORMAT_VERSION + 1}"

@@ -50,9 +50,11 @@ def aligned(tmp_path_factory, prepared):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, aligned):
-    """The same model trained 150 updates without and with guidance (same seed and data)."""
+    """The same model trained 150 updates without guidance, with guidance in full context
+    (the default) and in the translating pass (same seed and data)."""
     root = tmp_path_factory.mktemp("guided")
-    for name, extra in (("plain", []), ("guided", GUIDED)):
+    causal = [*GUIDED, "train.align_context=causal"]
+    for name, extra in (("plain", []), ("guided", GUIDED), ("causal", causal)):
         train(run_config(root / name, aligned, *SHAPE, "train.max_steps=150", *extra), **QUIET)
     return root
 
@@ -78,8 +80,12 @@ def test_guided_training_aligns_far_better_than_any_unguided_head(runs):
         for layer in (0, 1)
         for heads in ([], [0], [1])
     }
+    causal = toy_aer(runs / "causal" / "checkpoints" / "last.pt")
     # 150 updates: the guided head already links most words right; no unguided head does
     assert guided < min(unguided.values()) - 0.15, (guided, unguided)
+    # trained and read where the word is seen, the head learns far faster than where the word
+    # is predicted (0.25 against 0.70 on one host)
+    assert guided < causal - 0.15, (guided, causal)
     # its loss is logged on its own, and falls; a run without guidance logs none
     logged = [r["align_loss"] for r in records(runs / "guided", "train")]
     assert len(logged) > 20 and np.mean(logged[-10:]) < 0.9 * np.mean(logged[:10]), logged
@@ -138,6 +144,12 @@ def test_guidance_without_alignments_or_with_stale_ones_is_refused(tmp_path, pre
     (stale / "align" / "info.json").write_text(json.dumps(info | {"train_sha256": "0"}))
     with pytest.raises(MtxError, match="holds alignments of other prepared data"):
         train(run_config(tmp_path / "stale", stale, *SHAPE, *GUIDED), **QUIET)
+    # the same text, another vocabulary (links of other pieces), or links of an older mtx
+    for changed in ({"spm_sha256": "0"}, {}):
+        stale_info = {k: v for k, v in info.items() if k != "spm_sha256"} | changed
+        (stale / "align" / "info.json").write_text(json.dumps(stale_info))
+        with pytest.raises(MtxError, match="holds alignments of other prepared data"):
+            train(run_config(tmp_path / "stale", stale, *SHAPE, *GUIDED), **QUIET)
 
 
 @pytest.mark.parametrize(

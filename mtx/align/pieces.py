@@ -8,8 +8,12 @@ text (EOS, language tags, other special ids) belong to no word. On text that Sen
 does not normalise into other whitespace, these are exactly the whitespace tokens of the
 line, and of the detokenised output.
 
-Piece links become word links when any piece of the source word is linked to any piece of the
-target word (the rule of fairseq, Marian and awesome-align); word links become piece links
+A model's attention over pieces becomes attention over words (`word_matrix`): a target word's
+row is the mean of its pieces' rows, a source word's column the sum of its pieces' columns,
+and what falls on pieces that are no word (EOS, a language tag) is the null word's (decode/
+align.py links each target word to its best source word, or to none). Piece links become word
+links when any piece of the source word is linked to any piece of the target word
+(`to_words`: fairseq's, Marian's and awesome-align's rule); word links become piece links
 between every piece of the two words (how Garg et al. train on subwords).
 """
 
@@ -53,6 +57,27 @@ def words(pieces: list[str | None]) -> list[str]:
             out.append("")
         out[w] += p.replace(MARK, "")
     return out
+
+
+def word_matrix(attention, src: list[int | None], tgt: list[int | None]):
+    """(target words, source words + 1) from a (target pieces, source pieces) attention
+    matrix (a torch tensor), `src` and `tgt` each piece's word (`word_index`): a target word's
+    row is the mean of its pieces' rows, each source word's column the sum of its pieces'
+    columns, and the last column the attention on pieces that are no word (EOS, a language
+    tag): the null word."""
+    import torch
+
+    n_src = max((w for w in src if w is not None), default=-1) + 1
+    n_tgt = max((w for w in tgt if w is not None), default=-1) + 1
+    columns = torch.tensor([n_src if w is None else w for w in src])
+    by_source = attention.new_zeros(attention.size(0), n_src + 1)
+    by_source.index_add_(1, columns, attention)  # (target pieces, source words + null)
+    rows = [j for j, w in enumerate(tgt[: attention.size(0)]) if w is not None]
+    owner = torch.tensor([tgt[j] for j in rows], dtype=torch.long)
+    out = attention.new_zeros(n_tgt, n_src + 1)
+    out.index_add_(0, owner, by_source[rows])
+    count = torch.bincount(owner, minlength=n_tgt).clamp_min(1).to(out.dtype)
+    return out / count.unsqueeze(1)
 
 
 def to_words(links: list[Link], src: list[int | None], tgt: list[int | None]) -> set[Link]:

@@ -30,11 +30,18 @@ def default_samplers() -> int:
     return max(2, min(8, len(os.sched_getaffinity(0))))
 
 
+def check_samplers(samplers: int) -> None:
+    """0 (one a core) or 2 to 8 parallel samplers, as eflomal takes; else MtxError."""
+    if samplers != 0 and not 2 <= samplers <= 8:
+        raise MtxError(f"--samplers {samplers}: eflomal runs 2 to 8 samplers (0: one a core)")
+
+
 def align_pairs(
     pairs: Iterable[tuple[str, str]], chunk: int = CHUNK, samplers: int = 0, log=None
 ) -> Iterator[set[Link]]:
     """The symmetrised links of each (source, target) pair of words, in order, a chunk of
     pairs at a time."""
+    check_samplers(samplers)
     it = iter(pairs)
     done = 0
     while part := list(islice(it, chunk)):

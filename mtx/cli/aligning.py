@@ -46,8 +46,10 @@ def prepared(
 ) -> None:
     """Align the prepared training data with eflomal (both directions, grow-diag-final-and)
     into RUN/prepared/align, for train.align_weight."""
+    from mtx.align.statistical import check_samplers
     from mtx.data.aligned import align_prepared
 
+    run(check_samplers, samplers)
     cfg = load(config, set)
     path = run(align_prepared, cfg, chunk, samplers, log)
     log(f"alignments in {path}")
@@ -67,9 +69,10 @@ def corpus(
     word indices from 0) per pair, on stdout or into --output, read and aligned a chunk at a
     time."""
     from mtx.align.links import format_links, stream_pairs
-    from mtx.align.statistical import align_pairs
+    from mtx.align.statistical import align_pairs, check_samplers
     from mtx.files import atomic_write
 
+    run(check_samplers, samplers)
     lines = (format_links(x) + "\n" for x in align_pairs(stream_pairs(src, tgt), chunk, samplers))
     if output is None:  # each chunk's lines as soon as it is aligned
         return run(lambda: sys.stdout.writelines(lines))

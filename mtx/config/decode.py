@@ -24,6 +24,8 @@ Stopping = Literal["k_finished", "exact", "never"]  # when a beam search ends a 
 SearchMode = Literal["shrinking", "static", "graphs", "auto"]
 Format = Literal["plain", "paragraphs", "html", "xml"]  # what a line is (mtx/documents/)
 DType = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+# where alignments are read (decode/align.py)
+AlignReading = Literal["auto", "full", "shift", "step"]
 
 
 @dataclass
@@ -79,6 +81,21 @@ class DecodeConfig:
         [],
         "alignments: these heads of align_layer, averaged (empty: the guided heads of a model "
         "trained with train.align_weight, else every head)",
+    )
+    align_reading: AlignReading = setting(
+        "auto",
+        "alignments: where the attention is read (decode/align.py): full, a pass over the "
+        "target without the causal mask (what a model trained with train.align_context full "
+        "aligns in); step, the row that predicts the target token; shift, the row that reads "
+        "it (Chen et al. 2020's Shift-Att; worse than step on every model measured: "
+        "BENCHMARKS.md); auto: a guided model as it was trained, any other step",
+    )
+    align_threshold: float = setting(
+        0.0,
+        "alignments: a target word whose attention on its best source word (its pieces' mean) "
+        "is below this is left unaligned, as is one that attends most to no word (EOS); 0: "
+        "only those",
+        Range(0, 1),
     )
     shortlist: str = setting(
         "",

@@ -9,6 +9,9 @@ from mtx.config.fields import AT_LEAST_1, FRACTION, LAYER, NOT_NEGATIVE, POSITIV
 from mtx.config.model import PARTS, Part
 from mtx.errors import MtxError
 
+# guided alignment: the pass whose attention is trained (model/transformer.py's full_context)
+AlignContext = Literal["full", "causal"]
+
 
 @dataclass
 class TrainConfig:
@@ -147,6 +150,14 @@ class TrainConfig:
     )
     align_heads: int = setting(
         1, "guided alignment: how many of that layer's heads (the first) are trained", POSITIVE
+    )
+    align_context: AlignContext = setting(
+        "full",
+        "guided alignment: the pass whose attention is trained, and later read: full, an extra "
+        "pass of the decoder layers up to align_layer without the causal mask, so that a "
+        "target word is aligned once it is seen (Garg et al. 2019; the better on every set "
+        "measured: BENCHMARKS.md, docs/alignment.md); causal, the translating pass itself, "
+        "where target word t is aligned while it is predicted",
     )
     threads: int = setting(0, "CPU threads for torch (0: torch's default)", NOT_NEGATIVE)
     dist_timeout: float = setting(

@@ -92,6 +92,11 @@ class Config:
                 "train.align_weight guides a Transformer's attention, trained eager: it takes "
                 "model.arch transformer and no train.compile true"
             )
+        if t.align_context == "full" and m.decoder_self != "attention":
+            raise MtxError(
+                f"train.align_context full needs the decoder's own attention; model.decoder_self "
+                f"{m.decoder_self} is recurrent: set train.align_context causal"
+            )
         if t.align_heads > m.n_heads:
             raise MtxError(
                 f"train.align_heads ({t.align_heads}) is more than model.n_heads ({m.n_heads})"

@@ -3,12 +3,25 @@
 After the search, each output is read again by the model in one forced pass (as `mtx score`
 reads a pair: score.py's batches of one padded shape) up to one decoder layer (model/
 capture.py's `Heads`), its encoder-decoder attention read from beside the model; the layers
-above it and the output projection do not run. The attention when predicting target piece t, averaged over the
-chosen heads, names one source piece: the most attended (Garg et al. 2019's hard alignment;
-fairseq's and Marian's too). A target piece whose most attended source piece is no text
-(EOS, a language tag) is unaligned. Piece links become word links when any pieces of the two
-words are linked (mtx/align/pieces.py); words are the whitespace tokens of the source line and
-of the detokenised output, both counted from 0 (Pharaoh's `i-j`).
+above it and the output projection do not run. Where target piece t's row is read
+(`decode.align_reading`):
+
+- full: a pass over the target pieces themselves without the causal mask (the model's
+  `full_context`), row t: the piece is seen, with every other, when it is aligned. What a
+  model trained with guided alignment in full context (`train.align_context full`, the
+  default) learnt to align in (after Garg et al. 2019).
+- step: the translating pass, the row that predicts piece t, before the model knows it (a
+  model trained without guidance, or guided in the causal pass).
+- shift: the translating pass, the row whose input is piece t (Chen et al. 2020's Shift-Att);
+  worse than step on every model measured (BENCHMARKS.md, "Word alignment").
+
+The chosen heads' rows are averaged; pieces become words (mtx/align/pieces.py's
+`word_matrix`): a target word's row is the mean of its pieces', a source word's column the sum
+of its pieces', and attention on pieces that are no word (EOS, a language tag) goes to a null
+word. Each target word is linked to its best source word, unless the null word is best or the
+best holds less than `decode.align_threshold` (then it is unaligned). Words are the
+whitespace tokens of the source line and of the detokenised output, both counted from 0
+(Pharaoh's `i-j`).
 
 Which heads (`Heads.of`): a model trained with guided alignment (train.align_weight above 0)
 is read at the heads it was trained on (train.align_layer, its first train.align_heads heads);
@@ -31,6 +44,7 @@ import torch
 
 from mtx.align import pieces as P
 from mtx.align.links import Link
+from mtx.data.batching import pad
 from mtx.decode.parts import Parts
 from mtx.decode.score import Scorer
 from mtx.errors import MtxError
@@ -50,16 +64,35 @@ class Aligner:
             )
         self.parts, self.scorer = parts, Scorer(parts, tgt_lang)
         self.heads = Heads.of(parts.config)
-        self.layer = self.heads.index(len(model.cross_attention_modules()))
+        layers = len(model.cross_attention_modules())
+        Heads(parts.config.decode.align_layer).index(layers)  # a layer out of range: refused
+        self.layer = self.heads.index(layers)
         self.n_prefix = len(parts.codec.languages.source_prefix(tgt_lang) or ())
 
     def word_links(self, src: list[list[int]], outputs: list[list[int]]) -> list[set[Link]]:
-        """The word links of each (source ids with EOS, output ids without EOS) pair."""
+        """The word links of each (source ids with EOS, output ids without EOS) pair: each
+        target word with its best source word (`word_matrices`), unless the null word (EOS,
+        a language tag) is best or the best holds less than decode.align_threshold."""
+        threshold = self.parts.config.decode.align_threshold
+        out = []
+        for matrix in self.word_matrices(src, outputs):
+            null = matrix.size(1) - 1
+            best = matrix.argmax(-1)  # (target words,); a matrix has the null column
+            weight = matrix.gather(1, best.unsqueeze(1)).squeeze(1)
+            out.append({
+                (int(i), j) for j, (w, i) in enumerate(zip(weight.tolist(), best.tolist()))
+                if i != null and w >= threshold
+            })  # fmt: skip
+        return out
+
+    def word_matrices(self, src: list[list[int]], outputs: list[list[int]]) -> list[torch.Tensor]:
+        """Per (source ids with EOS, output ids without EOS) pair, the attention of each
+        target word over the source words and, last, the null word (pieces.py's
+        `word_matrix`; float64, on the CPU)."""
         tgt = [list(t) + [EOS_ID] for t in outputs]
-        pieces = self.piece_links(src, tgt)
         return [
-            P.to_words(links, self.words(s, self.n_prefix), self.words(t))
-            for s, t, links in zip(src, outputs, pieces)
+            P.word_matrix(matrix, self.words(s, self.n_prefix), self.words(t))
+            for s, t, matrix in zip(src, outputs, self.matrices(src, tgt))
         ]
 
     def words(self, ids: list[int], skip: int = 0) -> list[int | None]:
@@ -73,22 +106,31 @@ class Aligner:
         )  # fmt: skip
 
     @torch.no_grad()
-    def piece_links(self, src: list[list[int]], tgt: list[list[int]]) -> list[list[Link]]:
-        """Each target piece's (before EOS) most attended source position, per pair."""
-        out: list[list[Link]] = [[] for _ in src]
-        model, layer = self.parts.model, self.layer
+    def matrices(self, src: list[list[int]], tgt: list[list[int]]) -> list[torch.Tensor]:
+        """Per pair, the attention (float64, on the CPU) of each target piece before EOS
+        (rows) over the source pieces (columns), the heads read summed, as the reading says
+        (`Heads.reading`): in a full-context pass, or in the translating pass at the row that
+        predicts the piece (step) or reads it (shift)."""
+        out: list[torch.Tensor] = [torch.empty(0) for _ in src]
+        model, layer, reading = self.parts.model, self.layer, self.heads.reading
+        shift = 1 if reading == "shift" else 0
+        given = list(self.parts.codec.start(self.scorer.tgt_lang))
         for rows in self.scorer.batches(src, tgt):
             source, tgt_in, n = self.scorer.inputs(src, tgt, rows)
             # the layers above the one read and the output projection do not run
             with capture_cross_attention(model, [layer], stop=True) as seen:
                 memory, mask = model.encode(source)
-                model.decode(tgt_in, memory, mask)
+                if reading == "full":  # the tokens themselves, not shifted
+                    own = [given + tgt[i] for i in rows]
+                    tokens = pad(own, length=tgt_in.size(1)).to(tgt_in.device)
+                    model.full_context(tokens, memory, mask, layer + 1)
+                else:
+                    model.decode(tgt_in, memory, mask)
             weights = self.heads.pick(seen[layer])  # (B, h, n + T, S)
-            summed = weights[:, :, n:].double().cpu().sum(1)  # (B, T, S), in order of heads
+            summed = weights[:, :, n + shift :].double().cpu().sum(1)  # (B, T, S), heads in order
             for r, i in enumerate(rows):
                 t, s = len(tgt[i]) - 1, len(src[i])
-                best = summed[r, :t, :s].argmax(-1).tolist()
-                out[i] = [(best[j], j) for j in range(t)]
+                out[i] = summed[r, :t, :s] / weights.size(1)
         return out
 
 

@@ -21,41 +21,57 @@ is refused in one line naming the setting; heads are counted from 0 within the l
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from torch import Tensor
 
 from mtx.errors import MtxError
 from mtx.model.interface import Decodable
 
+# Where target token t's row is read (decode/align.py): "full", a pass without the causal mask
+# (the model's `full_context`), row t; "shift", the translating pass, the row whose decoder
+# input is token t (Chen et al. 2020's Shift-Att); "step", the translating pass, the row that
+# predicts token t.
+Reading = Literal["full", "shift", "step"]
+
 
 @dataclass(frozen=True)
 class Heads:
-    """The decoder layer and heads whose encoder-decoder attention is read."""
+    """The decoder layer and heads whose encoder-decoder attention is read, and in which pass."""
 
     layer: int  # as set: from 0, negative from the last
     heads: tuple[int, ...] = ()  # () every head
     guided: bool = False  # the heads guided alignment trained (train.align_*)
     setting: str = "decode.align_layer"  # what names the layer in an error
+    reading: Reading = "step"
 
     @classmethod
     def of(cls, cfg) -> Heads:
         """The heads a model of config `cfg` aligns with: decode.align_heads where named (at
         decode.align_layer), else the guided ones of a model trained with train.align_weight,
-        else every head of decode.align_layer."""
+        else every head of decode.align_layer; read as decode.align_reading says (auto: a
+        guided model in the pass it was trained in, any other at the row that predicts the
+        token, which aligned better than Shift-Att on every model measured)."""
         t, d = cfg.train, cfg.decode
+        asked = None if d.align_reading == "auto" else d.align_reading
         if d.align_heads:
-            return cls(d.align_layer, tuple(d.align_heads))
+            return cls(d.align_layer, tuple(d.align_heads), reading=asked or "step")
         if t.align_weight > 0:
-            return cls.guide(cfg)
-        return cls(d.align_layer)
+            guided = cls.guide(cfg)
+            return guided if asked is None else dataclasses.replace(guided, reading=asked)
+        return cls(d.align_layer, reading=asked or "step")
 
     @classmethod
     def guide(cls, cfg) -> Heads:
-        """The heads guided alignment trains: train.align_layer's first train.align_heads."""
+        """The heads guided alignment trains: train.align_layer's first train.align_heads, in
+        the pass train.align_context says."""
         t = cfg.train
-        return cls(t.align_layer, tuple(range(t.align_heads)), True, "train.align_layer")
+        reading: Reading = "full" if t.align_context == "full" else "step"
+        heads = tuple(range(t.align_heads))
+        return cls(t.align_layer, heads, True, "train.align_layer", reading)
 
     def index(self, layers: int) -> int:
         """The layer from 0 in a decoder of `layers` layers, or MtxError."""

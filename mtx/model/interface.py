@@ -26,7 +26,10 @@ Shape legend: N hypothesis rows, S source length, T decoder inputs, V vocabulary
   it projects (`decode` is their product; `capabilities.output_matrix`: one model, not an
   ensemble).
 - `cross_attention_modules()`: the encoder-decoder attention of each decoder layer, which
-  model/capture.py reads from beside the model (`capabilities.attention`).
+  model/capture.py reads from beside the model (`capabilities.attention`);
+  `full_context(tgt_in, memory, src_mask, layers)`: the first decoder layers over the whole
+  target without the causal mask, the pass whose attention a guided model aligns in (the
+  Transformer with an attention self-sublayer; any other refuses).
 - `members()`: the single models it decodes with, in order (itself, or an ensemble's).
 - `specials`: the token its decoder starts from and the ids it never outputs (mtx/tokens.py).
 
@@ -87,6 +90,8 @@ class Decodable(Protocol):
 
     def cross_attention_modules(self) -> list[Any]: ...
 
+    def full_context(self, tgt_in: Tensor, memory: Any, src_mask: Any, layers: int) -> Tensor: ...
+
 
 class Lacks:
     """The methods of the capabilities a kind lacks, each refusing in one line. A class
@@ -121,3 +126,6 @@ class Lacks:
 
     def cross_attention_modules(self) -> list[Any]:
         raise self._lacks("single attention to read")
+
+    def full_context(self, tgt_in: Tensor, memory: Any, src_mask: Any, layers: int) -> Tensor:
+        raise self._lacks("full-context pass (align in context causal)")

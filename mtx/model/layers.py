@@ -113,8 +113,11 @@ class DecoderLayer(nn.Module):
         memory: Tensor | None,  # (B, S, d) encoder output; None when `cache` holds its k/v
         src_mask: Tensor | None,  # (B, 1, S)
         cache: LayerCache | None = None,  # incremental decoding (model/cache.py)
+        full: Tensor | None = None,  # (B, 1, T) the target's own tokens: a full-context pass
     ) -> Tensor:
-        """Without `cache`: the whole target prefix at once, causally masked.
+        """Without `cache`: the whole target prefix at once, causally masked; with `full`
+        (Transformer.full_context), every position attends to every target token that `full`
+        marks (no causal mask: the alignment pass of Garg et al. 2019).
 
         With `cache` (incremental decoding): `x` holds only the newest position(s); keys and
         values of earlier positions are read from, and the new ones appended to, `cache`, and
@@ -123,6 +126,8 @@ class DecoderLayer(nn.Module):
         """
         if self.recurrent:
             mask, causal = None, False  # a recurrence is causal by construction
+        elif full is not None:
+            mask, causal = full, False
         elif cache is None:
             mask, causal = None, True
         else:

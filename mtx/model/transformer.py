@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from mtx.config import ModelConfig
+from mtx.errors import MtxError
 from mtx.model.attention import MultiHeadAttention
 from mtx.model.base import EncoderDecoder
 from mtx.model.cache import GrowingCache, StaticCache
@@ -179,6 +180,26 @@ class Transformer(EncoderDecoder, Lacks, nn.Module):
             x = layer(x, memory, src_mask, None if cache is None else cache.layers[i])
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        return x
+
+    def full_context(
+        self, tokens: Tensor, memory: Tensor, src_mask: Tensor | None, layers: int
+    ) -> Tensor:
+        """The alignment pass (after Garg et al. 2019's full-context alignment): the first
+        `layers` decoder layers over the target tokens (B, T) themselves, not shifted behind a
+        start token, at once and without the causal mask: position t reads token t and sees
+        every other; padding is masked. The states after those layers (B, T, d); what is read
+        is their encoder-decoder attention (model/capture.py). A recurrent self-sublayer (an
+        SSRU) is causal by construction and has no such pass."""
+        if decoder_self(self.cfg).recurrent:
+            raise MtxError(
+                f"model.decoder_self {self.cfg.decoder_self} is recurrent: it has no full-context "
+                "pass (align in context causal)"
+            )
+        own = (tokens != PAD_ID).unsqueeze(1)  # (B, 1, T)
+        x = self.embed_tokens(tokens)
+        for layer in self.decoder_layers[:layers]:
+            x = layer(x, memory, src_mask, full=own)
         return x
 
     def new_cache(self) -> GrowingCache:

@@ -111,15 +111,27 @@ class LossModel(torch.nn.Module):
         padded = True if self.mask_always else src_padded
         if align is None:
             return Losses(*self.token_loss(src, tgt_in, tgt_out, tgt_index, padded), None)
-        heads = self.guide.heads
-        layer = heads.index(len(self.model.cross_attention_modules()))
-        with capture_cross_attention(self.model, [layer], graph=True) as seen:
-            loss, nll = self.token_loss(src, tgt_in, tgt_out, tgt_index, padded)
+        heads, model = self.guide.heads, self.model
+        layer = heads.index(len(model.cross_attention_modules()))
+        if heads.reading == "full":  # an extra pass without the causal mask (Garg et al.)
+            memory, mask = model.encode(src, padded)
+            states = model.states(tgt_in, memory, mask).flatten(0, 1).index_select(0, tgt_index)
+            loss, nll = self.states_loss(states, tgt_out, tgt_index)
+            with capture_cross_attention(model, [layer], stop=True, graph=True) as seen:
+                model.full_context(tgt_out, memory, mask, layer + 1)
+        else:  # the translating pass itself
+            with capture_cross_attention(model, [layer], graph=True) as seen:
+                loss, nll = self.token_loss(src, tgt_in, tgt_out, tgt_index, padded)
         aligned = alignment_loss(heads.pick(seen[layer]), *align)
         return Losses(loss + self.guide.weight * aligned, nll, aligned.detach())
 
     def token_loss(self, src, tgt_in, tgt_out, tgt_index, padded: bool):
         hidden = self.model(src, tgt_in, tgt_index, padded, project=False)  # (N, d)
+        return self.states_loss(hidden, tgt_out, tgt_index)
+
+    def states_loss(self, hidden, tgt_out, tgt_index):
+        """(smoothed loss, NLL) of the decoder's states (N, d) at the flat target positions
+        `tgt_index`."""
         target = tgt_out.flatten()[tgt_index]  # (N,)
         if self.chunked:
             weight, bias = self.model.output_weight(), self.model.output_bias()
