@@ -36,7 +36,7 @@ M30K_TOK = Path(os.environ.get("M30K_TOK", ROOT.parent / "shared" / "data" / "mu
 RWTH = Path(os.environ.get("RWTH", ROOT.parent / "shared" / "data" / "rwth-align-dev"))
 MODELS = ("unguided", "guided")
 # the toy models' readings: (layer, heads, reading); heads None: as trained (a guided model's)
-TOY_READINGS = [(-2, None, "auto")]
+TOY_READINGS = [(-2, None, "auto"), (-2, None, "step")]
 TOY_READINGS += [(layer, [], r) for layer in (0, 1) for r in ("step", "shift")]
 TOY_READINGS += [(layer, [h], "shift") for layer in (0, 1) for h in range(4)]
 # the toy models: unguided, guided in the translating pass (as before train.align_context),
@@ -199,15 +199,17 @@ def bleu(work: Path, name: str) -> float:
     return json.loads(out.stdout.splitlines()[-1])["bleu"]
 
 
-def cost(work: Path) -> dict:
-    """Translating test2016 with beam 4, with and without alignments, alternately (2 threads)."""
+def cost(work: Path, ckpt: Path | None = None, lines: list[str] | None = None) -> dict:
+    """Translating test2016 (or `lines`) with beam 4, with and without alignments, alternately
+    (2 threads), with the guided model (or `ckpt`)."""
     import torch
 
     from mtx.decode.translator import Translator
 
     torch.set_num_threads(2)
-    ckpt = work / "guided" / "checkpoints" / "last.pt"
-    lines = (work / "data" / "test2016.de").read_text(encoding="utf-8").splitlines()
+    ckpt = ckpt or work / "guided" / "checkpoints" / "last.pt"
+    if lines is None:
+        lines = (work / "data" / "test2016.de").read_text(encoding="utf-8").splitlines()
     tr = Translator.from_checkpoints(ckpt, device="cpu")
     asked = {"plain": tr.options(beam=4), "alignments": tr.options(beam=4, alignments=True)}
     times: dict[str, list[float]] = {"plain": [], "alignments": []}
@@ -286,8 +288,12 @@ def toy_gold(work: Path) -> dict:
                       str(work / "toy.de"), "--alignments", "--device", "cpu", *extra, threads=2)  # fmt: skip
             got = [_links(line) for line in out.stdout.splitlines()]
             label = f"layer {layer}, heads {heads or 'all'}, {reading}"
-            rows["as trained" if heads is None else label] = aer.score(got, truth).to_json()
+            if heads is None:
+                label = "as trained" if reading == "auto" else f"its guided heads, {reading}"
+            rows[label] = aer.score(got, truth).to_json()
         figures[name] = rows
+    best = work / "toy-guided-full" / "checkpoints" / "best.pt"
+    figures["cost, guided-full"] = cost(work, best, [en for en, _ in test])
     return figures
 
 

@@ -295,3 +295,12 @@ def test_a_word_the_vocabulary_cannot_spell_is_still_a_word(runs):
     assert max(w for w in words if w is not None) + 1 == len(line.split())
     links = outputs(tr, [line], alignments=True)[0][0].links
     assert all(i < len(line.split()) for i, _ in links)
+
+
+@pytest.mark.parametrize("layer", ["99", "-99"])
+def test_a_layer_the_decoder_lacks_is_refused_even_where_the_guided_heads_are_read(runs, layer):
+    tr = Translator.from_checkpoints(
+        runs / "guided" / "checkpoints" / "last.pt", [f"decode.align_layer={layer}"], device="cpu"
+    )
+    with pytest.raises(MtxError, match=f"decode.align_layer {layer}: the decoder has 2 layer"):
+        outputs(tr, ["the dog sleeps."], alignments=True)

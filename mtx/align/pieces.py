@@ -19,6 +19,8 @@ between every piece of the two words (how Garg et al. train on subwords).
 
 from __future__ import annotations
 
+import numpy as np
+
 from mtx.align.links import Link
 
 MARK = "\u2581"
@@ -59,25 +61,22 @@ def words(pieces: list[str | None]) -> list[str]:
     return out
 
 
-def word_matrix(attention, src: list[int | None], tgt: list[int | None]):
+def word_matrix(attention: np.ndarray, src: list[int | None], tgt: list[int | None]) -> np.ndarray:
     """(target words, source words + 1) from a (target pieces, source pieces) attention
-    matrix (a torch tensor), `src` and `tgt` each piece's word (`word_index`): a target word's
-    row is the mean of its pieces' rows, each source word's column the sum of its pieces'
-    columns, and the last column the attention on pieces that are no word (EOS, a language
-    tag): the null word."""
-    import torch
-
+    matrix, `src` and `tgt` each piece's word (`word_index`): a target word's row is the mean
+    of its pieces' rows, each source word's column the sum of its pieces' columns, and the
+    last column the attention on pieces that are no word (EOS, a language tag): the null
+    word."""
     n_src = max((w for w in src if w is not None), default=-1) + 1
     n_tgt = max((w for w in tgt if w is not None), default=-1) + 1
-    columns = torch.tensor([n_src if w is None else w for w in src])
-    by_source = attention.new_zeros(attention.size(0), n_src + 1)
-    by_source.index_add_(1, columns, attention)  # (target pieces, source words + null)
-    rows = [j for j, w in enumerate(tgt[: attention.size(0)]) if w is not None]
-    owner = torch.tensor([tgt[j] for j in rows], dtype=torch.long)
-    out = attention.new_zeros(n_tgt, n_src + 1)
-    out.index_add_(0, owner, by_source[rows])
-    count = torch.bincount(owner, minlength=n_tgt).clamp_min(1).to(out.dtype)
-    return out / count.unsqueeze(1)
+    columns = np.zeros((len(src), n_src + 1), dtype=attention.dtype)  # piece -> its word
+    columns[np.arange(len(src)), [n_src if w is None else w for w in src]] = 1
+    rows = np.zeros((n_tgt, attention.shape[0]), dtype=attention.dtype)  # word -> its pieces
+    for j, w in enumerate(tgt[: attention.shape[0]]):
+        if w is not None:
+            rows[w, j] = 1
+    rows /= np.maximum(rows.sum(1, keepdims=True), 1)
+    return rows @ attention @ columns
 
 
 def to_words(links: list[Link], src: list[int | None], tgt: list[int | None]) -> set[Link]:

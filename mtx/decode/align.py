@@ -40,6 +40,7 @@ summed on the host in float64).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mtx.align import pieces as P
@@ -68,6 +69,11 @@ class Aligner:
         Heads(parts.config.decode.align_layer).index(layers)  # a layer out of range: refused
         self.layer = self.heads.index(layers)
         self.n_prefix = len(parts.codec.languages.source_prefix(tgt_lang) or ())
+        vocab = parts.codec.vocab
+        self.text: list[str | None] = [
+            None if _special(vocab, i) else vocab.id_to_piece(i)
+            for i in range(vocab.get_piece_size())
+        ]
 
     def word_links(self, src: list[list[int]], outputs: list[list[int]]) -> list[set[Link]]:
         """The word links of each (source ids with EOS, output ids without EOS) pair: each
@@ -76,16 +82,16 @@ class Aligner:
         threshold = self.parts.config.decode.align_threshold
         out = []
         for matrix in self.word_matrices(src, outputs):
-            null = matrix.size(1) - 1
+            null = matrix.shape[1] - 1
             best = matrix.argmax(-1)  # (target words,); a matrix has the null column
-            weight = matrix.gather(1, best.unsqueeze(1)).squeeze(1)
+            weight = matrix[np.arange(len(best)), best]
             out.append({
                 (int(i), j) for j, (w, i) in enumerate(zip(weight.tolist(), best.tolist()))
                 if i != null and w >= threshold
             })  # fmt: skip
         return out
 
-    def word_matrices(self, src: list[list[int]], outputs: list[list[int]]) -> list[torch.Tensor]:
+    def word_matrices(self, src: list[list[int]], outputs: list[list[int]]) -> list[np.ndarray]:
         """Per (source ids with EOS, output ids without EOS) pair, the attention of each
         target word over the source words and, last, the null word (pieces.py's
         `word_matrix`; float64, on the CPU)."""
@@ -99,19 +105,16 @@ class Aligner:
         """The word of each piece of `ids` (pieces.py), the first `skip` (a source's language
         tag or code) and special ids (PAD, BOS, EOS) in none. UNK is text: a word the
         vocabulary cannot spell is still a word."""
-        vocab = self.parts.codec.vocab
-        return P.word_index(
-            [None if k < skip or _special(vocab, i) else vocab.id_to_piece(i)
-             for k, i in enumerate(ids)]
-        )  # fmt: skip
+        text = self.text  # each id's piece, None where it is no text
+        return P.word_index([None if k < skip else text[i] for k, i in enumerate(ids)])
 
     @torch.no_grad()
-    def matrices(self, src: list[list[int]], tgt: list[list[int]]) -> list[torch.Tensor]:
+    def matrices(self, src: list[list[int]], tgt: list[list[int]]) -> list[np.ndarray]:
         """Per pair, the attention (float64, on the CPU) of each target piece before EOS
         (rows) over the source pieces (columns), the heads read summed, as the reading says
         (`Heads.reading`): in a full-context pass, or in the translating pass at the row that
         predicts the piece (step) or reads it (shift)."""
-        out: list[torch.Tensor] = [torch.empty(0) for _ in src]
+        out: list[np.ndarray] = [np.empty(0) for _ in src]
         model, layer, reading = self.parts.model, self.layer, self.heads.reading
         shift = 1 if reading == "shift" else 0
         given = list(self.parts.codec.start(self.scorer.tgt_lang))
@@ -128,9 +131,9 @@ class Aligner:
                     model.decode(tgt_in, memory, mask)
             weights = self.heads.pick(seen[layer])  # (B, h, n + T, S)
             summed = weights[:, :, n + shift :].double().cpu().sum(1)  # (B, T, S), heads in order
+            mean = (summed / weights.size(1)).numpy()
             for r, i in enumerate(rows):
-                t, s = len(tgt[i]) - 1, len(src[i])
-                out[i] = summed[r, :t, :s] / weights.size(1)
+                out[i] = mean[r, : len(tgt[i]) - 1, : len(src[i])]
         return out
 
 
