@@ -101,7 +101,8 @@ def test_the_beams_of_a_sentence_come_back_as_rows_of_their_own():
 def test_one_rule_names_the_layer_for_training_and_decoding():
     guided = Config(train=TrainConfig(align_weight=0.05, align_layer=-2, align_heads=2))
     heads = Heads.of(guided)
-    assert heads == Heads.guide(guided) and heads.guided and heads.heads == (0, 1)
+    assert heads == dataclasses.replace(Heads.guide(guided), reading="shift")
+    assert heads.guided and heads.heads == (0, 1)
     assert heads.index(6) == 4 and heads.index(2) == 0
     with pytest.raises(MtxError, match=r"train.align_layer -2: the decoder has 1 layer"):
         heads.index(1)
@@ -203,7 +204,8 @@ def test_only_a_decoder_with_its_own_attention_has_a_full_context_pass():
 
 def test_each_reading_is_chosen_once_for_training_and_decoding():
     guided = Config(train=TrainConfig(align_weight=0.05))
-    assert Heads.guide(guided).reading == "full" == Heads.of(guided).reading
+    # trained in full context, read (by default) at the row that reads the token
+    assert Heads.guide(guided).reading == "full" and Heads.of(guided).reading == "shift"
     causal = Config(train=TrainConfig(align_weight=0.05, align_context="causal"))
     assert Heads.guide(causal).reading == "step" == Heads.of(causal).reading
     assert Heads.of(Config()).reading == "step"  # a model trained without guidance

@@ -145,8 +145,8 @@ def test_guidance_without_alignments_or_with_stale_ones_is_refused(tmp_path, pre
     with pytest.raises(MtxError, match="holds alignments of other prepared data"):
         train(run_config(tmp_path / "stale", stale, *SHAPE, *GUIDED), **QUIET)
     # the same text, another vocabulary (links of other pieces), or links of an older mtx
-    for changed in ({"spm_sha256": "0"}, {}):
-        stale_info = {k: v for k, v in info.items() if k != "spm_sha256"} | changed
+    for changed in ({"vocabulary_sha256": "0"}, {}):
+        stale_info = {k: v for k, v in info.items() if k != "vocabulary_sha256"} | changed
         (stale / "align" / "info.json").write_text(json.dumps(stale_info))
         with pytest.raises(MtxError, match="holds alignments of other prepared data"):
             train(run_config(tmp_path / "stale", stale, *SHAPE, *GUIDED), **QUIET)

@@ -5,6 +5,8 @@
 - `mtx align corpus --src F --tgt F`: eflomal's symmetrised alignments of any parallel text,
   Pharaoh lines.
 - `mtx align score --src --tgt --gold --links`: AER, precision and recall against gold links.
+- `mtx align transfer --checkpoint CK --src tagged --tgt plain`: a tagged source's markup and
+  placeholders put onto its given plain translation (decode/transfer.py).
 
 The model's own alignments come from `mtx translate --alignments`, `mtx score --alignments` and
 `mtx serve` ("alignments": true).
@@ -19,7 +21,8 @@ from typing import Annotated
 
 import typer
 
-from mtx.cli.app import ConfigOpt, JsonOpt, SetOpt, load, log, run
+from mtx.cli.app import CkptOpt, ConfigOpt, JsonOpt, SetOpt, load, log, run
+from mtx.cli.decoding import DeviceOpt, TgtLangOpt
 
 align_app = typer.Typer(
     help="Word alignment: eflomal's of the training data (for guided training) or of any "
@@ -78,6 +81,46 @@ def corpus(
         return run(lambda: sys.stdout.writelines(lines))
     run(atomic_write, output, lambda f: f.writelines(x.encode("utf-8") for x in lines))
     log(f"aligned into {output}")
+
+
+@align_app.command()
+def transfer(
+    src: Annotated[Path, typer.Option(help="Tagged sources, one block of text a line.")],
+    tgt: Annotated[Path, typer.Option(help="Their plain translations, one a line.")],
+    checkpoint: CkptOpt = None,
+    format: Annotated[
+        str, typer.Option("--format", help="What a source line is: html, xml or paragraphs.")
+    ] = "html",
+    output: Annotated[
+        Path | None, typer.Option(help="Write the tagged translations here (whole or not at all).")
+    ] = None,
+    tgt_lang: TgtLangOpt = None,
+    config: ConfigOpt = None,
+    set: SetOpt = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Put each tagged source's markup and placeholders onto its given plain translation (a
+    person's, or post-edited), placed through the model's word alignment of the pair: one
+    tagged translation a line, on stdout or into --output. The translation's words are kept
+    as given; what the parser repaired in a source is said on stderr."""
+    from mtx.align.links import corpus as read_corpus
+    from mtx.cli.decoding import _translator
+    from mtx.decode.transfer import Transfer
+    from mtx.files import atomic_write_text
+
+    sources, targets = run(read_corpus, src, tgt)
+    translator = _translator(checkpoint, config, set, device)
+    placing = run(Transfer, translator.parts, format, tgt_lang)
+    done = run(placing.lines, sources, targets)
+    for _, notes in done:
+        for note in notes:
+            log(note)
+    text = "".join(line + "\n" for line, _ in done)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    run(atomic_write_text, output, text)
+    log(f"{len(done):,} tagged translations in {output}")
 
 
 @align_app.command()

@@ -85,10 +85,10 @@ class DecodeConfig:
     align_reading: AlignReading = setting(
         "auto",
         "alignments: where the attention is read (decode/align.py): full, a pass over the "
-        "target without the causal mask (what a model trained with train.align_context full "
-        "aligns in); step, the row that predicts the target token; shift, the row that reads "
-        "it (Chen et al. 2020's Shift-Att; worse than step on every model measured: "
-        "BENCHMARKS.md); auto: a guided model as it was trained, any other step",
+        "target without the causal mask (the pass train.align_context full trains in); step, "
+        "the row that predicts the target token; shift, the row that reads it (Chen et al. "
+        "2020's Shift-Att); auto: a head trained in full context by shift, any other by step "
+        "(the better on every model measured: BENCHMARKS.md)",
     )
     align_threshold: float = setting(
         0.0,

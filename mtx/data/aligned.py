@@ -8,7 +8,7 @@ links (every piece of the source word with every piece of the target word) to
 RUN/prepared/align/: `offsets.npy` (rows + 1 int64: where each row's links start),
 `links.npy` (int32 (source position, target position) pairs, positions in the prepared
 `src_ids` and `tgt_ids`) and `info.json` (the training split's pairs_sha256 and the
-vocabulary's spm_sha256, so that alignments of other data, or of the same text in other
+vocabulary's sha256, so that alignments of other data, or of the same text in other
 pieces, are refused). Written to a temporary folder and renamed: whole or
 absent. Training memory-maps the two arrays (`PieceLinks`).
 """
@@ -76,7 +76,7 @@ def load(cfg: Config, rows: int) -> PieceLinks:
     manifest = load_manifest(cfg)
     same = info.get("train_sha256") == manifest.splits["train"].pairs_sha256
     # the same text segmented by another vocabulary has other pieces to link
-    if not same or info.get("spm_sha256") != manifest.spm_sha256 or info["rows"] != rows:
+    if not same or info.get("vocabulary_sha256") != manifest.spm_sha256 or info["rows"] != rows:
         raise MtxError(
             f"{path} holds alignments of other prepared data (another text or vocabulary): run "
             "`mtx align prepared` again"
@@ -130,7 +130,7 @@ def align_prepared(cfg: Config, chunk: int = CHUNK, samplers: int = 0, log=print
             "links": total,
             "samplers": samplers,
             "train_sha256": manifest.splits["train"].pairs_sha256,
-            "spm_sha256": manifest.spm_sha256,
+            "vocabulary_sha256": manifest.spm_sha256,
         }
         (tmp / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():

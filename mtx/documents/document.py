@@ -39,6 +39,7 @@ class Settings:
     pattern: re.Pattern | None = None
     inline_tags: frozenset[str] = frozenset()
     keep_tags: frozenset[str] = frozenset()
+    split: bool = True  # a block's sentences translated one by one (False: a block is one)
 
     @property
     def plain(self) -> bool:
@@ -72,7 +73,7 @@ class Document:
     def __init__(self, text: str, units: list[Unit], tree: Tree | None, settings: Settings):
         self.source, self.units, self.tree, self.settings = text, units, tree, settings
         self.parts: list[tuple[int, Sentence]] = []  # (unit, sentence) of each to translate
-        split = not settings.plain
+        split = settings.split and not settings.plain
         for u, unit in enumerate(units):
             if unit.has_words():
                 self.parts += [(u, s) for s in unit.sentences(settings.lang, split)]

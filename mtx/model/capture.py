@@ -52,16 +52,18 @@ class Heads:
     def of(cls, cfg) -> Heads:
         """The heads a model of config `cfg` aligns with: decode.align_heads where named (at
         decode.align_layer), else the guided ones of a model trained with train.align_weight,
-        else every head of decode.align_layer; read as decode.align_reading says (auto: a
-        guided model in the pass it was trained in, any other at the row that predicts the
-        token, which aligned better than Shift-Att on every model measured)."""
+        else every head of decode.align_layer; read as decode.align_reading says (auto: a head
+        trained in full context at the row that reads the token, which aligned better than in
+        a full-context pass on every such model measured; any other at the row that predicts
+        it, which aligned far better there than Shift-Att)."""
         t, d = cfg.train, cfg.decode
         asked = None if d.align_reading == "auto" else d.align_reading
         if d.align_heads:
             return cls(d.align_layer, tuple(d.align_heads), reading=asked or "step")
-        if t.align_weight > 0:
+        if t.align_weight > 0:  # a head trained in full context reads best by Shift-Att
             guided = cls.guide(cfg)
-            return guided if asked is None else dataclasses.replace(guided, reading=asked)
+            read = asked or ("shift" if guided.reading == "full" else "step")
+            return dataclasses.replace(guided, reading=read)
         return cls(d.align_layer, reading=asked or "step")
 
     @classmethod
