@@ -148,6 +148,7 @@ def parse(text: str, kind: str, settings) -> Tree:
     text = NOT_XML.sub(" ", text)
     try:
         tree = _parse(text, kind)
+        _check_names(tree.root)
         tree.serialise()  # what cannot be written back is found now, before translating
     except (etree.LxmlError, ValueError, UnicodeError) as e:
         raise Unreadable(f"not {kind.upper()} the parser can read ({e})") from None
@@ -206,6 +207,17 @@ def _parse(text: str, kind: str) -> Tree:
         if e.type_name not in NOT_REPAIRS
     ]
     return Tree(root, kind, whole, lead, trail, [], repairs)
+
+
+NAME = re.compile(r"[^\W\d][\w.\-]*(?::[^\W\d][\w.\-]*)?")  # an element's name, as written
+
+
+def _check_names(root) -> None:
+    """ValueError where the parser's repair made an element of a name that cannot be written
+    back (`<:` becomes an element named ":")."""
+    for element in root.iter():
+        if isinstance(element.tag, str) and not NAME.fullmatch(element.tag.rpartition("}")[2]):
+            raise ValueError(f"no element can be named {element.tag!r}")
 
 
 def _local(element) -> str:
