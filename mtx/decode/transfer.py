@@ -40,8 +40,8 @@ class Transfer:
         """Each target with its source's marks, and what the parser repaired in the source
         (notes naming the line); `first`: the first pair's number from 0."""
         docs = [Document.read(s, self.settings) for s in sources]
-        targets = [self._without_placeholders(s, t) for s, t in zip(sources, targets)]
-        for n, (doc, target) in enumerate(zip(docs, targets, strict=True)):
+        targets = [self._without_placeholders(s, t) for s, t in zip(sources, targets, strict=True)]
+        for n, (doc, target) in enumerate(zip(docs, targets)):
             if len(doc.sentences) > 1:
                 raise MtxError(
                     f"line {first + n + 1}: {len(doc.sentences)} blocks of text (paragraphs, "
@@ -58,7 +58,7 @@ class Transfer:
         links = dict(zip(asked, self.aligner.word_links(src, tgt)))
         out = []
         for n, (doc, target) in enumerate(zip(docs, targets)):
-            given = [(" ".join(target.split()), links[n])] if n in links else []
+            given = [(target, links[n])] if n in links else []  # its words one space apart
             notes = tuple(f"line {first + n + 1}: {r}" for r in doc.repairs)
             out.append((doc.assemble(given), notes))
         return out
@@ -68,7 +68,7 @@ class Transfer:
         `{name}`): the source's are placed where the alignment says, once each."""
         pattern = self.settings.pattern
         if pattern is None:
-            return target
+            return " ".join(target.split())
         left = Counter(m.group() for m in pattern.finditer(source))
         parts, position = [], 0
         for m in pattern.finditer(target):
